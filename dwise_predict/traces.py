@@ -1,0 +1,219 @@
+"""The trace schema, and a validating reader.
+
+A trace is one Parquet row per request: what the request was (prompt features), what the
+dLLM did with it (rounds per output block, first-round hidden state, round wall times) and
+which dLLM did it (the fingerprint). Every predictor trains on traces, the simulator
+replays them, and the DWS cost model is fitted from their round times. The *writer*
+lives in :mod:`dwise_predict.tracing` (it needs torch); the *reader* lives here so a
+scheduler process can load traces with pyarrow alone.
+
+The schema is versioned (``TRACE_SCHEMA_VERSION``): the version is stored both as a column
+and in the Parquet key-value metadata, and :func:`read_traces` refuses files it does not
+understand. ``docs/traces.md`` documents every column.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .errors import TraceError
+from .fingerprint import ModelFingerprint
+
+TRACE_SCHEMA_VERSION = 1
+
+#: Parquet key-value metadata keys.
+META_SCHEMA_VERSION = b"dwise.schema_version"
+META_FINGERPRINT = b"dwise.fingerprint"
+
+#: The columns of schema version 1, in file order. Nullable columns may hold nulls;
+#: ``prompt`` is null when the trace was written with prompts redacted (the hash stays).
+TRACE_SCHEMA = pa.schema(
+    [
+        pa.field("schema_version", pa.int16(), nullable=False),
+        # -- what the request was
+        pa.field("request_id", pa.string(), nullable=False),
+        pa.field("category", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("prompt", pa.string()),
+        pa.field("prompt_sha256", pa.string(), nullable=False),
+        pa.field("prompt_tokens", pa.int32(), nullable=False),
+        pa.field("word_count", pa.int32(), nullable=False),
+        pa.field("newline_count", pa.int32(), nullable=False),
+        pa.field("prompt_blocks", pa.int32(), nullable=False),
+        pa.field("output_budget", pa.int32(), nullable=False),
+        # -- how it was decoded
+        pa.field("block_size", pa.int32(), nullable=False),
+        pa.field("decoding", pa.string(), nullable=False),
+        pa.field("threshold", pa.float32(), nullable=False),
+        pa.field("seed", pa.int64(), nullable=False),
+        # -- what the dLLM did
+        pa.field("output_tokens", pa.int32(), nullable=False),
+        pa.field("output_text", pa.string()),
+        pa.field("output_blocks", pa.int32(), nullable=False),
+        pa.field("rounds_per_block", pa.list_(pa.int32()), nullable=False),
+        pa.field("total_rounds", pa.int32(), nullable=False),
+        pa.field("finished_eos", pa.bool_(), nullable=False),
+        pa.field("hit_budget", pa.bool_(), nullable=False),
+        pa.field("first_round_hidden", pa.list_(pa.float32())),
+        pa.field("round_wall_ms", pa.list_(pa.float32())),
+        # -- which dLLM did it (the full fingerprint is also in the file metadata)
+        pa.field("model_id", pa.string(), nullable=False),
+        pa.field("model_revision", pa.string()),
+        pa.field("model_dtype", pa.string()),
+        pa.field("mask_token_id", pa.int64()),
+        pa.field("hidden_size", pa.int32()),
+    ]
+)
+
+REQUIRED_COLUMNS: tuple[str, ...] = tuple(f.name for f in TRACE_SCHEMA if not f.nullable)
+
+
+def activity_matrix(rounds_per_block: Sequence[int], block_size: int, n_blocks: int | None = None) -> np.ndarray:
+    """The activity matrix ``A[b, s] = 1`` iff output block ``b`` needed a step ``s``.
+
+    Derived, never stored: block ``b`` ran ``rounds_per_block[b]`` denoising steps, so
+    ``A[b, :r_b] = 1``. ``n_blocks`` pads (with zero rows) or must cover all blocks.
+    """
+    rounds = np.asarray(rounds_per_block, dtype=np.int64)
+    n = len(rounds) if n_blocks is None else n_blocks
+    if n < len(rounds):
+        raise TraceError(f"n_blocks={n} is smaller than the {len(rounds)} blocks traced; pass n_blocks >= {len(rounds)}")
+    if np.any(rounds < 1) or np.any(rounds > block_size):
+        raise TraceError(f"rounds per block must lie in [1, {block_size}], got {rounds.tolist()}")
+    steps = np.arange(block_size)
+    out = np.zeros((n, block_size), dtype=np.uint8)
+    out[: len(rounds)] = steps[None, :] < rounds[:, None]
+    return out
+
+
+def trace_files(path: str | Path) -> list[Path]:
+    """The Parquet files a trace path stands for: the file itself, or a directory's shards, sorted."""
+    p = Path(path)
+    if p.is_file():
+        return [p]
+    if p.is_dir():
+        files = sorted(q for q in p.glob("*.parquet") if not q.name.startswith("."))
+        if not files:
+            raise TraceError(f"no trace files (*.parquet) in {p}; run `dwise-predict trace --out {p}` first")
+        return files
+    raise TraceError(f"trace path {p} does not exist; pass a trace file or the folder `dwise-predict trace` wrote")
+
+
+def _check_schema(schema: pa.Schema, where: Path) -> None:
+    meta = schema.metadata or {}
+    raw = meta.get(META_SCHEMA_VERSION)
+    if raw is None:
+        raise TraceError(f"{where} is not a dwise-predict trace (no {META_SCHEMA_VERSION.decode()} metadata); write it with `dwise-predict trace`")
+    try:
+        version = int(raw)
+    except ValueError as e:
+        raise TraceError(f"{where} has a malformed schema version {raw!r}") from e
+    if version > TRACE_SCHEMA_VERSION:
+        raise TraceError(
+            f"{where} uses trace schema v{version} but this dwise-predict reads up to v{TRACE_SCHEMA_VERSION}; "
+            "upgrade dwise-predict"
+        )
+    if version < 1:
+        raise TraceError(f"{where} has an invalid trace schema version {version}")
+    missing = [c for c in REQUIRED_COLUMNS if c not in schema.names]
+    if missing:
+        raise TraceError(f"{where} lacks required trace columns {missing}; re-trace with `dwise-predict trace`")
+
+
+def read_trace_fingerprint(path: str | Path) -> ModelFingerprint:
+    """The fingerprint stored in a trace file's metadata (first shard of a folder)."""
+    f = trace_files(path)[0]
+    schema = pq.read_schema(f)
+    _check_schema(schema, f)
+    raw = (schema.metadata or {}).get(META_FINGERPRINT)
+    if raw is None:
+        raise TraceError(f"{f} has no model fingerprint metadata")
+    return ModelFingerprint.from_dict(json.loads(raw))
+
+
+def read_traces(path: str | Path, columns: Iterable[str] | None = None, *, validate: bool = True) -> pa.Table:
+    """Read a trace file or a folder of shards into one Arrow table, validating the schema.
+
+    Raises :class:`TraceError` naming the file and the fix when a file is not a trace,
+    was written by a newer schema, lacks required columns, or shards disagree on the
+    model fingerprint.
+    """
+    files = trace_files(path)
+    tables = []
+    fingerprint: bytes | None = None
+    for f in files:
+        try:
+            schema = pq.read_schema(f)
+        except (OSError, pa.ArrowInvalid) as e:
+            raise TraceError(f"cannot read trace file {f}: {e}; the file is corrupt or not Parquet") from e
+        _check_schema(schema, f)
+        fp = (schema.metadata or {}).get(META_FINGERPRINT)
+        if fingerprint is None:
+            fingerprint = fp
+        elif fp != fingerprint:
+            raise TraceError(
+                f"trace shards in {path} come from different models or decoding settings ({files[0].name} vs {f.name}); "
+                "keep one model's traces per folder"
+            )
+        cols = list(columns) if columns is not None else None
+        tables.append(pq.read_table(f, columns=cols))
+    table = pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
+    if validate:
+        validate_table(table, str(path))
+    meta = dict(table.schema.metadata or {})
+    meta[META_SCHEMA_VERSION] = str(TRACE_SCHEMA_VERSION).encode()
+    if fingerprint is not None:
+        meta[META_FINGERPRINT] = fingerprint
+    return table.replace_schema_metadata(meta)
+
+
+def validate_table(table: pa.Table, where: str = "traces") -> None:
+    """Value checks a predictor or the simulator relies on: ids unique, rounds consistent, no NaN."""
+    if table.num_rows == 0:
+        raise TraceError(f"{where} holds no requests")
+    names = set(table.column_names)
+    if "request_id" in names:
+        ids = table.column("request_id").to_pylist()
+        if len(set(ids)) != len(ids):
+            raise TraceError(f"{where} repeats request ids; each request must be traced once")
+    if {"rounds_per_block", "total_rounds", "block_size"} <= names:
+        rpb = table.column("rounds_per_block").to_pylist()
+        tot = table.column("total_rounds").to_pylist()
+        bs = table.column("block_size").to_pylist()
+        for i, (r, t, b) in enumerate(zip(rpb, tot, bs)):
+            if not r or sum(r) != t or min(r) < 1 or max(r) > b:
+                raise TraceError(
+                    f"{where}: request #{i} has inconsistent rounds (rounds_per_block={r}, total_rounds={t}, block_size={b})"
+                )
+    if "first_round_hidden" in names:
+        col = table.column("first_round_hidden")
+        flat = pc.list_flatten(col) if col.null_count < len(col) else None
+        if flat is not None and len(flat):
+            arr = flat.to_numpy(zero_copy_only=False)
+            if not np.all(np.isfinite(arr)):
+                raise TraceError(f"{where} has NaN/inf in first_round_hidden; the model diverged — re-trace in float32")
+
+
+def hidden_matrix(table: pa.Table) -> np.ndarray:
+    """The ``first_round_hidden`` column as a dense ``(n, hidden_size)`` float32 array."""
+    col = table.column("first_round_hidden")
+    if col.null_count:
+        raise TraceError("some traces have no first_round_hidden; re-trace with hidden-state capture on")
+    lengths = pc.list_value_length(col).to_numpy()
+    if len(set(lengths.tolist())) != 1:
+        raise TraceError(f"first_round_hidden has mixed sizes {sorted(set(lengths.tolist()))}; traces mix models")
+    flat = pc.list_flatten(col).to_numpy(zero_copy_only=False).astype(np.float32)
+    return flat.reshape(len(lengths), int(lengths[0]))
+
+
+def prompt_blocks(prompt_tokens: int, block_size: int) -> int:
+    """Blocks a prompt of ``prompt_tokens`` tokens occupies (prefill rounds when run block by block)."""
+    return max(1, math.ceil(prompt_tokens / block_size))

@@ -1,0 +1,21 @@
+"""Package discovery only; all metadata lives in pyproject.toml.
+
+The four feature folders (tracing/, trainers/, export/, zoo/) sit at the repository root,
+as the users asked, but install under the ``dwise_predict`` namespace so nothing generic
+lands in site-packages. setuptools cannot express "this folder is that subpackage, and so
+are all its children" declaratively, so we compute the mapping here.
+"""
+
+from setuptools import find_packages, setup
+
+FEATURES = {"tracing", "trainers", "export", "zoo"}
+
+packages = ["dwise_predict", *(f"dwise_predict.{p}" for p in find_packages("dwise_predict"))]
+package_dir = {"dwise_predict": "dwise_predict"}
+for feature in sorted(FEATURES):
+    root = f"dwise_predict.{feature}"
+    packages.append(root)
+    package_dir[root] = feature
+    packages.extend(f"{root}.{p}" for p in find_packages(feature))
+
+setup(packages=packages, package_dir=package_dir)

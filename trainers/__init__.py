@@ -1,0 +1,1 @@
+"""dwise_predict.trainers"""
