@@ -1,0 +1,144 @@
+"""Prompt features for the admission predictor: word count, newline count, chat-template token count.
+
+These three numbers are all the admission predictor sees (SPEC §4). The token count must be
+the one the *served* model sees, i.e. after its chat template, so the featurizer carries the
+model's tokenizer (a Hugging Face ``tokenizers`` file: no torch, no transformers) and its chat
+template (Jinja, rendered like ``transformers`` does). A bundle ships both, which is how a
+scheduler process can predict from raw text alone.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import ConfigError, PredictorInputError
+from .fingerprint import text_hash
+
+#: column order of the feature matrix; bundles record it and refuse another order
+FEATURE_NAMES: tuple[str, ...] = ("word_count", "newline_count", "prompt_tokens")
+
+
+def word_count(text: str) -> int:
+    return len(text.split())
+
+
+def newline_count(text: str) -> int:
+    return text.count("\n")
+
+
+@dataclass
+class ChatTemplate:
+    """A Jinja chat template rendered the way ``transformers.apply_chat_template`` does."""
+
+    source: str
+
+    def __post_init__(self) -> None:
+        import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+
+        def raise_exception(message: str) -> None:
+            raise ConfigError(f"chat template error: {message}")
+
+        env.globals["raise_exception"] = raise_exception
+        try:
+            self._template = env.from_string(self.source)
+        except jinja2.TemplateError as e:
+            raise ConfigError(f"invalid chat template: {e}") from e
+
+    def render(self, prompt: str, add_generation_prompt: bool = True, **kwargs: Any) -> str:
+        return self._template.render(
+            messages=[{"role": "user", "content": prompt}], add_generation_prompt=add_generation_prompt, **kwargs
+        )
+
+    @property
+    def hash(self) -> str:
+        return text_hash(self.source)
+
+
+class PromptFeaturizer:
+    """Turns raw prompts into the admission predictor's feature matrix.
+
+    ``tokenizer`` is a :class:`tokenizers.Tokenizer`; ``chat_template`` a Jinja string (or None:
+    the raw prompt is tokenized as is). ``add_special_tokens`` follows the served model.
+    """
+
+    def __init__(self, tokenizer: Any, chat_template: str | None = None, *, add_special_tokens: bool = False,
+                 template_kwargs: dict[str, Any] | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.chat_template = ChatTemplate(chat_template) if chat_template else None
+        self.add_special_tokens = add_special_tokens
+        self.template_kwargs = dict(template_kwargs or {})
+
+    @classmethod
+    def from_files(cls, tokenizer_file: str | Path, chat_template_file: str | Path | None = None,
+                   **kwargs: Any) -> PromptFeaturizer:
+        from tokenizers import Tokenizer
+
+        try:
+            tok = Tokenizer.from_file(str(tokenizer_file))
+        except Exception as e:  # tokenizers raises a bare Exception on bad files
+            raise ConfigError(f"cannot load tokenizer {tokenizer_file}: {e}") from e
+        template = None
+        if chat_template_file is not None:
+            template = _read_template(Path(chat_template_file))
+        return cls(tok, template, **kwargs)
+
+    def render(self, prompt: str) -> str:
+        if self.chat_template is None:
+            return prompt
+        return self.chat_template.render(prompt, **self.template_kwargs)
+
+    def token_count(self, prompt: str) -> int:
+        return len(self.tokenizer.encode(self.render(prompt), add_special_tokens=self.add_special_tokens).ids)
+
+    def token_counts(self, prompts: Sequence[str]) -> np.ndarray:
+        rendered = [self.render(p) for p in prompts]
+        encs = self.tokenizer.encode_batch(rendered, add_special_tokens=self.add_special_tokens) if len(rendered) > 1 else [
+            self.tokenizer.encode(r, add_special_tokens=self.add_special_tokens) for r in rendered
+        ]
+        return np.fromiter((len(e.ids) for e in encs), dtype=np.float64, count=len(encs))
+
+    def __call__(self, prompts: str | Sequence[str]) -> np.ndarray:
+        """Feature matrix ``(n, 3)`` float64 in :data:`FEATURE_NAMES` order."""
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        for i, p in enumerate(prompts):
+            if not isinstance(p, str):
+                raise PredictorInputError(f"prompt #{i} is {type(p).__name__}, expected str")
+        out = np.empty((len(prompts), 3), dtype=np.float64)
+        if len(prompts) == 0:
+            return out
+        out[:, 0] = [word_count(p) for p in prompts]
+        out[:, 1] = [newline_count(p) for p in prompts]
+        out[:, 2] = self.token_counts(prompts)
+        return out
+
+    @property
+    def tokenizer_hash(self) -> str:
+        return text_hash(self.tokenizer.to_str())
+
+    @property
+    def chat_template_hash(self) -> str | None:
+        return self.chat_template.hash if self.chat_template else None
+
+
+def _read_template(path: Path) -> str:
+    """A chat template from a ``.jinja`` file or a ``tokenizer_config.json``'s ``chat_template``."""
+    if not path.exists():
+        raise ConfigError(f"chat template file {path} does not exist")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        data = json.loads(text)
+        tpl = data.get("chat_template")
+        if not isinstance(tpl, str):
+            raise ConfigError(f"{path} has no string 'chat_template'; pass a .jinja file instead")
+        return tpl
+    return text

@@ -1,0 +1,33 @@
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from dwise_predict.errors import ConfigError, PredictorInputError
+from dwise_predict.features import PromptFeaturizer
+
+
+@pytest.fixture
+def byte_tokenizer():
+    vocab = {chr(i): i for i in range(256)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="\x00"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    return tok
+
+
+def test_features_count_words_newlines_and_templated_tokens(byte_tokenizer):
+    f = PromptFeaturizer(byte_tokenizer, "<u>{{ messages[0]['content'] }}</u>{% if add_generation_prompt %}<a>{% endif %}")
+    x = f(["hello world\nagain", "x"])
+    assert x.shape == (2, 3)
+    assert x[0, :2].tolist() == [3, 1]
+    # one token per character: prompt + "<u>" + "</u>" + "<a>" = +10 characters
+    assert x[:, 2].tolist() == [len("hello world\nagain") + 10, 1 + 10]
+
+
+def test_bad_inputs(byte_tokenizer):
+    f = PromptFeaturizer(byte_tokenizer)
+    assert f([]).shape == (0, 3)
+    with pytest.raises(PredictorInputError, match="expected str"):
+        f(["ok", None])  # type: ignore[list-item]
+    with pytest.raises(ConfigError, match="invalid chat template"):
+        PromptFeaturizer(byte_tokenizer, "{% if %}")
+    assert np.isfinite(f(["a b"])).all()
