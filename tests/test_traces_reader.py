@@ -1,0 +1,92 @@
+"""The core trace reader: schema version, required columns, value checks, clear errors."""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dwise_predict import ModelFingerprint, TraceError, activity_matrix, read_traces
+from dwise_predict.traces import (
+    META_FINGERPRINT,
+    META_SCHEMA_VERSION,
+    TRACE_SCHEMA,
+    TRACE_SCHEMA_VERSION,
+    hidden_matrix,
+    read_trace_fingerprint,
+)
+
+FP = ModelFingerprint(model_id="m", block_size=4, threshold=0.9, hidden_size=3)
+
+
+def _row(i: int, rounds: list[int]) -> dict:
+    return {
+        "schema_version": TRACE_SCHEMA_VERSION, "request_id": f"r{i}", "category": "chat", "source": "test",
+        "prompt": "hi there", "prompt_sha256": "x", "prompt_tokens": 9, "word_count": 2, "newline_count": 0,
+        "prompt_blocks": 3, "output_budget": 16, "block_size": 4, "decoding": "low_confidence",
+        "threshold": 0.9, "seed": 0, "output_tokens": 4 * len(rounds), "output_text": "....",
+        "output_blocks": len(rounds), "rounds_per_block": rounds, "total_rounds": sum(rounds),
+        "finished_eos": True, "hit_budget": False, "first_round_hidden": [0.1 * i, 0.2, 0.3],
+        "round_wall_ms": [1.0] * (3 + sum(rounds)), "model_id": "m", "model_revision": None,
+        "model_dtype": "float32", "mask_token_id": 1, "hidden_size": 3,
+    }
+
+
+def _write(path, rows, version=TRACE_SCHEMA_VERSION, schema=TRACE_SCHEMA):
+    table = pa.Table.from_pylist(rows, schema=schema)
+    meta = {META_SCHEMA_VERSION: str(version).encode(), META_FINGERPRINT: FP.to_json().encode()}
+    pq.write_table(table.replace_schema_metadata(meta), path)
+
+
+def test_reads_a_folder_of_shards_and_its_fingerprint(tmp_path):
+    _write(tmp_path / "shard-00000.parquet", [_row(0, [1, 4]), _row(1, [2])])
+    _write(tmp_path / "shard-00001.parquet", [_row(2, [3, 3, 1])])
+    t = read_traces(tmp_path)
+    assert t.num_rows == 3
+    assert t.column("total_rounds").to_pylist() == [5, 2, 7]
+    assert hidden_matrix(t).shape == (3, 3)
+    assert read_trace_fingerprint(tmp_path) == FP
+
+
+def test_newer_schema_and_missing_columns_are_refused(tmp_path):
+    _write(tmp_path / "a.parquet", [_row(0, [1])], version=TRACE_SCHEMA_VERSION + 1)
+    with pytest.raises(TraceError, match="upgrade dwise-predict"):
+        read_traces(tmp_path / "a.parquet")
+    slim = pa.schema([f for f in TRACE_SCHEMA if f.name != "total_rounds"])
+    rows = [{k: v for k, v in _row(0, [1]).items() if k != "total_rounds"}]
+    _write(tmp_path / "b.parquet", rows, schema=slim)
+    with pytest.raises(TraceError, match="total_rounds"):
+        read_traces(tmp_path / "b.parquet")
+    pq.write_table(pa.table({"x": [1]}), tmp_path / "c.parquet")
+    with pytest.raises(TraceError, match="not a dwise-predict trace"):
+        read_traces(tmp_path / "c.parquet")
+    (tmp_path / "d.parquet").write_bytes(b"garbage")
+    with pytest.raises(TraceError, match="corrupt"):
+        read_traces(tmp_path / "d.parquet")
+
+
+def test_inconsistent_rounds_duplicates_and_nan_are_refused(tmp_path):
+    bad = _row(0, [1, 2])
+    bad["total_rounds"] = 4
+    _write(tmp_path / "a.parquet", [bad])
+    with pytest.raises(TraceError, match="inconsistent rounds"):
+        read_traces(tmp_path / "a.parquet")
+    _write(tmp_path / "b.parquet", [_row(0, [1]), _row(0, [2])])
+    with pytest.raises(TraceError, match="repeats request ids"):
+        read_traces(tmp_path / "b.parquet")
+    nan = _row(0, [1])
+    nan["first_round_hidden"] = [float("nan"), 0.0, 0.0]
+    _write(tmp_path / "c.parquet", [nan])
+    with pytest.raises(TraceError, match="NaN"):
+        read_traces(tmp_path / "c.parquet")
+
+
+def test_activity_matrix_follows_rounds_per_block():
+    a = activity_matrix([1, 4, 2], block_size=4, n_blocks=4)
+    assert a.tolist() == [[1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0], [0, 0, 0, 0]]
+    assert int(a.sum()) == 7
+    with pytest.raises(TraceError, match=r"\[1, 4\]"):
+        activity_matrix([5], block_size=4)
+    np.testing.assert_array_equal(activity_matrix([], 4, 1), np.zeros((1, 4)))
+    json.dumps(FP.to_dict())
