@@ -339,6 +339,7 @@ def make_synthetic(rng: random.Random, task: str | None = None, length: int | No
     task = task or rng.choice(SYNTHETIC_TASKS)
     length = length or rng.randint(3, 24)
     text = "".join(rng.choice("abcdefghij") for _ in range(length))
+    answer: str | int
     if task == "copy":
         prompt, reference, answer = f"Copy the text exactly: {text}", text, text
     elif task == "reverse":

@@ -1,9 +1,9 @@
 """Write a built workload to a folder: train.jsonl, eval.jsonl, summary.json, all or nothing.
 
 All three files are first written to temp names in the target folder; only when every one is
-complete are they renamed into place. On any failure the temps are removed (and the folder,
-if this call created it and it is empty), so a failed run never leaves a partial workload that
-a later stage would read as real.
+complete are they renamed into place. On any failure the temps and any file already renamed by
+this call are removed (and the folder, if this call created it and it is now empty), so a failed
+run never leaves a partial workload that a later stage would read as real.
 """
 
 from __future__ import annotations
@@ -34,17 +34,19 @@ def write_splits(splits: WorkloadSplits, out_dir: str | os.PathLike[str]) -> dic
 
     created = _make_dir(out)  # folders this call made, deepest first
     temps: dict[str, Path] = {}
+    placed: list[Path] = []  # renamed into place by this call; removed again if a later one fails
     try:
         for name, data in payloads.items():
             temps[name] = write_temp(out, name, data)
-        for name, tmp in temps.items():
+        for name, tmp in temps.items():  # summary.json last: its presence means the set is whole
             os.replace(tmp, out / name)
+            placed.append(out / name)
     except OSError as e:
-        _cleanup(temps.values(), created)
+        _cleanup([*temps.values(), *placed], created)
         raise WorkloadError(f"cannot write the workload to {out}: {e.strerror or e}; "
                             "choose a writable --out folder with free space") from e
     except BaseException:
-        _cleanup(temps.values(), created)
+        _cleanup([*temps.values(), *placed], created)
         raise
     return {name: out / name for name in payloads}
 

@@ -178,7 +178,7 @@ def load_ifbench() -> list[WorkloadRecord]:
     for s in samples:
         if isinstance(s.get("prompt"), str) and isinstance(s.get("response"), str):
             response_of.setdefault(s["prompt"], s["response"])
-    out = []
+    out: list[WorkloadRecord] = []
     for row in tests:
         prompt = row.get("prompt")
         if not isinstance(prompt, str) or not prompt.strip():
