@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ._common import format_table
+
+if TYPE_CHECKING:
+    from ..tracing.workload import WorkloadSplits
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +57,7 @@ def run(args: argparse.Namespace) -> int:
                             categories=categories, strict=args.strict,
                             long_context_chars=args.long_context_chars or DEFAULT_LONG_CONTEXT_CHARS)
     paths = write_splits(splits, args.out)
-    rows = []
-    for s in splits.summary:
-        rows.append([s.category, s.source, s.train_given, s.train_asked, s.eval_given, s.eval_asked,
-                     int(s.prompt_chars_median), int(s.prompt_chars_p90), "short source" if s.short else ""])
-    rows.append(["total", "", len(splits.train), args.train_size, len(splits.eval), args.eval_size, "", "", ""])
-    print(format_table(["category", "source", "train", "train asked", "eval", "eval asked", "chars p50", "chars p90", "note"],
-                       rows))
+    print(summary_table(splits))
     for s in splits.summary:
         if s.short:
             log.warning("%s: source %s has %s distinct prompts, fewer than the %d asked; took all of them",
@@ -68,3 +65,15 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"wrote {', '.join(str(p) for p in paths.values())}")
     return 0
+
+
+def summary_table(splits: WorkloadSplits) -> str:
+    """The per-category table (given vs asked per split, prompt characters p50/p90); the demo reuses it."""
+    rows: list[list[Any]] = []
+    for s in splits.summary:
+        rows.append([s.category, s.source, s.train_given, s.train_asked, s.eval_given, s.eval_asked,
+                     int(s.prompt_chars_median), int(s.prompt_chars_p90), "short source" if s.short else ""])
+    rows.append(["total", "", len(splits.train), sum(s.train_asked for s in splits.summary),
+                 len(splits.eval), sum(s.eval_asked for s in splits.summary), "", "", ""])
+    return format_table(["category", "source", "train", "train asked", "eval", "eval asked",
+                         "chars p50", "chars p90", "note"], rows)
