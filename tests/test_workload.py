@@ -319,6 +319,8 @@ def test_long_context_needles_are_all_asked_and_answered():
         assert [int(v) for v in re.findall(r"\d+", r.reference)] == r.meta["answer"]
         body = r.prompt.split("Question:")[0]
         assert len(re.findall(r"\d+", body)) == r.meta["n_needles"]  # distractors carry no numbers
+    tiny = make_long_context(rng, n_needles=4, chars=500)  # shortest allowed still holds every needle
+    assert all(str(f["value"]) in tiny.prompt for f in tiny.meta["needles"])
 
 
 def test_synthetic_tasks_and_seeded_generation():

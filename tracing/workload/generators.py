@@ -293,7 +293,7 @@ def make_long_context(rng: random.Random, n_needles: int | None = None, chars: i
     budget = target - len(header) - len(question) - sum(len(s) + 1 for s in needles)
     sentences: list[str] = []
     size = 0
-    while size < budget:
+    while size < budget or len(sentences) < n_needles:  # at least one distractor per needle
         s = _filler_sentence(rng)
         sentences.append(s)
         size += len(s) + 1
