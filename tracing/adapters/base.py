@@ -1,0 +1,173 @@
+"""The small protocol every dLLM adapter implements, so one engine traces any block-diffusion model.
+
+Two kinds of models exist, and so two kinds of adapters:
+
+* **Step adapters** (:class:`StepAdapter`: tiny-bd, Hugging Face mask-predict models) expose one
+  forward over one block per request, with a cache of committed (clean) tokens. The engine in
+  :mod:`dwise_predict.tracing.engine` owns the decoding algorithm (LowConfidence unmasking) and
+  calls :meth:`StepAdapter.forward` once per round; the adapter owns the cache layout.
+* **Native-loop adapters** (:class:`NativeLoopAdapter`: DiffusionGemma) decode with their own
+  sampler and stopping rule. Re-implementing that loop would trace a different algorithm, so
+  the adapter runs the model's real ``generate`` and observes it through its per-step hook.
+
+Both describe themselves with an :class:`AdapterInfo` (what goes into the fingerprint) and turn
+a raw prompt into the exact token ids the model sees (:meth:`BaseAdapter.encode_prompt`), using
+the same :class:`~dwise_predict.features.PromptFeaturizer` the admission predictor uses at serve
+time, so the traced ``prompt_tokens`` is the number a scheduler will compute from raw text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from dwise_predict.errors import ConfigError
+from dwise_predict.features import PromptFeaturizer
+from dwise_predict.fingerprint import ModelFingerprint, text_hash
+
+if TYPE_CHECKING:  # torch is only needed by the implementations
+    import torch
+
+    from ..engine import RequestResult
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    """Identity and decoding-relevant facts of a loaded dLLM."""
+
+    model_id: str
+    revision: str | None
+    dtype: str
+    hidden_size: int
+    vocab_size: int
+    mask_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    max_context: int
+    #: the block size the model was built/trained for (None: any block size works)
+    native_block_size: int | None = None
+    #: decoding algorithm name recorded in traces (``low_confidence`` for step adapters)
+    decoding: str = "low_confidence"
+    tokenizer_hash: str | None = None
+    chat_template_hash: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class BlockBatch:
+    """One round's input: one block per selected request slot.
+
+    ``input_ids``/``position_ids`` are ``[n, T]`` (rows right-padded to ``T``); ``n_valid[i]``
+    is how many of row ``i``'s tokens are real. ``commit[i]`` says whether row ``i`` is clean
+    (a prompt chunk, or a finished output block) and its keys/values must join slot
+    ``slots[i]``'s cache after this forward; otherwise (a denoising block with masks) the
+    forward only reads the cache.
+    """
+
+    slots: list[int]
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    n_valid: list[int]
+    commit: list[bool]
+
+
+@dataclass
+class BlockOutput:
+    """Logits ``[n, T, V]`` and the final-layer hidden rows ``[n, T, D]`` of the same forward."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor
+
+
+class BaseAdapter:
+    """What every adapter offers: identity, tokenizer, chat template, prompt encoding."""
+
+    info: AdapterInfo
+    featurizer: PromptFeaturizer
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """Token ids of the chat-templated prompt: exactly what the model is fed.
+
+        Uses the featurizer's rendering and tokenizer, so ``len(ids)`` equals the admission
+        feature ``prompt_tokens`` a scheduler computes from the same raw text.
+        """
+        f = self.featurizer
+        return list(f.tokenizer.encode(f.render(prompt), add_special_tokens=f.add_special_tokens).ids)
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.featurizer.tokenizer.decode(ids, skip_special_tokens=True))
+
+    def fingerprint(self, *, block_size: int, threshold: float, max_new_tokens: int,
+                    extra: dict[str, Any] | None = None) -> ModelFingerprint:
+        i = self.info
+        return ModelFingerprint(
+            model_id=i.model_id, block_size=block_size, threshold=float(threshold), decoding=i.decoding,
+            mask_token_id=i.mask_token_id, hidden_size=i.hidden_size, max_new_tokens=max_new_tokens,
+            revision=i.revision, dtype=i.dtype,
+            tokenizer_hash=i.tokenizer_hash or text_hash(self.featurizer.tokenizer.to_str()),
+            chat_template_hash=i.chat_template_hash or self.featurizer.chat_template_hash,
+            extra={**i.extra, **(extra or {})},
+        )
+
+    def resolve_block_size(self, block_size: int | None) -> int:
+        """The block size to decode with: the model's own unless overridden (and allowed)."""
+        native = self.info.native_block_size
+        if block_size is None:
+            if native is None:
+                raise ConfigError(f"{self.info.model_id} has no native block size; pass --block-size N")
+            return native
+        if block_size < 1:
+            raise ConfigError(f"block size must be >= 1, got {block_size}")
+        return int(block_size)
+
+
+@runtime_checkable
+class StepAdapter(Protocol):
+    """A model the engine drives one block per request per round (mask-predict dLLMs).
+
+    The adapter keeps one cache per *slot* (a seat in the running batch); the engine assigns
+    requests to slots, resets a slot when a new request takes it, and never reads the cache.
+    """
+
+    info: AdapterInfo
+    featurizer: PromptFeaturizer
+
+    def encode_prompt(self, prompt: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def fingerprint(self, *, block_size: int, threshold: float, max_new_tokens: int,
+                    extra: dict[str, Any] | None = None) -> ModelFingerprint: ...
+
+    def resolve_block_size(self, block_size: int | None) -> int: ...
+
+    def open_slots(self, n_slots: int, capacity: int) -> None:
+        """Allocate caches for ``n_slots`` requests of at most ``capacity`` tokens each."""
+
+    def reset_slot(self, slot: int) -> None:
+        """Empty a slot's cache (a new request takes the seat)."""
+
+    def forward(self, batch: BlockBatch) -> BlockOutput:
+        """One forward: each row attends its slot's cache and itself bidirectionally."""
+
+
+@runtime_checkable
+class NativeLoopAdapter(Protocol):
+    """A model whose own generation loop is traced (it has its own sampler and stopping rule)."""
+
+    info: AdapterInfo
+    featurizer: PromptFeaturizer
+    native_loop: bool
+
+    def encode_prompt(self, prompt: str) -> list[int]: ...
+
+    def fingerprint(self, *, block_size: int, threshold: float, max_new_tokens: int,
+                    extra: dict[str, Any] | None = None) -> ModelFingerprint: ...
+
+    def resolve_block_size(self, block_size: int | None) -> int: ...
+
+    def decoding_threshold(self, threshold: float | None) -> float:
+        """The threshold recorded in traces (the model's own acceptance parameter)."""
+
+    def generate_traced(self, prompt_ids: list[int], *, max_new_tokens: int, threshold: float,
+                        seed: int, request_id: str = "") -> RequestResult:
+        """Run the model's real generation for one request and return what it did."""

@@ -1,0 +1,307 @@
+"""Batched block-diffusion decoding with LowConfidence unmasking and first-round hidden-state capture.
+
+This is the decoding a DWISE server runs (SPEC §1), made exact and observable:
+
+* **Prefill.** The chat-templated prompt is processed in chunks of ``block_size`` tokens from
+  position 0 (the last chunk may be shorter), one chunk per round; chunk ``c`` attends the
+  chunks before it and itself bidirectionally. Its keys/values join the cache.
+* **Denoising.** Output blocks start at position ``len(prompt)`` (not aligned to a multiple of
+  ``block_size``). Each starts fully masked and attends the whole clean cache plus itself
+  bidirectionally. Every round, per request, the masked positions whose top-1 probability
+  is at least ``threshold`` are unmasked with their argmax token, and at least the single
+  most confident one (SGLang's ``LowConfidence``); the mask token is never predicted. So a
+  block takes between 1 and its length rounds: ``threshold <= 0`` unmasks everything in one
+  round, ``threshold > 1`` exactly one position per round.
+* **Commit.** A block with no mask left is done; its clean tokens are run once more through
+  the model so their keys/values (computed from clean inputs, like a prompt chunk) join the
+  cache. That *commit forward* is part of the same round's wall time but is not a denoising
+  round: it is how any block-causal server fills its prefix cache.
+* **Stop.** A request is done when a finished block contains an end-of-sequence token, or
+  when its output budget is spent (the last block is shortened to fit the budget exactly).
+
+Requests are batched with continuous batching: ``batch_size`` seats (*slots*); a finished
+request's seat goes to the next waiting request in the next round. In each round every
+seated request advances one block (prefill chunk or denoising step), so prefill and
+denoising mix in one forward. Rows never see each other (the adapter masks per row), so a
+request's rounds, tokens and hidden vector do not depend on the batch it ran in.
+
+The **first-round hidden state** of a request is the mean, over the rows of its first output
+block, of the model's final-layer hidden state in the first denoising round of that block,
+taken from the very forward that produced that round's logits (no second pass).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from dwise_predict.errors import ConfigError, WorkloadError
+from dwise_predict.traces import prompt_blocks
+
+from .adapters.base import BlockBatch, StepAdapter
+
+#: decoding algorithm name recorded in traces and fingerprints
+LOW_CONFIDENCE = "low_confidence"
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """How to decode: block size, LowConfidence threshold τ, output budget (tokens)."""
+
+    block_size: int
+    threshold: float = 0.95
+    max_new_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ConfigError(f"block_size must be >= 1, got {self.block_size}")
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not math.isfinite(self.threshold):
+            raise ConfigError(f"threshold must be a finite number, got {self.threshold}")
+
+
+@dataclass
+class DecodeRequest:
+    """One request to decode: an id and the exact prompt token ids (chat template applied)."""
+
+    request_id: str
+    prompt_ids: list[int]
+
+
+@dataclass
+class RequestResult:
+    """What the dLLM did with one request."""
+
+    request_id: str
+    prompt_tokens: int
+    prompt_blocks: int
+    #: generated tokens, in order, up to the end of the last decoded block (EOS included)
+    output_ids: list[int]
+    rounds_per_block: list[int]
+    finished_eos: bool
+    hit_budget: bool
+    #: mean final-layer hidden row of the first denoising round of the first output block
+    first_round_hidden: np.ndarray | None
+    #: wall time (ms) of every round this request took part in: prefill rounds, then denoising rounds
+    round_wall_ms: list[float] = field(default_factory=list)
+
+    @property
+    def total_rounds(self) -> int:
+        return int(sum(self.rounds_per_block))
+
+    @property
+    def output_blocks(self) -> int:
+        return len(self.rounds_per_block)
+
+    def content_ids(self, eos_ids: Iterable[int]) -> list[int]:
+        """Output tokens before the first end-of-sequence token (the response proper)."""
+        eos = set(eos_ids)
+        for i, tok in enumerate(self.output_ids):
+            if tok in eos:
+                return self.output_ids[:i]
+        return list(self.output_ids)
+
+
+@dataclass
+class _Seat:
+    """Decoding state of one request in one slot."""
+
+    req: DecodeRequest
+    prefilled: int = 0
+    output: list[int] = field(default_factory=list)
+    block: torch.Tensor | None = None  # current output block (mask where undecided)
+    block_start: int = 0
+    rounds: list[int] = field(default_factory=list)
+    hidden: np.ndarray | None = None
+    wall: list[float] = field(default_factory=list)
+    finished_eos: bool = False
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.prefilled < len(self.req.prompt_ids)
+
+
+def validate_requests(requests: list[DecodeRequest], config: DecodeConfig, max_context: int) -> None:
+    """Refuse, before any decoding, requests that cannot be decoded (empty, over the context)."""
+    seen: set[str] = set()
+    for r in requests:
+        if r.request_id in seen:
+            raise WorkloadError(f"request id {r.request_id!r} appears twice; ids must be unique")
+        seen.add(r.request_id)
+        if not r.prompt_ids:
+            raise WorkloadError(f"request {r.request_id!r} has an empty prompt; drop it from the workload")
+        need = len(r.prompt_ids) + config.max_new_tokens
+        if need > max_context:
+            raise WorkloadError(
+                f"request {r.request_id!r}: prompt of {len(r.prompt_ids)} tokens + budget of {config.max_new_tokens} "
+                f"= {need} exceeds the model's context of {max_context} tokens; shorten or drop the prompt, "
+                "or lower --max-new-tokens"
+            )
+
+
+def decode(adapter: StepAdapter, requests: Iterable[DecodeRequest], config: DecodeConfig, *,
+           batch_size: int = 8, on_round: Callable[[int, float], None] | None = None) -> Iterator[RequestResult]:
+    """Decode ``requests`` with continuous batching; yield each result as its request finishes.
+
+    ``on_round(n_rows, seconds)`` is called after every round (for progress bars).
+    Deterministic: greedy tokens, first-index tie breaks, no sampling.
+    """
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    pending = list(requests)
+    info = adapter.info
+    validate_requests(pending, config, info.max_context)
+    if not pending:
+        return
+    if info.mask_token_id is None:
+        raise ConfigError(f"{info.model_id} has no mask token; it cannot be decoded by mask-predict LowConfidence")
+    n_slots = min(batch_size, len(pending))
+    capacity = max(len(r.prompt_ids) for r in pending) + config.max_new_tokens
+    adapter.open_slots(n_slots, capacity)
+    queue = deque(pending)
+    seats: list[_Seat | None] = [None] * n_slots
+    mask_id, eos = int(info.mask_token_id), set(info.eos_token_ids)
+    with torch.inference_mode():
+        while queue or any(s is not None for s in seats):
+            for slot in range(n_slots):
+                if seats[slot] is None and queue:
+                    adapter.reset_slot(slot)
+                    seats[slot] = _Seat(req=queue.popleft())
+            active = [i for i, s in enumerate(seats) if s is not None]
+            t0 = time.perf_counter()
+            done_blocks = _round(adapter, seats, active, config, mask_id)
+            finished: list[int] = []
+            commit_rows: list[int] = []
+            for slot in done_blocks:
+                seat = seats[slot]
+                assert seat is not None and seat.block is not None
+                tokens = seat.block.tolist()
+                seat.output.extend(tokens)
+                seat.block = None
+                if any(t in eos for t in tokens):
+                    seat.finished_eos = True
+                    finished.append(slot)
+                elif len(seat.output) >= config.max_new_tokens:
+                    finished.append(slot)
+                else:
+                    commit_rows.append(slot)
+            if commit_rows:
+                _commit(adapter, seats, commit_rows, config)
+            wall = time.perf_counter() - t0
+            for slot in active:
+                seats[slot].wall.append(wall * 1e3)  # type: ignore[union-attr]
+            if on_round is not None:
+                on_round(len(active), wall)
+            for slot in finished:
+                seat = seats[slot]
+                assert seat is not None
+                seats[slot] = None
+                yield _result(seat, config)
+
+
+def _round(adapter: StepAdapter, seats: list[_Seat | None], active: list[int], config: DecodeConfig,
+           mask_id: int) -> list[int]:
+    """One forward over one block per active seat; returns the slots whose block just finished."""
+    bs = config.block_size
+    rows_ids: list[list[int]] = []
+    rows_pos: list[list[int]] = []
+    commit: list[bool] = []
+    for slot in active:
+        seat = seats[slot]
+        assert seat is not None
+        if seat.in_prefill:
+            chunk = seat.req.prompt_ids[seat.prefilled:seat.prefilled + bs]
+            rows_ids.append(chunk)
+            rows_pos.append(list(range(seat.prefilled, seat.prefilled + len(chunk))))
+            commit.append(True)
+        else:
+            if seat.block is None:  # start a new output block, fully masked, cut to the budget
+                length = min(bs, config.max_new_tokens - len(seat.output))
+                seat.block = torch.full((length,), mask_id, dtype=torch.long)
+                seat.block_start = len(seat.req.prompt_ids) + len(seat.output)
+                seat.rounds.append(0)
+            rows_ids.append(seat.block.tolist())
+            rows_pos.append(list(range(seat.block_start, seat.block_start + len(seat.block))))
+            commit.append(False)
+    batch = _pad(active, rows_ids, rows_pos, commit, mask_id)
+    out = adapter.forward(batch)
+    done: list[int] = []
+    for row, slot in enumerate(active):
+        seat = seats[slot]
+        assert seat is not None
+        n = batch.n_valid[row]
+        if commit[row]:
+            seat.prefilled += n
+            continue
+        assert seat.block is not None
+        if seat.hidden is None and len(seat.rounds) == 1 and seat.rounds[0] == 0:
+            seat.hidden = out.hidden[row, :n].float().mean(dim=0).cpu().numpy().astype(np.float32)
+        seat.block = unmask_step(out.logits[row, :n], seat.block, config.threshold, mask_id)
+        seat.rounds[-1] += 1
+        if not bool((seat.block == mask_id).any()):
+            done.append(slot)
+    return done
+
+
+def unmask_step(logits: torch.Tensor, block: torch.Tensor, threshold: float, mask_id: int) -> torch.Tensor:
+    """One LowConfidence round on one block: unmask masked positions with top-1 prob >= τ, at least one.
+
+    ``logits`` ``[L, V]``, ``block`` ``[L]`` (``mask_id`` where undecided). Returns the new block.
+    """
+    logits = logits.float().clone()
+    logits[:, mask_id] = float("-inf")
+    probs = torch.softmax(logits, dim=-1)
+    conf, pred = probs.max(dim=-1)
+    masked = block.to(logits.device) == mask_id
+    select = masked & (conf >= threshold)
+    if not bool(select.any()):
+        best = torch.where(masked, conf, torch.full_like(conf, -1.0)).argmax()
+        select[best] = True
+    new = block.clone()
+    new[select.cpu()] = pred[select].cpu()
+    return new
+
+
+def _commit(adapter: StepAdapter, seats: list[_Seat | None], slots: list[int], config: DecodeConfig) -> None:
+    """Run finished clean blocks once to put their keys/values in the cache (not a denoising round)."""
+    ids, pos = [], []
+    for slot in slots:
+        seat = seats[slot]
+        assert seat is not None
+        # the block just finished is the output's tail, starting at its recorded position
+        n = len(seat.output) - (seat.block_start - len(seat.req.prompt_ids))
+        ids.append(seat.output[-n:])
+        pos.append(list(range(seat.block_start, seat.block_start + n)))
+    adapter.forward(_pad(slots, ids, pos, [True] * len(slots), pad_id=0))
+
+
+def _pad(slots: list[int], ids: list[list[int]], pos: list[list[int]], commit: list[bool], pad_id: int) -> BlockBatch:
+    t = max(len(r) for r in ids)
+    input_ids = torch.full((len(ids), t), pad_id, dtype=torch.long)
+    position_ids = torch.zeros((len(ids), t), dtype=torch.long)
+    for i, (r, p) in enumerate(zip(ids, pos)):
+        input_ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+        position_ids[i, :len(p)] = torch.tensor(p, dtype=torch.long)
+    return BlockBatch(slots=list(slots), input_ids=input_ids, position_ids=position_ids,
+                      n_valid=[len(r) for r in ids], commit=list(commit))
+
+
+def _result(seat: _Seat, config: DecodeConfig) -> RequestResult:
+    return RequestResult(
+        request_id=seat.req.request_id,
+        prompt_tokens=len(seat.req.prompt_ids),
+        prompt_blocks=prompt_blocks(len(seat.req.prompt_ids), config.block_size),
+        output_ids=list(seat.output),
+        rounds_per_block=list(seat.rounds),
+        finished_eos=seat.finished_eos,
+        hit_budget=not seat.finished_eos and len(seat.output) >= config.max_new_tokens,
+        first_round_hidden=seat.hidden,
+        round_wall_ms=list(seat.wall),
+    )
