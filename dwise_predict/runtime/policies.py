@@ -1,0 +1,167 @@
+"""Scheduling policies: small classes behind one protocol.
+
+A policy says three things; the :class:`~dwise_predict.runtime.scheduler.Scheduler` does the
+rest (admission, KV reservations, batch forming, state updates) the same way for all of them:
+
+* ``key(table, rows, round_index)``: a priority per row, lower runs first (ties: earlier arrival);
+* ``preemptive``: True = rank-based residency as DWISE's Algorithm 1 (admit a waiting request
+  when it ranks in the top B of waiting ∪ resident, up to k·B residents, KV permitting; run the
+  B best residents, pause the rest). False = SGLang-style residency (at most B residents, a
+  waiting request is admitted in key order only when a resident leaves; every resident runs);
+* ``batch_former``: ``"mixed"`` = every selected request advances its next block, prompt or
+  denoising, in the same round (DWISE); ``"prefill-first"`` = whenever a resident still has
+  prompt blocks the round carries only prompt blocks, one per such request (SGLang's dLLM path).
+
+``needs`` names the per-request input a policy reads: ``"estimate"`` (admission estimate of
+total denoising rounds, refined once), ``"true_rounds"`` (oracle), ``"score"`` (SJF/SRPT).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+
+from ..errors import ConfigError
+from .table import RequestTable
+
+BATCH_FORMERS = ("mixed", "prefill-first")
+
+
+@runtime_checkable
+class Policy(Protocol):
+    name: str
+    preemptive: bool
+    batch_former: str
+    needs: frozenset[str]
+
+    def key(self, table: RequestTable, rows: np.ndarray, round_index: int) -> np.ndarray: ...
+
+
+def _check_former(batch_former: str) -> None:
+    if batch_former not in BATCH_FORMERS:
+        raise ConfigError(f"batch_former={batch_former!r} is not one of {BATCH_FORMERS}")
+
+
+@dataclass(frozen=True)
+class FCFS:
+    """SGLang's default: arrival order, B residents, prefill priority (``batch_former="mixed"``
+    gives FCFS on DWISE's batch former, the paper's Table 4 setting)."""
+
+    batch_former: str = "prefill-first"
+    name: str = "fcfs"
+    preemptive: ClassVar[bool] = False
+    needs: ClassVar[frozenset[str]] = frozenset()
+
+    def __post_init__(self) -> None:
+        _check_former(self.batch_former)
+
+    def key(self, table: RequestTable, rows: np.ndarray, round_index: int) -> np.ndarray:
+        return table.seq[rows].astype(np.float64)
+
+
+@dataclass(frozen=True)
+class DWISE:
+    """Remaining-work SRPT, R = P + r̂, preemptive, mixed-phase (paper Algorithm 1).
+
+    ``aging`` (default 0 = off, as in the paper) subtracts ``aging`` work units per round a
+    request has spent without running (waiting or paused): a request passed over for W rounds
+    outranks any fresh request with R < its own R − aging·W, so no request starves longer than
+    (R_max / aging) rounds behind a stream of short arrivals. It trades mean latency for a bound
+    on the tail; no peer scheduler offers it.
+    """
+
+    aging: float = 0.0
+    batch_former: str = "mixed"
+    name: str = "dwise"
+    preemptive: ClassVar[bool] = True
+    needs: ClassVar[frozenset[str]] = frozenset({"estimate"})
+
+    def __post_init__(self) -> None:
+        _check_former(self.batch_former)
+        if not np.isfinite(self.aging) or self.aging < 0:
+            raise ConfigError(f"aging={self.aging} must be a finite number >= 0 (0 turns aging off)")
+
+    def key(self, table: RequestTable, rows: np.ndarray, round_index: int) -> np.ndarray:
+        k = table.prompt_blocks[rows] + table.r_hat[rows]
+        if self.aging:
+            waited = round_index - table.arrival_round[rows] - table.attained[rows]
+            k = k - self.aging * waited
+        return k
+
+
+@dataclass(frozen=True)
+class OracleSRPT:
+    """SRPT by the TRUE remaining work P + r (the driver passes ``true_rounds`` at arrival)."""
+
+    batch_former: str = "mixed"
+    name: str = "oracle"
+    preemptive: ClassVar[bool] = True
+    needs: ClassVar[frozenset[str]] = frozenset({"true_rounds"})
+
+    def __post_init__(self) -> None:
+        _check_former(self.batch_former)
+
+    def key(self, table: RequestTable, rows: np.ndarray, round_index: int) -> np.ndarray:
+        return table.prompt_blocks[rows] + table.true_left[rows]
+
+
+@dataclass(frozen=True)
+class MLFQ:
+    """FastServe's skip-join MLFQ in rounds: level ℓ holds requests whose attained rounds lie in
+    [q·(2^ℓ − 1), q·(2^(ℓ+1) − 1)); a request joins at the level its prompt blocks would reach
+    (skip-join: a long prefill does not start in the top queue) and is demoted as it runs. FCFS
+    within a level. Preemptive with k·B residents; on the prefill-first batch former by default,
+    as the paper ran it."""
+
+    base_quantum: float = 2.0
+    levels: int = 16
+    batch_former: str = "prefill-first"
+    name: str = "mlfq"
+    preemptive: ClassVar[bool] = True
+    needs: ClassVar[frozenset[str]] = frozenset()
+
+    def __post_init__(self) -> None:
+        _check_former(self.batch_former)
+        if not self.base_quantum > 0:
+            raise ConfigError(f"MLFQ base_quantum={self.base_quantum} must be > 0 rounds")
+        if self.levels < 1:
+            raise ConfigError(f"MLFQ levels={self.levels} must be >= 1")
+
+    def key(self, table: RequestTable, rows: np.ndarray, round_index: int) -> np.ndarray:
+        served = np.maximum(table.attained[rows], table.prompt_total[rows] - 1)
+        level = np.floor(np.log2(served / self.base_quantum + 1.0))
+        return np.minimum(level, self.levels - 1)
+
+
+@dataclass(frozen=True)
+class ScoreSJF:
+    """Shortest-job-first by an arbitrary per-request score (lower first).
+
+    Output-length rankers (SSJF, S³, LTR) are just scores. Non-preemptive on the prefill-first
+    batch former by default (how the paper ran them); ``preemptive=True`` gives SRPT by score, in
+    which case the driver may update scores between rounds (``Scheduler.set_scores``), as a
+    TRAIL-style re-estimator would.
+    """
+
+    preemptive: bool = False
+    batch_former: str = "prefill-first"
+    name: str = "sjf"
+    needs: ClassVar[frozenset[str]] = frozenset({"score"})
+
+    def __post_init__(self) -> None:
+        _check_former(self.batch_former)
+
+    def key(self, table: RequestTable, rows: np.ndarray, round_index: int) -> np.ndarray:
+        return table.score[rows]
+
+
+def DWSSJF(batch_former: str = "prefill-first") -> ScoreSJF:  # noqa: N802 - a policy constructor
+    """DWS-guided SJF: non-preemptive, by predicted request cost (passed as the score)."""
+    return ScoreSJF(preemptive=False, batch_former=batch_former, name="dws-sjf")
+
+
+def SRPT(batch_former: str = "mixed") -> ScoreSJF:  # noqa: N802 - a policy constructor
+    """Preemptive SRPT by a driver-maintained score, on the mixed-phase batch former."""
+    return ScoreSJF(preemptive=True, batch_former=batch_former, name="srpt")

@@ -1,0 +1,102 @@
+"""Request state as a structure of arrays, one row per live request.
+
+The per-round work of the scheduler must cost tens of microseconds with thousands of requests
+(paper: 1.16 ms for ranking + reorder), so request state lives in numpy arrays indexed by a
+*row*, never in per-request Python objects. Rows of finished requests go back to a free list
+and are reused, so a long-running server keeps arrays as large as its peak concurrency. The
+index arrays of waiting and resident rows are cached and rebuilt only when residency changes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .request import FREE, RESIDENT, WAITING
+
+_INT_FIELDS = ("prompt_blocks", "prompt_total", "seq", "kv_tokens", "done_rounds", "attained", "arrival_round", "refined_n")
+_FLOAT_FIELDS = ("r_hat", "true_left", "score", "arrival_time")
+
+
+class RequestTable:
+    """Structure-of-arrays request state. Public arrays are indexed by row.
+
+    ``prompt_blocks`` = P (prompt blocks left), ``r_hat`` = estimated denoising rounds left,
+    ``true_left`` = true rounds left when a driver knows them (oracle), ``score`` = an SJF score,
+    ``seq`` = arrival sequence number (the tie-break everywhere: earlier first),
+    ``done_rounds`` = denoising rounds run, ``attained`` = rounds run of either kind (MLFQ),
+    ``refined_n`` = how many times a refined estimate was applied (0 or 1).
+    """
+
+    def __init__(self, capacity: int = 256) -> None:
+        self.capacity = 0
+        self.state = np.zeros(0, dtype=np.int8)
+        self.last_ran = np.zeros(0, dtype=bool)
+        self.ids = np.empty(0, dtype=object)
+        for name in _INT_FIELDS:
+            setattr(self, name, np.zeros(0, dtype=np.int64))
+        for name in _FLOAT_FIELDS:
+            setattr(self, name, np.zeros(0, dtype=np.float64))
+        self._free: list[int] = []
+        self._next = 0
+        self._grow(max(16, int(capacity)))
+        self._waiting = np.zeros(0, dtype=np.int64)
+        self._resident = np.zeros(0, dtype=np.int64)
+        self._dirty = False
+
+    # -- rows -------------------------------------------------------------------------------
+    def _grow(self, new_capacity: int) -> None:
+        def grown(a: np.ndarray) -> np.ndarray:
+            out = np.zeros(new_capacity, dtype=a.dtype) if a.dtype != object else np.empty(new_capacity, dtype=object)
+            out[: a.size] = a
+            return out
+
+        self.state = grown(self.state)
+        self.last_ran = grown(self.last_ran)
+        self.ids = grown(self.ids)
+        for name in (*_INT_FIELDS, *_FLOAT_FIELDS):
+            setattr(self, name, grown(getattr(self, name)))
+        self.capacity = new_capacity
+
+    def allocate(self) -> int:
+        """A free row (reused when one is free, else the next new one)."""
+        if self._free:
+            return self._free.pop()
+        if self._next >= self.capacity:
+            self._grow(2 * self.capacity)
+        row = self._next
+        self._next += 1
+        return row
+
+    def release(self, rows: np.ndarray) -> None:
+        """Return finished rows to the free list."""
+        self.state[rows] = FREE
+        self.last_ran[rows] = False
+        self.ids[rows] = None
+        self._free.extend(int(r) for r in rows)
+        self._dirty = True
+
+    def mark_dirty(self) -> None:
+        self._dirty = True
+
+    # -- cached views -----------------------------------------------------------------------
+    def _refresh(self) -> None:
+        live = self.state[: self._next]
+        self._waiting = np.flatnonzero(live == WAITING)
+        self._resident = np.flatnonzero(live == RESIDENT)
+        self._dirty = False
+
+    @property
+    def waiting(self) -> np.ndarray:
+        if self._dirty:
+            self._refresh()
+        return self._waiting
+
+    @property
+    def resident(self) -> np.ndarray:
+        if self._dirty:
+            self._refresh()
+        return self._resident
+
+    @property
+    def live_rows(self) -> int:
+        return self._next - len(self._free)
