@@ -55,7 +55,7 @@ def round_composition(runs: Mapping[str, SimulationRun], path: str | Path, title
     names = list(runs)
     kinds = ("prefill-only", "mixed", "denoise-only")
     colors = ("#d95f02", "#7570b3", "#1b9e77")
-    fig, axes = plt.subplots(1, 3, figsize=(12.0, 3.8))
+    fig, axes = plt.subplots(1, 3, figsize=(13.5, 4.2))
     for panel, weight in ((0, "rounds"), (1, "time")):
         ax = axes[panel]
         bottom = np.zeros(len(names))
@@ -82,6 +82,7 @@ def round_composition(runs: Mapping[str, SimulationRun], path: str | Path, title
     ax.tick_params(axis="x", rotation=30)
     ax.legend(fontsize=8)
     fig.suptitle(title or "Round composition")
+    fig.tight_layout()
     out = _save(fig, Path(path))
     plt.close(fig)
     return out

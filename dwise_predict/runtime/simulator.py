@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import ConfigError, SchedulerError
 from .arrivals import Arrivals, ArrivalSpec, make_arrivals
 from .policies import Policy
-from .request import RoundResult
+from .request import RESIDENT, RoundResult
 from .roundtime import RoundTimeModel
 from .scheduler import Scheduler
 from .workload import Workload
@@ -52,6 +52,19 @@ class SimulationRun:
     refinements: int
     wall_s: float
     categories: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, dtype=object))
+
+
+def _check_plan(plan, sched: Scheduler) -> None:
+    """Per-round contract (property tests): <= B blocks, one per request, only residents run."""
+    rows = plan.rows
+    if rows.size > sched.slots:
+        raise SchedulerError(f"round {plan.round_index} carries {rows.size} blocks > B = {sched.slots}")
+    if np.unique(rows).size != rows.size:
+        raise SchedulerError(f"round {plan.round_index} carries two blocks of one request")
+    if rows.size and np.any(sched.table.state[rows] != RESIDENT):
+        raise SchedulerError(f"round {plan.round_index} runs a request that is not resident")
+    if np.any(plan.prompt != (sched.table.prompt_blocks[rows] > 0)):
+        raise SchedulerError(f"round {plan.round_index} runs a denoising block before the prompt is done")
 
 
 def policy_inputs(workload: Workload, policy: Policy) -> dict[str, np.ndarray | None]:
@@ -144,6 +157,8 @@ def simulate(workload: Workload, policy: Policy, *, arrivals: Arrivals | Arrival
         if rows.size == 0:  # cannot happen with live requests: a lone request always fits the pool
             raise SchedulerError(f"the scheduler planned an empty round with {n - finished_total} requests unfinished "
                                  f"({sched.n_waiting} waiting, {sched.n_resident} resident); check the KV pool size")
+        if check_invariants:
+            _check_plan(plan, sched)
         req = req_of_row[rows]
         is_p = plan.prompt
         # context each slot's block attends to
