@@ -1,12 +1,108 @@
-"""`dwise-predict trace`: trace a dLLM's denoising rounds and first-round hidden states into Parquet."""
+"""`dwise-predict trace`: trace a dLLM's denoising rounds and first-round hidden states into Parquet.
+
+Composes :func:`dwise_predict.tracing.adapters.load_adapter` and
+:func:`dwise_predict.tracing.runner.trace_workload`. torch/transformers are imported inside
+:func:`run` only, so building the CLI parser stays light.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+from pathlib import Path
 from typing import Any
 
-from ._common import add_stub
+from ..errors import ConfigError, WorkloadError
+from ._common import format_table, progress
+
+log = logging.getLogger(__name__)
 
 
 def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> None:
-    add_stub(subparsers, name, common, "Trace a dLLM's denoising rounds and first-round hidden states into Parquet", "the tracing issue")
+    p = subparsers.add_parser(
+        name, parents=[common], help="Trace a dLLM's denoising rounds and first-round hidden states into Parquet",
+        description="Decode every workload request with a block-diffusion LM and write one Parquet row per request "
+                    "(rounds per output block, first-round hidden state, prompt features, model fingerprint).",
+    )
+    p.add_argument("--model", required=True, metavar="NAME_OR_PATH",
+                   help="'tiny-bd', a tiny-bd or DiffusionGemma folder, or hf-mask-predict:PATH_OR_HUB_ID")
+    p.add_argument("--workload", required=True, type=Path, metavar="FILE",
+                   help="workload JSONL file, or a folder with train.jsonl/eval.jsonl (see --split)")
+    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output folder for shard-NNNNN.parquet")
+    p.add_argument("--split", default="eval", choices=("train", "eval"),
+                   help="which file of a workload folder to trace (default: eval)")
+    p.add_argument("--block-size", type=int, default=None, help="block size (default: the model's own)")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="LowConfidence threshold τ (default 0.95; DiffusionGemma: its entropy bound)")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="output budget in tokens (default: 256)")
+    p.add_argument("--batch-size", type=int, default=8, help="requests decoded together (default: 8)")
+    p.add_argument("--limit", type=int, default=None, help="trace only the first N requests of the workload")
+    p.add_argument("--resume", action="store_true", help="continue a run in --out, skipping traced request ids")
+    p.add_argument("--shard-size", type=int, default=1000, help="requests per Parquet shard (default: 1000)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                   help="model weights dtype (default: float32)")
+    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument("--mask-token-id", type=int, default=None, help="hf-mask-predict: the mask token id")
+    p.add_argument("--redact-prompts", action="store_true", help="store only the prompt's sha256, not its text")
+    p.set_defaults(func=run)
+
+
+def workload_file(path: Path, split: str) -> Path:
+    """The JSONL file a --workload argument stands for."""
+    if path.is_dir():
+        f = path / f"{split}.jsonl"
+        if not f.is_file():
+            raise WorkloadError(f"workload folder {path} has no {split}.jsonl; build it with "
+                                f"`dwise-predict workload --out {path}` or pass a JSONL file")
+        return f
+    if not path.exists():
+        raise WorkloadError(f"workload {path} does not exist; pass a JSONL file or a workload folder")
+    return path
+
+
+def read_records(path: Path, split: str = "eval") -> list[Any]:
+    """Workload records from a file or folder (via the workload package's validating reader)."""
+    from dwise_predict.tracing.workload.records import read_workload
+
+    records = read_workload(workload_file(path, split))
+    if not records:
+        raise WorkloadError(f"workload {path} holds no requests")
+    return records
+
+
+def run(args: argparse.Namespace) -> int:
+    for flag in ("max_new_tokens", "batch_size", "shard_size"):
+        if getattr(args, flag) < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    records = read_records(args.workload, args.split)
+
+    from dwise_predict.tracing.adapters import load_adapter
+    from dwise_predict.tracing.runner import check_output, trace_workload
+
+    check_output(args.out, args.resume)  # fail before the (slow) model load
+    options = {"mask_token_id": args.mask_token_id} if args.mask_token_id is not None else {}
+    adapter = load_adapter(args.model, dtype=args.dtype, device=args.device, **options)
+    n = len(records) if args.limit is None else min(len(records), max(args.limit, 0))
+    bar = progress(total=n, desc="trace", unit="req", quiet=args.quiet)
+    try:
+        summary = trace_workload(
+            adapter, records, args.out, batch_size=args.batch_size, threshold=args.threshold,
+            max_new_tokens=args.max_new_tokens, block_size=args.block_size, limit=args.limit,
+            resume=args.resume, seed=args.seed, progress=bar, shard_size=args.shard_size,
+            redact_prompts=args.redact_prompts,
+        )
+    finally:
+        bar.close()
+    rows = [
+        ["model", summary.fingerprint.short()],
+        ["requests traced", summary.traced],
+        ["requests skipped (already traced)", summary.skipped],
+        ["shards written", len(summary.shards)],
+        ["denoising rounds", summary.denoising_rounds],
+        ["requests/s", f"{summary.requests_per_s:.2f}"],
+        ["rounds/s", f"{summary.rounds_per_s:.1f}"],
+        ["output", str(args.out)],
+    ]
+    if not args.quiet:
+        print(format_table(["trace", "value"], rows))
+    return 0

@@ -1,0 +1,195 @@
+"""Adapter for transformers' native ``DiffusionGemmaForBlockDiffusion`` (traced through its own loop).
+
+DiffusionGemma does not decode by masking: each canvas (block) starts as random tokens, and
+an entropy-bound sampler accepts low-entropy tokens and renoises the rest, until its own
+stopping rule (stable and confident) or ``max_denoising_steps``. Re-implementing that loop
+would trace a different algorithm, so this adapter runs the model's real ``generate`` and
+observes it:
+
+* a streamer's ``put_draft`` is called once per denoising step and ``put`` once per finished
+  canvas, so *steps per block* = drafts between two ``put`` calls, and the time between
+  events is the step's wall time (the encoder pass of a canvas is folded into its first step);
+* a forward hook on the decoder's final norm keeps its output on the *first* decoder call,
+  i.e. the first denoising step of the first canvas: the rows ``lm_head`` reads in that very
+  forward, mean-pooled (no second pass).
+
+Sampling is random, so each request runs alone (batch 1) under its own seed derived from the
+run seed and the request id, in a forked RNG: results do not depend on batch composition,
+order or resume, and the caller's RNG is untouched.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dwise_predict.errors import ConfigError, MissingDependencyError, ModelError
+from dwise_predict.features import PromptFeaturizer
+from dwise_predict.fingerprint import text_hash
+
+from ..engine import RequestResult
+from .base import AdapterInfo, BaseAdapter
+
+DECODING = "diffusion_gemma_entropy_bound"
+
+
+class _StepRecorder:
+    """A draft-compatible streamer recording denoising steps per canvas and their wall times."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self.wall_ms: list[float] = []
+        self._puts = 0
+        self._last = time.perf_counter()
+
+    def put(self, value: Any) -> None:
+        self._puts += 1
+        if self._puts == 1:  # the prompt
+            self._last = time.perf_counter()
+            self.steps.append(0)
+        else:  # a canvas is finished; the next one starts
+            self.steps.append(0)
+
+    def put_draft(self, value: Any = None, logits: Any = None) -> None:
+        now = time.perf_counter()
+        self.wall_ms.append((now - self._last) * 1e3)
+        self._last = now
+        self.steps[-1] += 1
+
+    def end(self) -> None:
+        while self.steps and self.steps[-1] == 0:  # the slot opened after the last canvas
+            self.steps.pop()
+
+
+class DiffusionGemmaAdapter(BaseAdapter):
+    """Traces ``DiffusionGemmaForBlockDiffusion.generate`` request by request."""
+
+    native_loop = True
+
+    def __init__(self, model: Any, tokenizer: Any, *, model_id: str, revision: str | None = None,
+                 max_denoising_steps: int | None = None) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        cfg, tc = model.config, model.config.text_config
+        self.canvas_length = int(cfg.canvas_length)
+        defaults = model.generation_config._get_default_generation_params()
+        gc = model.generation_config
+        self.max_denoising_steps = int(max_denoising_steps or gc.max_denoising_steps or defaults["max_denoising_steps"])
+        if self.max_denoising_steps > self.canvas_length:
+            raise ConfigError(
+                f"max_denoising_steps={self.max_denoising_steps} exceeds the canvas length {self.canvas_length}: "
+                "traces bound rounds per block by the block size; pass max_denoising_steps <= canvas_length"
+            )
+        self.gen_params = {k: (getattr(gc, k, None) if getattr(gc, k, None) is not None else defaults[k])
+                           for k in ("t_min", "t_max", "stability_threshold", "confidence_threshold")}
+        self.default_entropy_bound = float((gc.sampler_config or defaults["sampler_config"]).entropy_bound)
+        eos = gc.eos_token_id if gc.eos_token_id is not None else tc.eos_token_id
+        eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+        self.pad_token_id = gc.pad_token_id if gc.pad_token_id is not None else tc.pad_token_id
+        template = getattr(tokenizer, "chat_template", None)
+        special = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
+        self.featurizer = PromptFeaturizer(tokenizer.backend_tokenizer, template, template_kwargs=special)
+        dtype = next(model.parameters()).dtype
+        self.device = next(model.parameters()).device
+        self.info = AdapterInfo(
+            model_id=model_id, revision=revision, dtype=str(dtype).removeprefix("torch."),
+            hidden_size=int(tc.hidden_size), vocab_size=int(tc.vocab_size), mask_token_id=None,
+            eos_token_ids=eos_ids, max_context=int(tc.max_position_embeddings),
+            native_block_size=self.canvas_length, decoding=DECODING,
+            tokenizer_hash=text_hash(tokenizer.backend_tokenizer.to_str()),
+            chat_template_hash=text_hash(template) if template else None,
+            extra={"max_denoising_steps": self.max_denoising_steps, **self.gen_params},
+        )
+
+    def resolve_block_size(self, block_size: int | None) -> int:
+        if block_size is not None and block_size != self.canvas_length:
+            raise ConfigError(f"DiffusionGemma decodes canvases of {self.canvas_length} tokens (config canvas_length); "
+                              f"--block-size {block_size} cannot change that: drop --block-size")
+        return self.canvas_length
+
+    def decoding_threshold(self, threshold: float | None) -> float:
+        """DiffusionGemma's acceptance parameter is the sampler's entropy bound (> 0)."""
+        if threshold is None:
+            return self.default_entropy_bound
+        if not threshold > 0:
+            raise ConfigError(f"DiffusionGemma's threshold is its entropy bound and must be > 0, got {threshold}")
+        return float(threshold)
+
+    def generate_traced(self, prompt_ids: list[int], *, max_new_tokens: int, threshold: float, seed: int,
+                        request_id: str = "") -> RequestResult:
+        from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
+            EntropyBoundSamplerConfig,
+        )
+
+        recorder = _StepRecorder()
+        captured: list[torch.Tensor] = []
+
+        def keep_first(_module: Any, _inputs: Any, output: torch.Tensor) -> None:
+            if not captured:
+                captured.append(output.detach()[0].float().mean(dim=0).cpu())
+
+        handle = self.model.model.decoder.norm.register_forward_hook(keep_first)
+        input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
+        gen_config = copy.deepcopy(self.model.generation_config)
+        try:
+            with torch.inference_mode(), torch.random.fork_rng(devices=[] if self.device.type == "cpu" else None):
+                torch.manual_seed(seed)
+                out = self.model.generate(
+                    input_ids, streamer=recorder, generation_config=gen_config, max_new_tokens=max_new_tokens,
+                    max_denoising_steps=self.max_denoising_steps,
+                    sampler_config=EntropyBoundSamplerConfig(entropy_bound=float(threshold)),
+                    eos_token_id=list(self.info.eos_token_ids), pad_token_id=self.pad_token_id,
+                    disable_compile=True, **self.gen_params,
+                )
+        finally:
+            handle.remove()
+        recorder.end()
+        seq = out.sequences if hasattr(out, "sequences") else out
+        # whole canvases are decoded; tokens past the budget are not part of the record
+        output = [int(t) for t in seq[0, len(prompt_ids):].tolist()][:max_new_tokens]
+        eos = set(self.info.eos_token_ids)
+        finished_eos = any(t in eos for t in output)
+        if not recorder.steps or any(s < 1 for s in recorder.steps):
+            raise ModelError(f"request {request_id!r}: DiffusionGemma's loop reported no denoising steps "
+                             "(streamer put_draft not called); this transformers version is not supported")
+        n = len(prompt_ids)
+        return RequestResult(
+            request_id=request_id, prompt_tokens=n, prompt_blocks=max(1, -(-n // self.canvas_length)),
+            output_ids=output, rounds_per_block=list(recorder.steps), finished_eos=finished_eos,
+            hit_budget=not finished_eos,
+            first_round_hidden=captured[0].numpy().astype(np.float32) if captured else None,
+            round_wall_ms=list(recorder.wall_ms),
+        )
+
+
+def load_diffusion_gemma(path: str | Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
+                         max_denoising_steps: int | None = None, **_: Any) -> DiffusionGemmaAdapter:
+    """Load a DiffusionGemma checkpoint folder (model + tokenizer) as an adapter."""
+    try:
+        from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
+    except ImportError as e:  # pragma: no cover - depends on the installed transformers
+        raise MissingDependencyError("DiffusionGemma needs transformers >= 5.23: pip install -U transformers") from e
+    path = Path(path)
+    try:
+        model = DiffusionGemmaForBlockDiffusion.from_pretrained(str(path), dtype=dtype).to(device)
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as e:
+        raise ModelError(f"cannot load DiffusionGemma from {path}: {e}; the folder needs config.json, the weights "
+                         "and a tokenizer") from e
+    revision = None
+    weights = sorted(path.glob("*.safetensors"))
+    if weights:
+        import hashlib
+
+        h = hashlib.sha256()
+        for w in weights:
+            h.update(w.name.encode())
+            h.update(str(w.stat().st_size).encode())
+        revision = h.hexdigest()[:12]
+    return DiffusionGemmaAdapter(model, tokenizer, model_id=f"diffusion-gemma:{path.name}", revision=revision,
+                                 max_denoising_steps=max_denoising_steps)

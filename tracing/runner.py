@@ -1,0 +1,214 @@
+"""Trace a workload with a dLLM adapter into Parquet shards: the function behind `dwise-predict trace`.
+
+Order of work is chosen so a bad input costs nothing: every prompt is checked and tokenized
+(empty prompt, prompt over the model's context) *before* the output folder is touched or a
+single round runs. Then requests are decoded (continuous batching for step adapters, the
+model's own loop for native-loop adapters) and each finished request becomes one trace row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dwise_predict.errors import ConfigError, TraceError, WorkloadError
+from dwise_predict.features import newline_count, word_count
+from dwise_predict.fingerprint import ModelFingerprint
+from dwise_predict.traces import TRACE_SCHEMA_VERSION
+
+from .engine import DecodeConfig, DecodeRequest, RequestResult, decode, validate_requests
+from .writer import TraceWriter, existing_shards
+
+#: LowConfidence threshold τ used when none is given (SGLang's and the DWISE paper's default)
+DEFAULT_THRESHOLD = 0.95
+DEFAULT_MAX_NEW_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class TraceRecord:
+    """The fields of a workload record the tracer reads."""
+
+    id: str
+    category: str
+    source: str
+    prompt: str
+
+
+@dataclass
+class TraceSummary:
+    """What a tracing run did."""
+
+    out_dir: Path
+    fingerprint: ModelFingerprint
+    traced: int
+    skipped: int
+    total: int
+    shards: list[Path] = field(default_factory=list)
+    wall_s: float = 0.0
+    engine_rounds: int = 0
+    request_rounds: int = 0
+    denoising_rounds: int = 0
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.traced / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def rounds_per_s(self) -> float:
+        """Batched forward rounds per second (one round = one forward of the whole batch)."""
+        return self.engine_rounds / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def as_trace_record(obj: Any, where: str = "record") -> TraceRecord:
+    """A workload record (``WorkloadRecord``, dict or anything with the fields) as a TraceRecord."""
+    get = obj.get if isinstance(obj, dict) else (lambda k: getattr(obj, k, None))
+    vals = {k: get(k) for k in ("id", "category", "source", "prompt")}
+    for k, v in vals.items():
+        if not isinstance(v, str):
+            raise WorkloadError(f"{where}: field {k!r} must be a string, got {type(v).__name__}")
+    if not vals["id"]:
+        raise WorkloadError(f"{where}: empty request id; every request needs a unique id")
+    return TraceRecord(**vals)  # type: ignore[arg-type]
+
+
+def request_seed(seed: int, request_id: str) -> int:
+    """Per-request seed for sampling models: independent of batch, order and resume."""
+    digest = hashlib.sha256(f"{seed}:{request_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def check_output(out_dir: str | Path, resume: bool) -> None:
+    """Refuse early (before loading a model) an output folder holding shards without ``resume``."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise TraceError(f"--out {out} is a file; pass a folder for the trace shards")
+    shards = existing_shards(out)
+    if shards and not resume:
+        raise TraceError(f"{out} already holds {len(shards)} trace shard(s); pass --resume to continue that run, "
+                         "or choose another --out folder")
+
+
+def trace_workload(adapter: Any, records: Iterable[Any], out_dir: str | Path, *, batch_size: int = 8,
+                   threshold: float | None = None, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+                   block_size: int | None = None, limit: int | None = None, resume: bool = False, seed: int = 0,
+                   progress: Any = None, shard_size: int = 1000, redact_prompts: bool = False) -> TraceSummary:
+    """Decode ``records`` with ``adapter`` and write one trace row per request under ``out_dir``.
+
+    ``limit`` keeps the first N records of the workload (so an interrupted ``--limit N`` run
+    is completed by the same command with ``resume=True``). ``progress`` is a tqdm-like bar
+    (``update``, ``set_postfix``) or None. Returns a :class:`TraceSummary`.
+    """
+    if limit is not None and limit < 0:
+        raise ConfigError(f"--limit must be >= 0, got {limit}")
+    recs = [as_trace_record(r, f"workload record #{i}") for i, r in enumerate(records)]
+    if limit is not None:
+        recs = recs[:limit]
+    native = bool(getattr(adapter, "native_loop", False))
+    bs = adapter.resolve_block_size(block_size)
+    if native:
+        thr = float(adapter.decoding_threshold(threshold))
+    else:
+        thr = DEFAULT_THRESHOLD if threshold is None else float(threshold)
+    config = DecodeConfig(block_size=bs, threshold=thr, max_new_tokens=max_new_tokens)
+    fingerprint = adapter.fingerprint(block_size=bs, threshold=thr, max_new_tokens=max_new_tokens)
+
+    # 1. every prompt checked and tokenized before anything is written
+    for r in recs:
+        if not r.prompt.strip():
+            raise WorkloadError(f"request {r.id!r} has an empty prompt; drop it from the workload")
+    requests = [DecodeRequest(r.id, adapter.encode_prompt(r.prompt)) for r in recs]
+    validate_requests(requests, config, adapter.info.max_context)
+    check_output(out_dir, resume)
+
+    by_id = {r.id: r for r in recs}
+    summary = TraceSummary(out_dir=Path(out_dir), fingerprint=fingerprint, traced=0, skipped=0, total=len(recs))
+    with TraceWriter(out_dir, fingerprint, shard_size=shard_size, resume=resume) as writer:
+        todo = [q for q in requests if q.request_id not in writer.done_ids]
+        summary.skipped = len(requests) - len(todo)
+        if progress is not None and summary.skipped:
+            progress.update(summary.skipped)
+        t0 = time.perf_counter()
+
+        def on_round(n_rows: int, _secs: float) -> None:
+            summary.engine_rounds += 1
+            summary.request_rounds += n_rows
+
+        results: Iterable[RequestResult]
+        if native:
+            results = (adapter.generate_traced(q.prompt_ids, max_new_tokens=max_new_tokens, threshold=thr,
+                                               seed=request_seed(seed, q.request_id), request_id=q.request_id)
+                       for q in todo)
+        else:
+            results = decode(adapter, todo, config, batch_size=batch_size, on_round=on_round)
+        try:
+            for res in results:
+                if native:
+                    summary.engine_rounds += len(res.round_wall_ms)
+                    summary.request_rounds += len(res.round_wall_ms)
+                row = build_row(res, by_id[res.request_id], adapter, config, fingerprint, seed, redact_prompts)
+                writer.add(row)
+                summary.traced += 1
+                summary.denoising_rounds += res.total_rounds
+                if progress is not None:
+                    el = max(time.perf_counter() - t0, 1e-9)
+                    progress.update(1)
+                    progress.set_postfix(req_s=f"{summary.traced / el:.2f}",
+                                         rounds_s=f"{summary.engine_rounds / el:.1f}", refresh=False)
+        finally:
+            summary.wall_s = time.perf_counter() - t0
+            if hasattr(results, "close"):
+                results.close()  # type: ignore[union-attr]
+    summary.shards = list(writer.written)
+    return summary
+
+
+def build_row(res: RequestResult, rec: TraceRecord, adapter: Any, config: DecodeConfig,
+              fingerprint: ModelFingerprint, seed: int, redact_prompts: bool = False) -> dict[str, Any]:
+    """One trace row of schema v1 from a decoded request."""
+    info = adapter.info
+    content = res.content_ids(info.eos_token_ids)
+    hidden = res.first_round_hidden
+    if hidden is not None and not np.all(np.isfinite(hidden)):
+        raise TraceError(f"request {rec.id!r}: the first-round hidden state has NaN/inf; the model diverged "
+                         "(try float32 weights)")
+    walls = [float(w) for w in res.round_wall_ms]
+    if any(not math.isfinite(w) for w in walls):
+        raise TraceError(f"request {rec.id!r}: non-finite round wall time")
+    return {
+        "schema_version": TRACE_SCHEMA_VERSION,
+        "request_id": rec.id,
+        "category": rec.category,
+        "source": rec.source,
+        "prompt": None if redact_prompts else rec.prompt,
+        "prompt_sha256": hashlib.sha256(rec.prompt.encode("utf-8")).hexdigest(),
+        "prompt_tokens": res.prompt_tokens,
+        "word_count": word_count(rec.prompt),
+        "newline_count": newline_count(rec.prompt),
+        "prompt_blocks": res.prompt_blocks,
+        "output_budget": config.max_new_tokens,
+        "block_size": config.block_size,
+        "decoding": fingerprint.decoding,
+        "threshold": config.threshold,
+        "seed": int(seed),
+        "output_tokens": len(content),
+        "output_text": adapter.decode(content),
+        "output_blocks": res.output_blocks,
+        "rounds_per_block": [int(r) for r in res.rounds_per_block],
+        "total_rounds": res.total_rounds,
+        "finished_eos": bool(res.finished_eos),
+        "hit_budget": bool(res.hit_budget),
+        "first_round_hidden": None if hidden is None else hidden.astype(np.float32).tolist(),
+        "round_wall_ms": walls,
+        "model_id": info.model_id,
+        "model_revision": info.revision,
+        "model_dtype": info.dtype,
+        "mask_token_id": info.mask_token_id,
+        "hidden_size": info.hidden_size,
+    }
