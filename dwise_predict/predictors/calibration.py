@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import BundleError
 
-TRANSFORMS = ("identity", "log1p")
+TRANSFORMS = ("identity", "log", "log1p")
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,8 @@ class IsotonicMap:
         y = np.interp(np.asarray(raw, dtype=np.float64), self.x_thresholds, self.y_thresholds)
         if self.target_transform == "log1p":
             y = np.expm1(y)
+        elif self.target_transform == "log":
+            y = np.exp(y)
         return np.maximum(y, 0.0)
 
     def to_dict(self) -> dict[str, Any]:

@@ -117,11 +117,8 @@ class RefinementEnsemble:
             raise PredictorInputError(f"hidden row {bad} holds NaN/inf; run the dLLM in float32/bf16 without overflow")
         p = _per_row(prompt_tokens, n, "prompt_tokens")
         b = _per_row(output_budget, n, "output_budget")
-        x = np.empty((n, self.hidden_size + 2), dtype=np.float32)
-        np.multiply(h - self.hidden_mean, self._inv_std, out=x[:, : self.hidden_size])
-        x[:, -2] = p / self.prompt_tokens_scale
-        x[:, -1] = b / self.output_budget_scale
-        return x
+        return normalized_inputs(h, p, b, self.hidden_mean, self._inv_std, self.prompt_tokens_scale,
+                                 self.output_budget_scale)
 
     # -- inference --------------------------------------------------------------------------
     def member_logits(self, x: np.ndarray) -> list[np.ndarray]:
@@ -208,6 +205,18 @@ class RefinementEnsemble:
     def __repr__(self) -> str:
         return (f"RefinementEnsemble(members={len(self.members)}, hidden_size={self.hidden_size}, K={self.K}, "
                 f"calibrated={self.calibration is not None})")
+
+
+def normalized_inputs(hidden: np.ndarray, prompt_tokens: np.ndarray, output_budget: np.ndarray,
+                      hidden_mean: np.ndarray, inv_std: np.ndarray, prompt_tokens_scale: float,
+                      output_budget_scale: float) -> np.ndarray:
+    """The model input ``(n, H+2)`` float32; the trainer uses this very function, so train = serve."""
+    n, h = hidden.shape
+    x = np.empty((n, h + 2), dtype=np.float32)
+    np.multiply(hidden.astype(np.float32, copy=False) - hidden_mean, inv_std, out=x[:, :h])
+    x[:, -2] = prompt_tokens / prompt_tokens_scale
+    x[:, -1] = output_budget / output_budget_scale
+    return x
 
 
 def _per_row(v: Any, n: int, name: str) -> np.ndarray:

@@ -1,0 +1,205 @@
+"""Predict from the exported ONNX files with onnxruntime alone (no LightGBM, no torch).
+
+Why: a serving process may not want LightGBM's or numpy's threads, or may run the predictors
+where only onnxruntime exists (another language's runtime reads the same files). The files are
+written by :mod:`dwise_predict.export` and carry their own description in the ONNX metadata
+(``dwise.*`` keys: which predictor, what the output means, the shapes), which is checked on load,
+so a refinement file handed to the admission loader, or a file for another hidden size, is refused
+with a message instead of mis-predicting.
+
+Estimates mean exactly what the native predictors' mean:
+
+* :class:`OnnxAdmission`: estimated TOTAL denoising rounds (``exp`` of the log-rounds output);
+* :class:`OnnxRefinement`: denoising rounds STILL TO GO after the first denoising round (the
+  ensemble's restricted mean; the isotonic map, plain arrays, is applied in numpy).
+
+Sessions default to one intra-op thread: the scheduler calls these on its own thread and must not
+compete with the dLLM server for cores.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import BundleError, BundleIntegrityError, PredictorInputError
+from .calibration import IsotonicMap
+
+#: metadata written by the exporters (``dwise.*`` keys in the ONNX model's metadata_props)
+FORMAT = "dwise-onnx"
+FORMAT_VERSION = 1
+ADMISSION_INPUT = "features"
+ADMISSION_OUTPUT = "log_total_rounds"
+REFINEMENT_INPUTS = ("hidden", "prompt_tokens", "output_budget")
+REFINEMENT_OUTPUTS = ("survival", "mean")
+
+
+def open_session(path: str | Path, expected: str, *, threads: int = 1) -> tuple[Any, dict[str, str]]:
+    """An onnxruntime session for ``path`` and its ``dwise.*`` metadata, refusing other predictors' files."""
+    import onnxruntime as ort
+
+    path = Path(path)
+    if not path.is_file():
+        raise BundleError(f"ONNX file {path} does not exist; export it with `dwise-predict export BUNDLE --onnx`")
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = max(1, int(threads))
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime raises its own Fail/InvalidProtobuf types
+        raise BundleIntegrityError(f"{path} is not a loadable ONNX model ({str(e).splitlines()[0]}); "
+                                   "re-export it with `dwise-predict export BUNDLE --onnx`") from e
+    meta = dict(session.get_modelmeta().custom_metadata_map)
+    if meta.get("dwise.format") != FORMAT:
+        raise BundleError(f"{path} was not written by dwise-predict's exporter (no dwise.format metadata); "
+                          "re-export it with `dwise-predict export BUNDLE --onnx`")
+    version = int(meta.get("dwise.format_version", "0"))
+    if version > FORMAT_VERSION:
+        raise BundleError(f"{path} uses dwise ONNX format v{version}; this dwise-predict reads up to "
+                          f"v{FORMAT_VERSION}: upgrade dwise-predict")
+    kind = meta.get("dwise.predictor")
+    if kind != expected:
+        raise BundleError(f"{path} holds the {kind!r} predictor, not {expected!r}; pass the {expected} ONNX file")
+    return session, meta
+
+
+class OnnxAdmission:
+    """Admission predictor from ``admission.onnx``: prompt features -> estimated total rounds."""
+
+    def __init__(self, path: str | Path, *, threads: int = 1) -> None:
+        self.path = Path(path)
+        self.session, self.meta = open_session(self.path, "admission", threads=threads)
+        self.feature_names: tuple[str, ...] = tuple(json.loads(self.meta.get("dwise.feature_names", "[]")))
+        self.precision = self.meta.get("dwise.precision", "fp32")
+        if not self.feature_names:
+            raise BundleError(f"{self.path} lacks dwise.feature_names metadata; re-export it")
+
+    def raw_score(self, X: Any) -> np.ndarray:
+        """log(total rounds), one per row of ``(n, n_features)`` features."""
+        X = _features(X, len(self.feature_names), self.feature_names)
+        if X.shape[0] == 0:
+            return np.zeros(0, dtype=np.float64)
+        out = self.session.run([ADMISSION_OUTPUT], {ADMISSION_INPUT: X.astype(np.float32)})[0]
+        return np.asarray(out, dtype=np.float64).reshape(-1)
+
+    def predict_features(self, X: Any) -> np.ndarray:
+        """Estimated total denoising rounds, one per row."""
+        return np.exp(self.raw_score(X))
+
+    def predict_one(self, x: Sequence[float]) -> float:
+        return float(self.predict_features([list(x)])[0])
+
+    def __repr__(self) -> str:
+        return f"OnnxAdmission({self.path.name}, features={list(self.feature_names)}, {self.precision})"
+
+
+class OnnxRefinement:
+    """Refinement ensemble from ``refinement.onnx`` (+ optional isotonic map) -> remaining rounds."""
+
+    def __init__(self, path: str | Path, calibration: IsotonicMap | None = None, *, threads: int = 1) -> None:
+        self.path = Path(path)
+        self.session, self.meta = open_session(self.path, "refinement", threads=threads)
+        try:
+            self.hidden_size = int(self.meta["dwise.hidden_size"])
+            self.K = int(self.meta["dwise.K"])  # noqa: N815 - SPEC's name
+        except (KeyError, ValueError) as e:
+            raise BundleError(f"{self.path} lacks dwise.hidden_size/dwise.K metadata; re-export it") from e
+        self.precision = self.meta.get("dwise.precision", "fp32")
+        self.outputs = tuple(o.name for o in self.session.get_outputs())
+        self.calibration = calibration
+
+    def _run(self, names: list[str], hidden: Any, prompt_tokens: Any, output_budget: Any) -> list[np.ndarray]:
+        h = _hidden(hidden, self.hidden_size)
+        n = h.shape[0]
+        p = _per_row(prompt_tokens, n, "prompt_tokens")
+        b = _per_row(output_budget, n, "output_budget")
+        if n == 0:
+            return [np.zeros((0, self.K)) if name == "survival" else np.zeros(0) for name in names]
+        return self.session.run(names, {"hidden": h, "prompt_tokens": p, "output_budget": b})
+
+    def survival(self, hidden: Any, prompt_tokens: Any, output_budget: Any) -> np.ndarray:
+        """Averaged survival curves ``(n, K)``: column k-1 is P(remaining rounds >= k)."""
+        if "survival" not in self.outputs:
+            raise BundleError(f"{self.path} was exported without the survival output; re-export with it")
+        return np.asarray(self._run(["survival"], hidden, prompt_tokens, output_budget)[0], dtype=np.float64)
+
+    def predict(self, hidden: Any, prompt_tokens: Any, output_budget: Any, *, raw: bool = False) -> np.ndarray:
+        """Estimated rounds still to go after the first denoising round (calibrated unless ``raw``)."""
+        mean = np.asarray(self._run(["mean"], hidden, prompt_tokens, output_budget)[0], dtype=np.float64)
+        if raw or self.calibration is None:
+            return mean
+        return self.calibration(mean)
+
+    @classmethod
+    def from_files(cls, onnx_path: str | Path, calibration_json: str | Path | None = None, *,
+                   threads: int = 1) -> OnnxRefinement:
+        """Load with the isotonic map stored as JSON arrays (``calibration.json`` of a bundle)."""
+        cal = None
+        if calibration_json is not None:
+            try:
+                cal = IsotonicMap.from_dict(json.loads(Path(calibration_json).read_text(encoding="utf-8")))
+            except FileNotFoundError as e:
+                raise BundleError(f"calibration file {calibration_json} does not exist") from e
+            except ValueError as e:
+                raise BundleIntegrityError(f"calibration file {calibration_json} is not valid JSON ({e})") from e
+        return cls(onnx_path, cal, threads=threads)
+
+    def __repr__(self) -> str:
+        return (f"OnnxRefinement({self.path.name}, hidden_size={self.hidden_size}, K={self.K}, {self.precision}, "
+                f"calibrated={self.calibration is not None})")
+
+
+# -- input checks (same rules as the native predictors) -----------------------------------------
+def _features(X: Any, n_features: int, names: Sequence[str]) -> np.ndarray:
+    try:
+        a = np.asarray(X, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise PredictorInputError(f"admission features must be numbers ({list(names)}): {e}") from e
+    if a.ndim == 1 and a.shape[0] == n_features:
+        a = a[None, :]
+    if a.ndim != 2 or a.shape[1] != n_features:
+        raise PredictorInputError(f"admission features must have shape (n, {n_features}) {list(names)}, got {a.shape}")
+    bad = ~np.isfinite(a).all(axis=1) | (a < 0).any(axis=1)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise PredictorInputError(f"admission feature row {i} is {a[i].tolist()}: counts must be finite and >= 0")
+    if (a > np.finfo(np.float32).max).any():
+        raise PredictorInputError("admission features exceed float32 range; counts that large are not prompts")
+    return a
+
+
+def _hidden(hidden: Any, hidden_size: int) -> np.ndarray:
+    try:
+        h = np.asarray(hidden, dtype=np.float32)
+    except (TypeError, ValueError) as e:
+        raise PredictorInputError(f"hidden must be a float array (n, {hidden_size}): {e}") from e
+    if h.ndim == 1:
+        h = h[None, :]
+    if h.ndim != 2:
+        raise PredictorInputError(f"hidden must be (n, hidden_size) or (hidden_size,), got shape {h.shape}")
+    if h.shape[1] != hidden_size:
+        raise PredictorInputError(f"hidden size {h.shape[1]} does not match the exported model's hidden size "
+                                  f"{hidden_size}: pass the first-round hidden state of the model it was trained on")
+    finite = np.isfinite(h).all(axis=1)
+    if not finite.all():
+        raise PredictorInputError(f"hidden row {int(np.flatnonzero(~finite)[0])} holds NaN/inf (or overflows float32)")
+    return np.ascontiguousarray(h)
+
+
+def _per_row(v: Any, n: int, name: str) -> np.ndarray:
+    try:
+        a = np.asarray(v, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise PredictorInputError(f"{name} must be numbers, got {type(v).__name__}") from e
+    if a.ndim == 0:
+        a = np.full(n, float(a))
+    if a.shape != (n,):
+        raise PredictorInputError(f"{name} must be a scalar or one value per hidden row ({n}), got shape {a.shape}")
+    if not np.all(np.isfinite(a)) or np.any(a < 0) or np.any(a > np.finfo(np.float32).max):
+        raise PredictorInputError(f"{name} must be finite and >= 0, got {a[~np.isfinite(a) | (a < 0)][:3].tolist()}")
+    return a.astype(np.float32)

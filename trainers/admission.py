@@ -1,0 +1,73 @@
+"""Train the admission predictor: LightGBM on three prompt features, target log(total rounds).
+
+SPEC §4: 100 trees, at most 15 leaves, features = word count, newline count, chat-template token
+count. Deterministic: ``deterministic=True``, ``force_row_wise=True``, a fixed thread count and
+seed, so the same traces and seed give the same model text byte for byte.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from dwise_predict.errors import ConfigError, TrainingError
+from dwise_predict.features import FEATURE_NAMES, PromptFeaturizer
+from dwise_predict.predictors import AdmissionModel
+
+from .dataset import trace_arrays
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    n_trees: int = 100
+    num_leaves: int = 15
+    learning_rate: float = 0.1
+    min_data_in_leaf: int = 20
+    seed: int = 0
+    num_threads: int = 1
+    #: fewer training requests than this is refused (LightGBM would fit noise)
+    min_samples: int = 32
+
+    def __post_init__(self) -> None:
+        if self.n_trees < 1 or not 2 <= self.num_leaves <= 131072 or self.learning_rate <= 0:
+            raise ConfigError(f"invalid admission config {self}: need n_trees >= 1, num_leaves >= 2, learning_rate > 0")
+
+    def lightgbm_params(self) -> dict[str, Any]:
+        return {"objective": "regression", "num_leaves": self.num_leaves, "learning_rate": self.learning_rate,
+                "min_data_in_leaf": self.min_data_in_leaf, "seed": self.seed, "deterministic": True,
+                "force_row_wise": True, "num_threads": self.num_threads, "verbose": -1}
+
+
+def train_admission(data: str | Path | pa.Table | tuple[np.ndarray, np.ndarray], config: AdmissionConfig | None = None,
+                    *, featurizer: PromptFeaturizer | None = None) -> AdmissionModel:
+    """Fit the admission model on traces (or ``(features (n, 3), total_rounds (n,))``).
+
+    The returned model estimates TOTAL denoising rounds (``exp`` of the log-rounds regression).
+    """
+    import lightgbm as lgb
+
+    config = config or AdmissionConfig()
+    if isinstance(data, tuple):
+        X, rounds = (np.asarray(a, dtype=np.float64) for a in data)
+    else:
+        arrays = trace_arrays(data)
+        X, rounds = arrays.features, arrays.total_rounds.astype(np.float64)
+    if X.ndim != 2 or X.shape[1] != len(FEATURE_NAMES) or len(X) != len(rounds):
+        raise TrainingError(f"admission features must be (n, {len(FEATURE_NAMES)}) with one total_rounds each, "
+                            f"got {X.shape} and {rounds.shape}")
+    if len(X) < config.min_samples:
+        raise TrainingError(f"{len(X)} requests are too few to train the admission model (need >= "
+                            f"{config.min_samples}); trace more requests")
+    if not (np.all(np.isfinite(X)) and np.all(np.isfinite(rounds))):
+        raise TrainingError("admission features or total_rounds hold NaN/inf; the traces are corrupt, re-trace them")
+    if np.any(rounds < 1):
+        raise TrainingError("total_rounds must be >= 1 for every request (log target); the traces are corrupt")
+    ds = lgb.Dataset(X, np.log(rounds), feature_name=list(FEATURE_NAMES), free_raw_data=True,
+                     params={"verbose": -1, "min_data_in_leaf": config.min_data_in_leaf})
+    booster = lgb.train(config.lightgbm_params(), ds, num_boost_round=config.n_trees)
+    info = {"config": asdict(config), "n_train": int(len(X)), "lightgbm": lgb.__version__}
+    return AdmissionModel(booster.model_to_string(), FEATURE_NAMES, featurizer=featurizer, info=info)

@@ -1,0 +1,360 @@
+"""Train the refinement predictor: a 3-seed survival-MLP ensemble with Lightning, then an isotonic map.
+
+SPEC §4. Each member is ``Linear(H+2, 256) -> GELU(tanh) -> Dropout(0.2) -> Linear(256, K)``
+emitting one hazard logit per future round (K = largest remaining-round count in training).
+Loss: negative log-likelihood of the discrete-time logistic hazards. For a request with ``y``
+remaining rounds (``y = total_rounds - 1``; hazard index ``j`` stands for round ``k = j + 1``):
+
+    uncensored: log P(T = y) = sum_{j < y} log(1 - h_j) + log h_y     (no event term when y = K)
+    censored (``hit_budget``: the output budget cut it, T >= y):  log P(T >= y) = sum_{j < y} log(1 - h_j)
+
+Members differ only in seed (``seed_everything(seed + i, workers=True)``); their survival
+curves are averaged at inference. The isotonic map (scikit-learn) is fitted on the training
+split, from the raw ensemble mean to ``log1p`` of the actual remaining rounds, and exported as
+plain arrays. Weights are exported to numpy (safetensors in the bundle), never as a checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytorch_lightning as pl
+import torch
+from torch import nn
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
+
+from dwise_predict.errors import ConfigError, PredictorInputError, TrainingError
+from dwise_predict.predictors import IsotonicMap, MLPWeights, RefinementEnsemble
+from dwise_predict.predictors.refinement import normalized_inputs
+
+from .dataset import TraceArrays, trace_arrays
+
+
+@dataclass(frozen=True)
+class RefinementConfig:
+    members: int = 3
+    width: int = 256
+    dropout: float = 0.2
+    epochs: int = 20
+    batch_size: int = 256
+    lr: float = 2e-3
+    weight_decay: float = 1e-4
+    seed: int = 0
+    censor_hit_budget: bool = True
+    #: member i trains without fold i of the training split, and the isotonic map is fitted on
+    #: each training request's prediction by the member that did not see it (out-of-fold);
+    #: in-sample survival curves of an MLP with H ~ n inputs are overconfident and would fit a
+    #: map that underestimates the scale on new requests
+    cross_fit_calibration: bool = True
+    #: "log1p": isotonic fit to log1p(remaining) (a conditional geometric mean, the admission
+    #: model's kind of estimate); "identity": fit to remaining rounds directly
+    calibration: str = "identity"
+    num_threads: int = 1
+    accelerator: str = "cpu"
+    min_samples: int = 32
+
+    def __post_init__(self) -> None:
+        if self.members < 1 or self.width < 1 or self.epochs < 1 or self.batch_size < 1:
+            raise ConfigError(f"invalid refinement config {self}: members, width, epochs, batch_size must be >= 1")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"dropout must lie in [0, 1), got {self.dropout}")
+        if self.calibration not in ("log", "log1p", "identity", "none"):
+            raise ConfigError(f"calibration must be 'log1p', 'identity' or 'none', got {self.calibration!r}")
+
+
+def survival_nll(logits: torch.Tensor, remaining: torch.Tensor, censored: torch.Tensor) -> torch.Tensor:
+    """Mean negative log-likelihood of logistic hazards with right censoring (see the module doc)."""
+    j = torch.arange(logits.shape[1], device=logits.device)
+    y = remaining[:, None]
+    survive = (j < y).to(logits.dtype)
+    event = ((j == y) & ~censored[:, None]).to(logits.dtype)
+    ll = survive * nn.functional.logsigmoid(-logits) + event * nn.functional.logsigmoid(logits)
+    return -ll.sum(dim=1).mean()
+
+
+class SurvivalMLP(pl.LightningModule):
+    """One ensemble member: normalized input ``(n, H+2)`` -> K hazard logits."""
+
+    def __init__(self, d_in: int, K: int, width: int = 256, dropout: float = 0.2, lr: float = 2e-3,  # noqa: N803
+                 weight_decay: float = 1e-4, init_hazard: np.ndarray | None = None) -> None:
+        super().__init__()
+        self.lr, self.weight_decay = lr, weight_decay
+        self.net = nn.Sequential(nn.Linear(d_in, width), nn.GELU(approximate="tanh"), nn.Dropout(dropout),
+                                 nn.Linear(width, K))
+        if init_hazard is not None:  # start from the marginal hazards: faster, steadier convergence
+            h = np.clip(np.asarray(init_hazard, dtype=np.float64), 1e-4, 1 - 1e-4)
+            with torch.no_grad():
+                self.net[3].bias.copy_(torch.as_tensor(np.log(h / (1 - h)), dtype=torch.float32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
+        x, remaining, censored = batch
+        loss = survival_nll(self(x), remaining, censored)
+        self.log("train_nll", loss, on_step=False, on_epoch=True, prog_bar=False, batch_size=len(x))
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+
+    def to_weights(self) -> MLPWeights:
+        first, last = self.net[0], self.net[3]
+        return MLPWeights(first.weight.detach().cpu().numpy().T.copy(), first.bias.detach().cpu().numpy().copy(),
+                          last.weight.detach().cpu().numpy().T.copy(), last.bias.detach().cpu().numpy().copy())
+
+
+class _BatchDataset(Dataset):
+    """Indexed by a whole list of rows at once: one tensor gather per batch, no per-sample Python."""
+
+    def __init__(self, *tensors: torch.Tensor) -> None:
+        self.tensors = tensors
+
+    def __len__(self) -> int:
+        return len(self.tensors[0])
+
+    def __getitem__(self, rows: list[int]) -> tuple[torch.Tensor, ...]:
+        idx = torch.as_tensor(rows)
+        return tuple(t[idx] for t in self.tensors)
+
+
+@dataclass(frozen=True)
+class Normalization:
+    """Input normalization fitted on the training split (recorded in the bundle)."""
+
+    hidden_mean: np.ndarray
+    hidden_std: np.ndarray
+    prompt_tokens_scale: float
+    output_budget_scale: float
+
+    @classmethod
+    def fit(cls, arrays: TraceArrays) -> Normalization:
+        h = arrays.hidden
+        assert h is not None
+        mean = h.mean(axis=0, dtype=np.float64).astype(np.float32)
+        std = np.maximum(h.std(axis=0, dtype=np.float64), 1e-6).astype(np.float32)
+        return cls(mean, std, float(max(arrays.prompt_tokens.max(), 1.0)), float(max(arrays.output_budget.max(), 1.0)))
+
+    def apply(self, arrays: TraceArrays) -> np.ndarray:
+        assert arrays.hidden is not None
+        return normalized_inputs(arrays.hidden, arrays.prompt_tokens, arrays.output_budget, self.hidden_mean,
+                                 (1.0 / self.hidden_std).astype(np.float32), self.prompt_tokens_scale,
+                                 self.output_budget_scale)
+
+
+class TraceDataModule(pl.LightningDataModule):
+    """Trace files (or a table) -> normalized inputs, remaining rounds and censoring flags, batched."""
+
+    def __init__(self, traces: str | Path | pa.Table | TraceArrays, batch_size: int = 256,
+                 censor_hit_budget: bool = True, normalization: Normalization | None = None,
+                 K: int | None = None) -> None:  # noqa: N803
+        super().__init__()
+        self.traces, self.batch_size, self.censor_hit_budget = traces, batch_size, censor_hit_budget
+        self.normalization = normalization
+        self.arrays: TraceArrays | None = None
+        self._K = K
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.arrays is not None:
+            return
+        arrays = self.traces if isinstance(self.traces, TraceArrays) else trace_arrays(self.traces, need_hidden=True)
+        if arrays.hidden is None:
+            raise TrainingError("refinement training needs first_round_hidden in the traces")
+        self.arrays = arrays
+        self.normalization = self.normalization or Normalization.fit(arrays)
+        x = self.normalization.apply(arrays)
+        censored = arrays.hit_budget if self.censor_hit_budget else np.zeros(arrays.n, dtype=bool)
+        self._tensors = (torch.from_numpy(x), torch.from_numpy(arrays.remaining.astype(np.int64)),
+                         torch.from_numpy(censored.copy()))
+
+    @property
+    def K(self) -> int:  # noqa: N802 - SPEC's name
+        assert self.arrays is not None
+        return int(self._K if self._K is not None else self.arrays.remaining.max())
+
+    def marginal_hazard(self) -> np.ndarray:
+        """Kaplan-Meier-style hazards per remaining round index (censoring-aware)."""
+        assert self.arrays is not None
+        y = self.arrays.remaining
+        cens = self.arrays.hit_budget if self.censor_hit_budget else np.zeros(len(y), dtype=bool)
+        at_risk = np.array([(y >= j).sum() for j in range(self.K)], dtype=np.float64)
+        events = np.bincount(y[~cens], minlength=self.K + 1)[: self.K].astype(np.float64)
+        return (events + 0.5) / (at_risk + 1.0)
+
+    def train_dataloader(self) -> DataLoader:
+        g = torch.Generator().manual_seed(int(torch.initial_seed()) % (2**63))
+        sampler = BatchSampler(RandomSampler(range(len(self._tensors[0])), generator=g), self.batch_size,
+                               drop_last=False)
+        return DataLoader(_BatchDataset(*self._tensors), sampler=sampler, batch_size=None, num_workers=0)
+
+
+@contextlib.contextmanager
+def _quiet_lightning() -> Iterator[None]:
+    loggers = [logging.getLogger(n) for n in ("pytorch_lightning", "lightning.pytorch", "lightning_fabric")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+        warnings.filterwarnings("ignore", message=r".*(GPU|TPU|HPU) available.*")
+        warnings.filterwarnings("ignore", module=r"(pytorch_)?lightning.*")
+        warnings.filterwarnings("ignore", message=r".*treespec.*")
+        try:
+            yield
+        finally:
+            for lg, lvl in zip(loggers, levels):
+                lg.setLevel(lvl)
+
+
+def train_refinement(traces: str | Path | pa.Table | TraceArrays, config: RefinementConfig | None = None
+                     ) -> RefinementEnsemble:
+    """Train the ensemble and its isotonic map; returns numpy inference weights.
+
+    The estimate is denoising rounds STILL TO GO after the first denoising round.
+    """
+    config = config or RefinementConfig()
+    dm = TraceDataModule(traces, config.batch_size, config.censor_hit_budget)
+    dm.setup("fit")
+    arrays = dm.arrays
+    assert arrays is not None and dm.normalization is not None
+    if arrays.n < config.min_samples:
+        raise TrainingError(f"{arrays.n} requests are too few to train the refinement model (need >= "
+                            f"{config.min_samples}); trace more requests")
+    if np.any(arrays.total_rounds < 1):
+        raise TrainingError("total_rounds must be >= 1 for every request; the traces are corrupt")
+    if dm.K < 1:
+        raise TrainingError("every training request finished in its first denoising round (K = 0): nothing to "
+                            "refine; trace requests with longer outputs")
+    norm = dm.normalization
+    cross_fit = config.cross_fit_calibration and config.members > 1
+    fold = fold_ids(arrays.category, config.members, config.seed) if cross_fit else np.full(arrays.n, -1)
+    members: list[MLPWeights] = []
+    threads = torch.get_num_threads()
+    t0 = time.perf_counter()
+    try:
+        torch.set_num_threads(config.num_threads)
+        with _quiet_lightning():
+            for i in range(config.members):
+                pl.seed_everything(config.seed + i, workers=True, verbose=False)
+                member_dm = TraceDataModule(arrays.subset(fold != i), config.batch_size, config.censor_hit_budget,
+                                            norm, K=dm.K) if cross_fit else dm
+                member_dm.setup("fit")
+                model = SurvivalMLP(arrays.hidden.shape[1] + 2, dm.K, config.width, config.dropout, config.lr,
+                                    config.weight_decay, init_hazard=member_dm.marginal_hazard())
+                trainer = pl.Trainer(max_epochs=config.epochs, accelerator=config.accelerator, devices=1,
+                                     deterministic=True, enable_checkpointing=False, logger=False,
+                                     enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+                trainer.fit(model, datamodule=member_dm)
+                members.append(model.cpu().to_weights())
+    finally:
+        torch.set_num_threads(threads)
+    info = {"config": asdict(config), "n_train": arrays.n, "K": dm.K, "train_seconds": time.perf_counter() - t0,
+            "torch": torch.__version__, "pytorch_lightning": pl.__version__,
+            "calibration_fit": "out-of-fold" if cross_fit else "in-sample"}
+    ensemble = RefinementEnsemble(members, norm.hidden_mean, norm.hidden_std, norm.prompt_tokens_scale,
+                                  norm.output_budget_scale, None, info)
+    if config.calibration != "none":
+        x = norm.apply(arrays)
+        if cross_fit:  # each request predicted by the member that did not train on it
+            raw = np.empty(arrays.n)
+            for i in range(config.members):
+                single = RefinementEnsemble([members[i]], norm.hidden_mean, norm.hidden_std,
+                                            norm.prompt_tokens_scale, norm.output_budget_scale)
+                raw[fold == i] = single.survival_from_inputs(x[fold == i]).sum(axis=1)
+        else:
+            raw = ensemble.survival_from_inputs(x).sum(axis=1)
+        ensemble.calibration = fit_isotonic(raw, arrays.remaining, config.calibration)
+    return ensemble
+
+
+def fold_ids(categories: np.ndarray, n_folds: int, seed: int) -> np.ndarray:
+    """Seeded fold of each request, stratified by category (every fold sees every category)."""
+    rng = np.random.default_rng(seed)
+    fold = np.empty(len(categories), dtype=np.int64)
+    for c in sorted(set(categories.tolist())):
+        idx = np.flatnonzero(categories == c)
+        fold[rng.permutation(idx)] = np.arange(len(idx)) % n_folds
+    return fold
+
+
+#: remaining rounds of 0 are fitted as this in log space (log 0 is undefined)
+LOG_FLOOR = 0.5
+
+
+def fit_isotonic(raw: np.ndarray, remaining: np.ndarray, transform: str = "log1p") -> IsotonicMap:
+    """Fit scikit-learn's IsotonicRegression and keep only its two threshold arrays."""
+    from sklearn.isotonic import IsotonicRegression
+
+    y = remaining.astype(np.float64)
+    target = {"log1p": np.log1p, "log": lambda v: np.log(np.maximum(v, LOG_FLOOR)), "identity": lambda v: v}[transform](y)
+    iso = IsotonicRegression(increasing=True, out_of_bounds="clip").fit(raw, target)
+    return IsotonicMap(np.asarray(iso.X_thresholds_), np.asarray(iso.y_thresholds_), transform)
+
+
+class TorchRefinement(nn.Module):
+    """The numpy ensemble as one torch module, for a GPU stream: ``forward`` returns estimates.
+
+    Same weights, same arithmetic (tanh GELU, averaged survival curves, isotonic interpolation),
+    batched as one GEMM for all members' first layers.
+    """
+
+    def __init__(self, ensemble: RefinementEnsemble) -> None:
+        super().__init__()
+        t = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in ensemble.tensors().items()}
+        m = len(ensemble.members)
+        self.members = m
+        self.hidden_size = ensemble.hidden_size
+        self.register_buffer("hidden_mean", t["input.hidden_mean"])
+        self.register_buffer("inv_std", 1.0 / t["input.hidden_std"])
+        self.register_buffer("w1", torch.cat([t[f"member{i}.w1"] for i in range(m)], dim=1))
+        self.register_buffer("b1", torch.cat([t[f"member{i}.b1"] for i in range(m)]))
+        self.register_buffer("w2", torch.stack([t[f"member{i}.w2"] for i in range(m)]))  # (m, width, K)
+        self.register_buffer("b2", torch.stack([t[f"member{i}.b2"] for i in range(m)]))  # (m, K)
+        self.prompt_tokens_scale = float(ensemble.prompt_tokens_scale)
+        self.output_budget_scale = float(ensemble.output_budget_scale)
+        cal = ensemble.calibration
+        self.log1p = cal is not None and cal.target_transform == "log1p"
+        self.register_buffer("iso_x", torch.as_tensor(cal.x_thresholds if cal else np.zeros(0), dtype=torch.float64))
+        self.register_buffer("iso_y", torch.as_tensor(cal.y_thresholds if cal else np.zeros(0), dtype=torch.float64))
+
+    def forward(self, hidden: torch.Tensor, prompt_tokens: torch.Tensor, output_budget: torch.Tensor,
+                raw: bool = False) -> torch.Tensor:
+        if hidden.ndim != 2 or hidden.shape[1] != self.hidden_size:
+            raise PredictorInputError(f"hidden must be (n, {self.hidden_size}), got {tuple(hidden.shape)}")
+        x = torch.cat([(hidden.float() - self.hidden_mean) * self.inv_std,
+                       (prompt_tokens.float() / self.prompt_tokens_scale)[:, None],
+                       (output_budget.float() / self.output_budget_scale)[:, None]], dim=1)
+        a = nn.functional.gelu(x @ self.w1 + self.b1, approximate="tanh")
+        a = a.view(len(x), self.members, -1).transpose(0, 1)  # (m, n, width)
+        z = (torch.bmm(a, self.w2) + self.b2[:, None, :]).double()  # (m, n, K)
+        s = torch.exp(torch.cumsum(nn.functional.logsigmoid(-z), dim=2)).mean(dim=0)
+        mean = s.sum(dim=1)
+        if raw or self.iso_x.numel() == 0:
+            return mean
+        y = _interp(mean, self.iso_x, self.iso_y)
+        return torch.clamp(torch.expm1(y) if self.log1p else y, min=0.0)
+
+
+def _interp(x: torch.Tensor, xp: torch.Tensor, fp: torch.Tensor) -> torch.Tensor:
+    """``np.interp`` in torch (clipped at both ends)."""
+    if len(xp) == 1:
+        return fp.expand_as(x).clone()
+    xc = torch.clamp(x, xp[0], xp[-1])
+    i = torch.clamp(torch.searchsorted(xp, xc, right=True) - 1, 0, len(xp) - 2)
+    x0, x1, y0, y1 = xp[i], xp[i + 1], fp[i], fp[i + 1]
+    w = torch.where(x1 > x0, (xc - x0) / torch.where(x1 > x0, x1 - x0, torch.ones_like(x1)), torch.zeros_like(xc))
+    return y0 + w * (y1 - y0)
+
+
+def ensemble_to_torch(ensemble: RefinementEnsemble, device: str | torch.device = "cpu") -> TorchRefinement:
+    """The torch inference path (e.g. ``ensemble_to_torch(bundle.refinement, "cuda")``)."""
+    return TorchRefinement(ensemble).to(device).eval()
