@@ -24,13 +24,16 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from dwise_predict.features import PromptFeaturizer
 from dwise_predict.fingerprint import ModelFingerprint
-from dwise_predict.traces import META_FINGERPRINT, META_SCHEMA_VERSION, TRACE_SCHEMA, TRACE_SCHEMA_VERSION, prompt_blocks
+from dwise_predict.traces import (
+    META_FINGERPRINT,
+    META_SCHEMA_VERSION,
+    TRACE_SCHEMA,
+    TRACE_SCHEMA_VERSION,
+    prompt_blocks,
+)
 
 WORDS = tuple(
-    "the a of to and in is it you that he was for on are with as his they be at one have this from or had by "
-    "word but what some we can out other were all there when up use your how said an each she which do their "
-    "time if will way about many then them write would like so these her long make thing see him two has look "
-    "code math answer option list explain".split()
+    ["the", "a", "of", "to", "and", "in", "is", "it", "you", "that", "he", "was", "for", "on", "are", "with", "as", "his", "they", "be", "at", "one", "have", "this", "from", "or", "had", "by", "word", "but", "what", "some", "we", "can", "out", "other", "were", "all", "there", "when", "up", "use", "your", "how", "said", "an", "each", "she", "which", "do", "their", "time", "if", "will", "way", "about", "many", "then", "them", "write", "would", "like", "so", "these", "her", "long", "make", "thing", "see", "him", "two", "has", "look", "code", "math", "answer", "option", "list", "explain"]
 )
 CHAT_TEMPLATE = "<|user|> {{ messages[0]['content'] }}{% if add_generation_prompt %} <|assistant|>{% endif %}"
 
@@ -86,7 +89,7 @@ def make_traces(n: int, hidden_size: int = 64, *, seed: int = 0, categories: tup
     cols: dict[str, list] = {f.name: [] for f in TRACE_SCHEMA}
     prompts = []
     cat_of = [categories[i % len(categories)] for i in range(n)]
-    for i, c in enumerate(cat_of):
+    for c in cat_of:
         n_words = int(rng.integers(c.words[0], c.words[1] + 1))
         words = rng.choice(WORDS, size=n_words).tolist()
         for j in range(1, n_words):
