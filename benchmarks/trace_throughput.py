@@ -26,10 +26,10 @@ import time
 from pathlib import Path
 
 import torch
-
-from dwise_predict.cli._common import format_table
 from dwise_predict.tracing.adapters.tiny_bd import TinyBDAdapter, load_tiny_bd
 from dwise_predict.tracing.engine import DecodeConfig, DecodeRequest, decode
+
+from dwise_predict.cli._common import format_table
 
 RESULTS = Path(__file__).parent / "results" / "trace_throughput.json"
 
