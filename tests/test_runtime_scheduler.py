@@ -209,3 +209,16 @@ def test_bad_sim_requests_and_workloads():
                                 SimRequest("b", 1, 32, (2,), 64, 32)])
     with pytest.raises(ConfigError, match="needs admission estimates"):
         simulate(toy_workload().with_estimates(admission=None, refined=None), DWISE())
+
+
+def test_smallest_picks_m_best_with_arrival_tiebreak():
+    from dwise_predict.runtime.ranking import smallest
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n, m = int(rng.integers(1, 60)), int(rng.integers(1, 20))
+        keys = rng.integers(0, 5, n).astype(float)  # many ties
+        seq = rng.permutation(n)
+        got = smallest(keys, seq, m)
+        want = np.lexsort((seq, keys))[:m]
+        assert got.tolist() == want.tolist()

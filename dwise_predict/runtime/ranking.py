@@ -17,13 +17,15 @@ def smallest(keys: np.ndarray, tiebreak: np.ndarray, m: int) -> np.ndarray:
     if m <= 0 or n == 0:
         return np.zeros(0, dtype=np.int64)
     if n > m:
-        kth = np.partition(keys, m - 1)[m - 1]
-        less = np.flatnonzero(keys < kth)
-        eq = np.flatnonzero(keys == kth)
-        need = m - less.size
-        if eq.size > need:
-            eq = eq[np.argsort(tiebreak[eq], kind="stable")[:need]]
-        idx = np.concatenate((less, eq))
+        part = np.argpartition(keys, m - 1)
+        idx = part[:m]
+        kth = keys[part[m - 1]]
+        # argpartition leaves every key < kth inside idx; only ties at kth may straddle the cut
+        if np.count_nonzero(keys == kth) > np.count_nonzero(keys[idx] == kth):
+            less = idx[keys[idx] < kth]
+            eq = np.flatnonzero(keys == kth)
+            eq = eq[np.argsort(tiebreak[eq], kind="stable")[: m - less.size]]
+            idx = np.concatenate((less, eq))
     else:
         idx = np.arange(n)
     order = np.lexsort((tiebreak[idx], keys[idx]))
