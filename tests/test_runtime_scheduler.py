@@ -96,7 +96,7 @@ def test_plan_update_follows_algorithm_1_and_refines_once():
     t = s.table
     assert t.r_hat[rows["short"]] == 40.0 and t.refined_n[rows["short"]] == 1
     assert t.prompt_blocks[rows["mid"]] == 0
-    plan = s.plan_round()  # short now R = 40 > long's 51? no: long 51 still behind; mid R = 5
+    plan = s.plan_round()  # R: mid 0 + 5, short 40, long 51 (waiting, not in the top 2)
     assert plan.request_ids == ["mid", "short"]
     with pytest.raises(SchedulerError, match="first denoising round"):
         s.update(RoundResult(plan.rows, np.zeros(2, bool), refined=np.array([1.0, 1.0])))

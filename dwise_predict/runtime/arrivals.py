@@ -69,10 +69,11 @@ def make_arrivals(spec: ArrivalSpec | str, n: int, seed: int = 0) -> Arrivals:
     rng = np.random.default_rng(seed)
     order = rng.permutation(n)
     times = np.zeros(n, dtype=np.float64)
+    rate = float(spec.rate or 0.0)
     if spec.kind == "poisson":
-        times = np.cumsum(rng.exponential(1.0 / spec.rate, size=n))
+        times = np.cumsum(rng.exponential(1.0 / rate, size=n))
         times -= times[0]
     elif spec.kind == "burst+poisson":
         half = n // 2
-        times[half:] = np.cumsum(rng.exponential(1.0 / spec.rate, size=n - half))
+        times[half:] = np.cumsum(rng.exponential(1.0 / rate, size=n - half))
     return Arrivals(order.astype(np.int64), times)

@@ -27,6 +27,19 @@ class RequestTable:
     ``refined_n`` = how many times a refined estimate was applied (0 or 1).
     """
 
+    prompt_blocks: np.ndarray
+    prompt_total: np.ndarray
+    seq: np.ndarray
+    kv_tokens: np.ndarray
+    done_rounds: np.ndarray
+    attained: np.ndarray
+    arrival_round: np.ndarray
+    refined_n: np.ndarray
+    r_hat: np.ndarray
+    true_left: np.ndarray
+    score: np.ndarray
+    arrival_time: np.ndarray
+
     def __init__(self, capacity: int = 256) -> None:
         self.capacity = 0
         self.state = np.zeros(0, dtype=np.int8)

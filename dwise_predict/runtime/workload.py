@@ -99,7 +99,7 @@ class Workload:
 
     def with_estimates(self, **fields: np.ndarray | None) -> Workload:
         """A copy with ``admission``/``refined``/``cost``/``score`` replaced."""
-        return replace(self, **fields)
+        return replace(self, **fields)  # type: ignore[arg-type]
 
     @classmethod
     def from_requests(cls, requests: Sequence[SimRequest]) -> Workload:
