@@ -152,6 +152,7 @@ def save_bundle(out: str | Path, *, fingerprint: ModelFingerprint, admission: Ad
             "files": {p.name: file_record(p) for p in sorted(tmp.iterdir()) if p.is_file()},
         }
         write_json_atomic(tmp / MANIFEST, manifest)
+        os.chmod(tmp, 0o755)  # mkdtemp creates 0700
         _swap_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

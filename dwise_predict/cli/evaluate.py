@@ -1,12 +1,85 @@
-"""`dwise-predict eval`: evaluate a bundle's predictors on traces."""
+"""`dwise-predict eval`: evaluate a bundle's predictors on traces (metrics JSON, table, plots).
+
+Heavy modules are imported inside :func:`run` only.
+"""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
-from ._common import add_stub
+from ..errors import ConfigError
+from ._common import format_table
 
 
 def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> None:
-    add_stub(subparsers, name, common, "Evaluate a bundle's predictors on traces", "the trainers issue")
+    p = subparsers.add_parser(name, parents=[common], help="Evaluate a bundle's predictors on traces",
+                              description="Spearman ρ (overall and per category) and median predicted/actual of the "
+                                          "admission (vs total rounds) and refined (vs rounds after the first "
+                                          "round) estimates; writes metrics JSON and plots next to it.")
+    p.add_argument("--bundle", required=True, help="bundle folder (`dwise-predict train --out`)")
+    p.add_argument("--traces", required=True, help="evaluation traces (disjoint from the training traces)")
+    p.add_argument("--out", required=True, help="metrics JSON to write; plots go next to it")
+    p.add_argument("--holdout-category", help="also retrain without this category and evaluate on it (DWISE Table 7)")
+    p.add_argument("--train-traces", help="training traces for --holdout-category (the bundle's training data)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.set_defaults(func=run)
+
+
+def _fmt(v: Any) -> Any:
+    return "n/a" if v is None else float(v)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dwise_predict.bundle import load_bundle
+    from dwise_predict.predictors._files import write_json_atomic
+    from dwise_predict.trainers.dataset import trace_arrays
+    from dwise_predict.trainers.evaluate import (
+        ESTIMATES,
+        evaluate_arrays,
+        holdout_evaluation,
+        write_plots,
+    )
+
+    if args.holdout_category and not args.train_traces:
+        raise ConfigError("--holdout-category retrains without that category: pass the training traces with --train-traces")
+    bundle = load_bundle(args.bundle)
+    arrays = trace_arrays(args.traces, need_hidden=bundle.refinement is not None)
+    metrics, preds = evaluate_arrays(bundle, arrays)
+    metrics["bundle"] = str(bundle.path)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    names = [n for n in ESTIMATES if n in metrics]
+    print(format_table(["estimate", "spearman", "within-cat mean", "median ratio"],
+                       [[n, _fmt(metrics[n]["spearman"]), _fmt(metrics[n]["within_category_mean_spearman"]),
+                         _fmt(metrics[n]["median_ratio"])] for n in names]))
+    cats = sorted(metrics["categories"])
+    print()
+    print(format_table(["category", "n", *(f"ρ {n}" for n in names)],
+                       [[c, metrics["categories"][c], *(_fmt(metrics[n]["per_category"][c]["spearman"]) for n in names)]
+                        for c in cats]))
+    if args.holdout_category:
+        h = holdout_evaluation(bundle, args.train_traces, args.traces, args.holdout_category, seed=args.seed)
+        metrics["holdout"] = h
+        print()
+        print(format_table([f"held out: {args.holdout_category}", "ρ in training", "ρ held out", "ρ overall (held)"],
+                           [[n, _fmt(h[n]["in_training"]), _fmt(h[n]["held_out"]), _fmt(h[n]["overall_held_out"])]
+                            for n in names if n in h]))
+    if not args.no_plots:
+        metrics["plots"] = [p.name for p in write_plots(preds, out.parent, stem=out.stem)]
+    write_json_atomic(out, _json_safe(metrics))
+    print(f"\nmetrics written to {out}")
+    return 0
+
+
+def _json_safe(obj: Any) -> Any:
+    import math
+
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj

@@ -1,12 +1,59 @@
-"""`dwise-predict train`: train the admission and refinement predictors into a bundle."""
+"""`dwise-predict train`: train the admission and refinement predictors into a bundle.
+
+Heavy modules (torch, Lightning, scikit-learn) are imported inside :func:`run` only, so the
+CLI parser stays light.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
 from typing import Any
 
-from ._common import add_stub
+from ..errors import ConfigError
+from ._common import format_table
+
+log = logging.getLogger(__name__)
 
 
 def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> None:
-    add_stub(subparsers, name, common, "Train the admission and refinement predictors into a bundle", "the trainers issue")
+    p = subparsers.add_parser(name, parents=[common], help="Train the admission and refinement predictors into a bundle",
+                              description="Train the admission (LightGBM, prompt features -> total denoising rounds) "
+                                          "and refinement (survival-MLP ensemble, first-round hidden state -> rounds "
+                                          "still to go) predictors on traces and write a bundle folder.")
+    p.add_argument("--traces", required=True, help="trace file or folder of shards (`dwise-predict trace --out`)")
+    p.add_argument("--out", required=True, help="bundle folder to write")
+    p.add_argument("--only", default="admission,refine", help="comma list of predictors: admission,refine (default: both)")
+    p.add_argument("--tokenizer", help="tokenizer.json of the served model (lets the bundle predict from raw text)")
+    p.add_argument("--chat-template", help="chat template (.jinja, or a tokenizer_config.json with chat_template)")
+    p.add_argument("--epochs", type=int, help="refinement training epochs (default: 20)")
+    p.add_argument("--allow-single-category", action="store_true", help="train even if the traces hold one category")
+    p.add_argument("--force", action="store_true", help="replace an existing bundle at --out")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dwise_predict.bundle import load_bundle
+    from dwise_predict.features import PromptFeaturizer
+    from dwise_predict.trainers.pipeline import train_bundle
+    from dwise_predict.trainers.refinement import RefinementConfig
+
+    if args.chat_template and not args.tokenizer:
+        raise ConfigError("--chat-template needs --tokenizer (the template's tokens are counted with it)")
+    featurizer = PromptFeaturizer.from_files(args.tokenizer, args.chat_template) if args.tokenizer else None
+    if featurizer is None:
+        log.warning("no --tokenizer given: the bundle predicts admission from feature rows only, not raw text")
+    rcfg = RefinementConfig(epochs=args.epochs) if args.epochs else None
+    out = train_bundle(args.traces, args.out, only=args.only, seed=args.seed, featurizer=featurizer,
+                       refinement_config=rcfg, allow_single_category=args.allow_single_category,
+                       overwrite=args.force)
+    bundle = load_bundle(out)
+    tr = bundle.manifest["training"]
+    rows = [[k, v] for k, v in (("requests", tr["n_requests"]), ("categories", len(tr["categories"])),
+                                 ("predictors", ",".join(tr["predictors"])),
+                                 *((f"{k} seconds", v) for k, v in tr["seconds"].items()))]
+    if bundle.refinement is not None:
+        rows += [["refinement K", bundle.refinement.K], ["refinement params", bundle.refinement.n_params]]
+    print(format_table(["", "value"], rows))
+    print(f"bundle written to {out} ({bundle.fingerprint.short()})")
+    return 0

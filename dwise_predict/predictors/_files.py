@@ -18,6 +18,7 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a bundle is meant to be shared
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -203,3 +203,34 @@ def _per_row(v: Any, n: int, name: str) -> np.ndarray:
     if not np.all(np.isfinite(a)) or np.any(a < 0) or np.any(a > np.finfo(np.float32).max):
         raise PredictorInputError(f"{name} must be finite and >= 0, got {a[~np.isfinite(a) | (a < 0)][:3].tolist()}")
     return a.astype(np.float32)
+
+
+def onnx_predictors(bundle: Any, *, int8: bool = True,
+                    threads: int = 1) -> tuple[OnnxAdmission | None, OnnxRefinement | None]:
+    """The ONNX predictors a loaded, verified bundle carries (``dwise-predict export`` kept them).
+
+    ``bundle`` is a :class:`dwise_predict.bundle.Bundle` (its files' sha256 were checked on load).
+    The INT8 refinement file is preferred when present and ``int8`` is true: it is only ever kept
+    when it passed its parity gate and was faster than FP32. The isotonic map comes from the
+    bundle's ``calibration.json`` (plain arrays).
+    """
+    from .refinement import CALIBRATION_FILE
+
+    files = set((bundle.manifest.get("files") or {}).keys())
+    exports = bundle.manifest.get("exports") or {}
+
+    def kept(name: str) -> bool:
+        return name in files and bool((exports.get(name) or {}).get("kept"))
+
+    admission = OnnxAdmission(bundle.path / "admission.onnx", threads=threads) if kept("admission.onnx") else None
+    candidates = (["refinement.int8.onnx"] if int8 else []) + ["refinement.onnx"]
+    ref_name = next((n for n in candidates if kept(n)), None)
+    refinement = None
+    if ref_name is not None:
+        cal = bundle.path / CALIBRATION_FILE
+        refinement = OnnxRefinement.from_files(bundle.path / ref_name, cal if CALIBRATION_FILE in files else None,
+                                               threads=threads)
+    if admission is None and refinement is None:
+        raise BundleError(f"bundle '{bundle.path}' carries no ONNX predictor; run `dwise-predict export "
+                          f"{bundle.path} --onnx` first")
+    return admission, refinement

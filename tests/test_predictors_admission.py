@@ -1,0 +1,118 @@
+"""Admission predictor: compiled trees == LightGBM, determinism, raw text, bad input."""
+
+import lightgbm as lgb
+import numpy as np
+import pytest
+from synthetic_traces import make_traces, synthetic_featurizer
+
+from dwise_predict.errors import ModelError, PredictorInputError, TrainingError
+from dwise_predict.predictors import AdmissionModel
+from dwise_predict.predictors.trees import CompiledForest, parse_lightgbm_text
+from dwise_predict.trainers.admission import AdmissionConfig, train_admission
+from dwise_predict.trainers.dataset import trace_arrays
+
+
+@pytest.fixture(scope="module")
+def traces():
+    return make_traces(800, 16, seed=3)
+
+
+@pytest.fixture(scope="module")
+def model(traces):
+    return train_admission(traces, featurizer=synthetic_featurizer())
+
+
+def _probe_rows(rng, X):
+    """Training rows, random rows, exact thresholds, NaN, inf, zeros and negatives."""
+    rows = [X, rng.uniform(-5, X.max(axis=0) * 1.2, size=(300, X.shape[1]))]
+    special = np.array([[0, 0, 0], [np.nan, 1, 2], [3, np.nan, np.nan], [np.nan] * 3, [np.inf, -np.inf, 0],
+                        [-1e-40, 1e-40, 0.0]])
+    rows.append(special)
+    return np.vstack(rows)
+
+
+@pytest.mark.parametrize("grid_limit", [1 << 20, 0], ids=["global-grid", "per-tree-tables"])
+def test_compiled_forest_matches_booster_bit_for_bit(model, traces, grid_limit):
+    booster = model.booster()
+    _, trees = parse_lightgbm_text(model.model_text)
+    forest = CompiledForest(trees, 3, grid_limit=grid_limit)
+    assert (forest.grid is not None) == (grid_limit > 0)
+    X = _probe_rows(np.random.default_rng(0), trace_arrays(traces).features)
+    # thresholds themselves are the edge of `x <= t`
+    cuts = np.array([[c[len(c) // 2] if len(c) else 0.0 for c in forest.cuts]])
+    X = np.vstack([X, cuts])
+    want = booster.predict(X, raw_score=True)
+    assert np.array_equal(forest.predict_raw(X), want)
+    assert np.array_equal(np.array([forest.predict_raw_one(r) for r in X]), want)
+    assert np.array_equal(forest.predict_raw(X[:1]), want[:1])
+
+
+@pytest.mark.parametrize("params", [{"zero_as_missing": True}, {"use_missing": False}, {}])
+def test_missing_value_rules_match_lightgbm(params):
+    """NaN- and zero-missing splits (default_left either way) follow LightGBM's NumericalDecision."""
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(600, 3))
+    X[rng.random(X.shape) < 0.15] = np.nan
+    X[rng.random(X.shape) < 0.10] = 0.0
+    y = np.nan_to_num(X[:, 0]) * 2 + np.isnan(X[:, 1]) * 3 + (X[:, 2] == 0) * 1.5 + rng.normal(size=600) * 0.1
+    booster = lgb.train({"objective": "regression", "num_leaves": 15, "verbose": -1, "deterministic": True,
+                         "force_row_wise": True, "num_threads": 1, "seed": 0, "min_data_in_leaf": 5, **params},
+                        lgb.Dataset(X, y), num_boost_round=30)
+    _, trees = parse_lightgbm_text(booster.model_to_string())
+    kinds = {int(m) for t in trees for m in t.missing_type}
+    if params.get("use_missing") is False:
+        assert kinds == {0}  # missing type None: NaN is read as 0.0
+    else:
+        assert kinds - {0}, "the model should use a missing-value rule"
+    forest = CompiledForest(trees, 3)
+    probe = np.vstack([X, [[np.nan, 0.0, -0.0], [0.0, np.nan, 1e-36]]])
+    want = booster.predict(probe, raw_score=True)
+    assert np.array_equal(forest.predict_raw(probe), want)
+    assert np.array_equal(np.array([forest.predict_raw_one(r) for r in probe]), want)
+
+
+def test_estimate_is_exp_of_log_rounds_and_tracks_total_rounds(model, traces):
+    a = trace_arrays(traces)
+    est = model.predict_features(a.features)
+    assert np.allclose(np.log(est), model.booster().predict(a.features), rtol=0, atol=1e-12)
+    assert np.corrcoef(np.log(est), np.log(a.total_rounds))[0, 1] > 0.3
+    assert model.predict_one(a.features[0].tolist()) == pytest.approx(est[0], rel=1e-15)
+    assert model.forest.n_trees == 100 and model.forest.max_leaves <= 15
+
+
+def test_raw_text_uses_the_chat_template_token_count(model, traces):
+    prompts = traces.column("prompt").to_pylist()[:50]
+    a = trace_arrays(traces)
+    assert np.array_equal(model.predict(prompts), model.predict_features(a.features[:50]))
+
+
+def test_same_seed_same_model_text(traces):
+    a = train_admission(traces, AdmissionConfig(seed=7))
+    b = train_admission(traces, AdmissionConfig(seed=7))
+    assert a.model_text == b.model_text
+
+
+def test_save_load_round_trip(model, traces, tmp_path):
+    files = model.save(tmp_path)
+    assert sorted(files) == ["admission.json", "admission.lgb.txt"]
+    loaded = AdmissionModel.load(tmp_path)
+    X = trace_arrays(traces).features
+    assert np.array_equal(loaded.predict_features(X), model.predict_features(X))
+
+
+def test_bad_inputs(model, traces):
+    with pytest.raises(PredictorInputError, match=r"shape \(n, 3\)"):
+        model.predict_features(np.zeros((2, 4)))
+    with pytest.raises(PredictorInputError, match="finite"):
+        model.predict_features(np.array([[1.0, np.nan, 3.0]]))
+    with pytest.raises(PredictorInputError, match="finite"):
+        model.predict_one([1.0, -2.0, 3.0])
+    assert model.predict_features(np.zeros((0, 3))).shape == (0,)
+    assert model.predict([]).shape == (0,)
+    with pytest.raises(TrainingError, match="too few"):
+        train_admission(traces.slice(0, 10))
+    with pytest.raises(ModelError, match="not a LightGBM text model"):
+        AdmissionModel("hello")
+    no_tok = AdmissionModel(model.model_text)
+    with pytest.raises(Exception, match="no tokenizer"):
+        no_tok.predict(["hi"])

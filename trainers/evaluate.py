@@ -1,0 +1,186 @@
+"""Evaluate a bundle on traces: Spearman ρ overall and per category, median predicted/actual.
+
+Targets (SPEC §7, stated once here): ``admission`` is compared with TOTAL denoising rounds;
+``refined_raw`` and ``refined`` with rounds still to go after the first denoising round
+(``total_rounds - 1``). ``median_ratio`` is the median of predicted / actual over requests whose
+actual is > 0 (a request done in its first round has nothing left; it is counted in ρ only).
+Held-out mode (DWISE Table 7) retrains both predictors without category C and evaluates on C.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from dwise_predict.bundle import Bundle
+from dwise_predict.errors import ConfigError, TrainingError
+
+from .admission import AdmissionConfig
+from .dataset import TraceArrays, category_counts, trace_arrays
+from .refinement import RefinementConfig
+
+ESTIMATES = ("admission", "refined_raw", "refined")
+
+
+def spearman(pred: np.ndarray, actual: np.ndarray) -> float | None:
+    """Spearman ρ, or None when undefined (fewer than 3 requests or a constant side)."""
+    from scipy.stats import spearmanr
+
+    pred, actual = np.asarray(pred, dtype=np.float64), np.asarray(actual, dtype=np.float64)
+    if len(pred) < 3 or np.all(pred == pred[0]) or np.all(actual == actual[0]):
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rho = float(spearmanr(pred, actual).statistic)
+    return None if math.isnan(rho) else rho
+
+
+def median_ratio(pred: np.ndarray, actual: np.ndarray) -> float | None:
+    keep = actual > 0
+    return float(np.median(pred[keep] / actual[keep])) if keep.any() else None
+
+
+def estimate_metrics(pred: np.ndarray, actual: np.ndarray, categories: np.ndarray) -> dict[str, Any]:
+    per_cat = {}
+    for c in sorted(set(categories.tolist())):
+        m = categories == c
+        per_cat[str(c)] = {"spearman": spearman(pred[m], actual[m]), "median_ratio": median_ratio(pred[m], actual[m]),
+                           "n": int(m.sum())}
+    within = [v["spearman"] for v in per_cat.values() if v["spearman"] is not None]
+    return {"spearman": spearman(pred, actual), "median_ratio": median_ratio(pred, actual), "n": len(pred),
+            "within_category_mean_spearman": float(np.mean(within)) if within else None, "per_category": per_cat}
+
+
+def predictions(bundle: Bundle, arrays: TraceArrays) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """estimate name -> (predicted, actual) for what the bundle holds."""
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    if bundle.admission is not None:
+        out["admission"] = (bundle.predict_admission_features(arrays.features), arrays.total_rounds.astype(float))
+    if bundle.refinement is not None:
+        if arrays.hidden is None:
+            raise TrainingError("the evaluation traces have no first_round_hidden; the refinement predictor "
+                                "cannot be evaluated (re-trace with hidden-state capture)")
+        args = (arrays.hidden, arrays.prompt_tokens, arrays.output_budget)
+        remaining = arrays.remaining.astype(float)
+        out["refined_raw"] = (bundle.predict_refined(*args, raw=True), remaining)
+        out["refined"] = (bundle.predict_refined(*args), remaining)
+    return out
+
+
+def evaluate_arrays(bundle: Bundle, arrays: TraceArrays) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, np.ndarray]]]:
+    preds = predictions(bundle, arrays)
+    metrics: dict[str, Any] = {"n_requests": arrays.n, "categories": category_counts(arrays.category)}
+    for name, (p, a) in preds.items():
+        metrics[name] = estimate_metrics(p, a, arrays.category)
+    return metrics, preds
+
+
+def evaluate_bundle(bundle: Bundle, traces: str | Path | pa.Table) -> dict[str, Any]:
+    """The metrics JSON for ``bundle`` on ``traces`` (see the module doc for each estimate's target)."""
+    arrays = trace_arrays(traces, need_hidden=bundle.refinement is not None)
+    return evaluate_arrays(bundle, arrays)[0]
+
+
+def holdout_evaluation(bundle: Bundle, train_traces: str | Path | pa.Table, eval_traces: str | Path | pa.Table,
+                       category: str, *, seed: int = 0, admission_config: AdmissionConfig | None = None,
+                       refinement_config: RefinementConfig | None = None, workdir: str | Path | None = None
+                       ) -> dict[str, Any]:
+    """DWISE Table 7: ρ within ``category`` with it in training (``bundle``) -> held out (retrained without it)."""
+    import tempfile
+
+    from dwise_predict.bundle import load_bundle
+
+    from .pipeline import train_bundle
+
+    train = trace_arrays(train_traces, need_hidden=bundle.refinement is not None)
+    evals = trace_arrays(eval_traces, need_hidden=bundle.refinement is not None)
+    cats = set(train.category.tolist())
+    if category not in cats:
+        raise ConfigError(f"category {category!r} is not in the training traces (they hold {sorted(cats)})")
+    if len(cats) < 2:
+        raise TrainingError(f"held-out evaluation needs at least two categories; the training traces hold only {category!r}")
+    in_cat = evals.category == category
+    if not in_cat.any():
+        raise ConfigError(f"category {category!r} is not in the evaluation traces; pass traces that contain it")
+    only = [n for n, p in (("admission", bundle.admission), ("refine", bundle.refinement)) if p is not None]
+    cfg_r = refinement_config
+    if cfg_r is None and bundle.refinement is not None:
+        saved = dict(bundle.refinement.info.get("config", {}))
+        cfg_r = RefinementConfig(**{k: v for k, v in saved.items() if k in RefinementConfig.__dataclass_fields__})
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        keep = train.category != category
+        table = _table_without(train_traces, category)
+        path = train_bundle(table, Path(tmp) / "holdout", only=only, seed=seed, admission_config=admission_config,
+                            refinement_config=cfg_r and replace(cfg_r, seed=seed),
+                            allow_single_category=len(cats) == 2)
+        held = load_bundle(path)
+        in_training, _ = evaluate_arrays(bundle, evals.subset(in_cat))
+        held_out, _ = evaluate_arrays(held, evals.subset(in_cat))
+        overall_held, _ = evaluate_arrays(held, evals)
+    result: dict[str, Any] = {"category": category, "n_train_without": int(keep.sum()), "n_eval": int(in_cat.sum())}
+    for name in ESTIMATES:
+        if name in in_training:
+            result[name] = {"in_training": in_training[name]["spearman"], "held_out": held_out[name]["spearman"],
+                            "overall_held_out": overall_held[name]["spearman"],
+                            "median_ratio_held_out": held_out[name]["median_ratio"]}
+    return result
+
+
+def _table_without(traces: str | Path | pa.Table, category: str) -> pa.Table:
+    import pyarrow.compute as pc
+
+    from .dataset import as_table
+
+    table = as_table(traces)
+    return table.filter(pc.not_equal(table.column("category"), category))
+
+
+def write_plots(preds: dict[str, tuple[np.ndarray, np.ndarray]], out_dir: str | Path, stem: str = "eval") -> list[Path]:
+    """Predicted-vs-actual scatter per estimate and a calibration curve, as PNG files in ``out_dir``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = [n for n in ESTIMATES if n in preds]
+    paths = []
+    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 4), squeeze=False)
+    for ax, n in zip(axes[0], names):
+        p, a = preds[n]
+        ax.scatter(a + 1, p + 1, s=4, alpha=0.35)
+        lo, hi = 1, max(float(a.max()), float(p.max())) + 1
+        ax.plot([lo, hi], [lo, hi], "k--", lw=1)
+        ax.set(xscale="log", yscale="log", xlabel="actual + 1", ylabel="predicted + 1",
+               title=f"{n} (ρ={spearman(p, a) or float('nan'):.3f})")
+    fig.tight_layout()
+    paths.append(out_dir / f"{stem}_pred_vs_actual.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5, 4.2))
+    for n in names:
+        p, a = preds[n]
+        edges = np.unique(np.quantile(p, np.linspace(0, 1, 11)))
+        if len(edges) < 2:
+            continue
+        b = np.clip(np.searchsorted(edges, p, side="right") - 1, 0, len(edges) - 2)
+        mp = [np.median(p[b == k]) for k in range(len(edges) - 1) if (b == k).any()]
+        ma = [np.median(a[b == k]) for k in range(len(edges) - 1) if (b == k).any()]
+        ax.plot(mp, ma, "o-", label=n)
+    top = max(float(max(p.max(), a.max())) for p, a in preds.values())
+    ax.plot([0, top], [0, top], "k--", lw=1, label="ideal")
+    ax.set(xlabel="predicted (decile median)", ylabel="actual (decile median)", title="calibration")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out_dir / f"{stem}_calibration.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
