@@ -42,6 +42,7 @@ import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -444,3 +445,20 @@ class LoopbackHub:
 
     def repo(self, repo_id: str) -> Repo:
         return self.state.repos[repo_id]
+
+
+def isolate_hf_home(monkeypatch: Any, home: Path) -> None:
+    """Point huggingface_hub at ``home`` (cache, token, xet) and turn its offline mode off.
+
+    huggingface_hub reads ``HF_HUB_OFFLINE``, ``HF_HUB_CACHE`` and the token path into module
+    constants at import (tests/conftest.py sets ``HF_HUB_OFFLINE=1`` for the whole run), so the
+    constants are patched as well as the environment.
+    """
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_XET_CACHE", str(home / "xet"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(home / "token"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)

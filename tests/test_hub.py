@@ -36,7 +36,7 @@ from dwise_predict.hub import (
 )
 
 sys.path.insert(0, str(Path(__file__).parent))
-from hub_server import LoopbackHub  # noqa: E402
+from hub_server import LoopbackHub, isolate_hf_home  # noqa: E402
 
 TOKEN = "hf_loopback_token"
 
@@ -45,12 +45,7 @@ TOKEN = "hf_loopback_token"
 def hf_home(tmp_path, monkeypatch):
     """Isolated HF home and cache; online mode (conftest turns the Hub offline for other tests)."""
     home = tmp_path / "hf_home"
-    monkeypatch.setenv("HF_HOME", str(home))
-    monkeypatch.setenv("HF_XET_CACHE", str(home / "xet"))
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.setattr(hf_constants, "HF_TOKEN_PATH", str(home / "token"))
-    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(home / "hub"))  # read at call time, env at import
-    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+    isolate_hf_home(monkeypatch, home)
     return home
 
 
