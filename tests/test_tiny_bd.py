@@ -1,0 +1,178 @@
+"""tiny-bd: the training layout matches decoding, training learns, data never touches eval,
+checkpoints round-trip, and the shipped weights decode an easy prompt confidently."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+from dwise_predict.tracing.workload import WorkloadRecord
+from dwise_predict.zoo.tiny_bd.config import TinyBDConfig
+from dwise_predict.zoo.tiny_bd.data import (
+    DataConfig,
+    TrainingExample,
+    build_training_set,
+    encode_examples,
+    generated_examples,
+    render_prompt,
+    token_budget_batches,
+)
+from dwise_predict.zoo.tiny_bd.generate import _extend, generate, prefill
+from dwise_predict.zoo.tiny_bd.io import WEIGHTS_DIR, from_pretrained, save_pretrained
+from dwise_predict.zoo.tiny_bd.model import TinyBDModel
+from dwise_predict.zoo.tiny_bd.tokenizer import EOS, MASK, build_tokenizer
+from dwise_predict.zoo.tiny_bd.train import diffusion_loss, lr_factor
+from dwise_predict.zoo.tiny_bd.two_stream import CLEAN, NOISY, PROMPT, collate
+
+from dwise_predict.errors import ModelError, TrainingError
+
+BS = 8
+
+
+def tiny_model(seed: int = 0) -> TinyBDModel:
+    torch.manual_seed(seed)
+    return TinyBDModel(TinyBDConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, block_size=BS)).eval()
+
+
+def test_noisy_block_sees_exactly_prompt_clean_prefix_and_itself() -> None:
+    lp, lr = 11, 3 * BS  # prompt not a multiple of the block size: output blocks start at 11
+    b = collate([list(range(10, 10 + lp))], [list(range(40, 40 + lr))], BS, generator=torch.Generator().manual_seed(0))
+    mask, kind = b.attn_mask[0, 0], b.kind[0]
+    assert b.position_ids[0, lp:lp + lr].tolist() == b.position_ids[0, lp + lr:lp + 2 * lr].tolist() == list(
+        range(lp, lp + lr))
+    for j in range(3):
+        q = lp + lr + j * BS  # first noisy token of output block j
+        seen = set(torch.nonzero(mask[q]).flatten().tolist())
+        expected = set(range(lp)) | set(range(lp, lp + j * BS)) | set(range(lp + lr + j * BS, lp + lr + (j + 1) * BS))
+        assert seen == expected
+    # clean block j sees the prompt and clean blocks <= j; prompt chunk c sees chunks <= c
+    q = lp + BS
+    assert set(torch.nonzero(mask[q]).flatten().tolist()) == set(range(lp + 2 * BS))
+    assert set(torch.nonzero(mask[3]).flatten().tolist()) == set(range(BS))
+    assert set(torch.nonzero(mask[9]).flatten().tolist()) == set(range(lp))
+    assert (kind[:lp] == PROMPT).all() and (kind[lp:lp + lr] == CLEAN).all() and (kind[lp + lr:] == NOISY).all()
+
+
+def test_training_logits_equal_cached_block_by_block_inference() -> None:
+    """The key consistency check: what training optimises is what decoding computes."""
+    model = tiny_model()
+    prompts = [list(range(10, 31)), list(range(12, 17))]
+    responses = [list(range(40, 40 + 3 * BS)), list(range(50, 50 + BS))]
+    batch = collate(prompts, responses, BS, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        logits = model(batch.input_ids, batch.position_ids, batch.attn_mask).logits
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        lp, lr = len(p), len(r)
+        for j in range(lr // BS):
+            cache = prefill(model, p, BS)
+            for jj in range(j):
+                x = torch.tensor(r[jj * BS:(jj + 1) * BS])[None]
+                with torch.no_grad():
+                    cache = _extend(cache, model(x, torch.arange(lp + jj * BS, lp + (jj + 1) * BS)[None], None, cache).kv)
+            noisy = batch.input_ids[i, lp + lr + j * BS:lp + lr + (j + 1) * BS][None]
+            assert (noisy == MASK).any() or j >= 0  # noise is random; equality must hold either way
+            with torch.no_grad():
+                ref = model(noisy, torch.arange(lp + j * BS, lp + (j + 1) * BS)[None], None, cache).logits[0]
+            got = logits[i, lp + lr + j * BS:lp + lr + (j + 1) * BS]
+            torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_one_training_step_lowers_the_loss_on_a_tiny_batch() -> None:
+    model = tiny_model(1).train()
+    tok = build_tokenizer()
+    examples = [TrainingExample("Copy the text exactly: abcab", "abcab", "synthetic", "generated"),
+                TrainingExample("What is 2 + 3?", "The answer is 5.", "math", "generated")]
+    enc, dropped = encode_examples(examples, block_size=BS)
+    assert dropped == 0 and tok is not None
+    batch = collate([e.prompt_ids for e in enc], [e.response_ids for e in enc], BS,
+                    generator=torch.Generator().manual_seed(0))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    before = diffusion_loss(model, batch)
+    before.backward()
+    opt.step()
+    with torch.no_grad():
+        after = diffusion_loss(model, batch)
+    assert float(after) < float(before) - 0.05, (float(before), float(after))
+    weighted = diffusion_loss(model, batch, "inv_t")
+    assert torch.isfinite(weighted) and float(weighted) >= float(after) - 1e-6  # 1/t >= 1
+
+
+def test_encode_pads_with_eos_and_drops_responses_over_budget() -> None:
+    ex = [TrainingExample("p", "x" * 40, "chat", "sharegpt"), TrainingExample("p", "y" * 300, "chat", "sharegpt")]
+    enc, dropped = encode_examples(ex, block_size=32, max_new_tokens=256)
+    assert dropped == 1 and len(enc) == 1
+    resp = enc[0].response_ids
+    assert len(resp) == 64 and resp[40:] == (EOS,) * 24 and EOS not in resp[:40]
+    assert build_tokenizer().decode(list(enc[0].prompt_ids), skip_special_tokens=False) == render_prompt("p")
+
+
+def test_training_data_never_contains_an_eval_prompt() -> None:
+    # an eval split that holds exactly what the generators would draw first for this seed
+    fresh = generated_examples("mcq", 5, seed=7, exclude=set()) + generated_examples("synthetic", 5, 7, set())
+    eval_recs = [WorkloadRecord(f"e{i}", e.category if e.category != "synthetic" else "mcq", "generated", e.prompt)
+                 for i, e in enumerate(fresh)]
+    train_recs = [WorkloadRecord("t0", "code", "humaneval", "Complete this: def f(): pass", "    return 1\n"),
+                  WorkloadRecord("t1", "chat", "sharegpt", "hello there", "Hi! How can I help?",
+                                 {"conversation_id": "c1"}),
+                  WorkloadRecord("t2", "chat", "sharegpt", fresh[0].prompt, "leaked reply")]  # also in eval
+    convs = {"c1": {"conversations": [{"from": "human", "value": "hello there"}, {"from": "gpt", "value": "Hi!"},
+                                      {"from": "human", "value": "and you?"}, {"from": "gpt", "value": "Fine."}]}}
+    splits = SimpleNamespace(train=train_recs, eval=eval_recs)
+    cfg = DataConfig(n_generated=400, real_repeats=2, mix={"mcq": 0.5, "synthetic": 0.5})
+    ts = build_training_set(cfg, seed=7, splits=splits, conversations=convs)
+    eval_ids = {tuple(build_tokenizer().encode(render_prompt(r.prompt)).ids) for r in eval_recs}
+    assert not eval_ids & {e.prompt_ids for e in ts.examples}
+    assert ts.counts["chat"] == 4  # first reply + the later turn, twice; the leaked one dropped
+    assert ts.counts["code"] == 2 and ts.counts["mcq"] + ts.counts["synthetic"] == 400
+    assert ts.eval_prompts_checked == len(eval_recs)
+    again = build_training_set(cfg, seed=7, splits=splits, conversations=convs)
+    assert [e.prompt_ids for e in again.examples] == [e.prompt_ids for e in ts.examples]  # reproducible
+
+
+def test_token_budget_batches_respect_the_budget_and_cover_everything() -> None:
+    rng = random.Random(0)
+    examples = [TrainingExample("q" * rng.randint(1, 200), "a" * rng.randint(1, 100), "chat", "x") for _ in range(300)]
+    enc, _ = encode_examples(examples, block_size=BS)
+    batches = token_budget_batches(enc, 2000, seed=0)
+    assert sorted(i for b in batches for i in b) == list(range(len(enc)))
+    assert all(len(b) * max(enc[i].n_tokens for i in b) <= 2000 for b in batches)
+    assert batches == token_budget_batches(enc, 2000, seed=0) != token_budget_batches(enc, 2000, seed=1)
+
+
+def test_lr_schedule_warms_up_then_decays_to_the_floor() -> None:
+    f = [lr_factor(s, 10, 100, 0.05) for s in range(101)]
+    assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(f[9:], f[10:])) and f[100] == pytest.approx(0.05)
+
+
+def test_save_load_round_trip_gives_identical_logits(tmp_path) -> None:
+    model = tiny_model(2)
+    out = save_pretrained(model, tmp_path / "ckpt", card="# test\n")
+    loaded = from_pretrained(out)
+    x = torch.randint(8, 200, (1, 12))
+    pos = torch.arange(12)[None]
+    with torch.no_grad():
+        torch.testing.assert_close(model(x, pos).logits, loaded.model(x, pos).logits, atol=0, rtol=0)
+    assert loaded.revision and (out / "README.md").read_text() == "# test\n"
+    with pytest.raises(ModelError, match="not a tiny-bd checkpoint"):
+        from_pretrained(tmp_path / "nowhere")
+
+
+def test_collate_refuses_unpadded_responses() -> None:
+    with pytest.raises(TrainingError, match="multiple of block_size"):
+        collate([[10, 11]], [[12, 13, 14]], BS)
+
+
+@pytest.mark.skipif(not (WEIGHTS_DIR / "model.safetensors").exists(), reason="shipped weights not trained yet")
+def test_shipped_weights_copy_an_easy_prompt_confidently() -> None:
+    tb = from_pretrained("tiny-bd")
+    assert (WEIGHTS_DIR / "README.md").exists()
+    text = "abcdeabcde"
+    ids = tb.tokenizer.encode(render_prompt(f"Copy the text exactly: {text}")).ids
+    gen = generate(tb.model, ids, threshold=0.95)
+    out = tb.tokenizer.decode(gen.tokens[:gen.output_tokens])
+    assert gen.finished_eos and len(gen.rounds_per_block) == 1
+    assert out == text
+    assert gen.total_rounds <= 8  # 32 positions in far fewer rounds: the model is sure

@@ -1,0 +1,76 @@
+"""The model card (README.md) written next to the tiny-bd weights.
+
+A checkpoint folder must say what it is without the repository around it: architecture,
+parameter count, data, the exact training command, and the figures measured on it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .config import TinyBDConfig
+
+
+def n_params(config: TinyBDConfig) -> int:
+    """Parameter count from the shape alone (tied embeddings)."""
+    d, f, v, n = config.d_model, config.d_ff, config.vocab_size, config.n_layers
+    per_layer = 3 * d * d + d * d + 2 * d * f + f * d + 2 * d
+    return v * d + n * per_layer + d
+
+
+def model_card(config: TinyBDConfig, training: dict[str, Any], figures: dict[str, Any] | None = None) -> str:
+    """Markdown card; ``figures`` (the report's JSON headline) is added when known."""
+    result = training.get("result", {})
+    counts = result.get("counts", {})
+    lines = [
+        "---",
+        "license: mit",
+        "library_name: dwise-predict",
+        "tags: [block-diffusion, masked-diffusion, dllm, tiny, reference-model]",
+        "---",
+        "",
+        "# tiny-bd: the dwise-predict reference block-diffusion LM",
+        "",
+        "A small LLaDA2-style masked block-diffusion transformer trained on 2 CPU cores so that the",
+        "project's predictors and scheduler run on real denoising behaviour (no dLLM weights can be",
+        "downloaded where the project is built). Not a useful assistant: it learned output formats,",
+        "when to stop, and simple tasks (arithmetic, multiple choice, copy/reverse/count, retrieval).",
+        "",
+        "## Architecture",
+        "",
+        f"- {config.n_layers} layers, d_model {config.d_model}, {config.n_heads} heads, SwiGLU d_ff {config.d_ff},",
+        "  RMSNorm, rotary positions, tied embeddings; final norm output = the hidden state tracers capture",
+        f"- {n_params(config):,} parameters (fp32 safetensors)",
+        f"- block size {config.block_size}: bidirectional attention inside a block, causal across blocks,",
+        "  KV cache of finished (clean) blocks",
+        "- byte-level tokenizer (256 bytes + 8 specials; PAD=0, MASK=1, EOS=2), chat template",
+        "  `<|user|>\\n{prompt}\\n<|assistant|>\\n`",
+        "",
+        "## Decoding (as traced)",
+        "",
+        "Prompt prefilled in chunks of the block size; each output block starts fully masked at",
+        "position len(prompt) + 32 b; every round unmasks the masked positions whose top-1",
+        "probability is >= tau (at least the most confident one); stop at an EOS in a finished block",
+        "or at the output budget (256 tokens).",
+        "",
+        "## Training",
+        "",
+        "Masked block-diffusion loss (each output block its own mask ratio t ~ U(0,1], CE on masked",
+        "positions) with the BD3-LM two-stream layout, AdamW, warmup + cosine, fp32 on CPU, Lightning,",
+        "`seed_everything(seed, workers=True)`, `Trainer(deterministic=True)`.",
+        "",
+        "```",
+        training.get("command", ""),
+        "```",
+        "",
+        f"- steps: {result.get('steps')}, seconds: {result.get('seconds')}, final loss: {result.get('final_loss')},"
+        f" stopped by the time budget: {result.get('stopped_by_time')}",
+        "- data (examples per category; real ones only from the workload's TRAIN split, repeated;",
+        "  generated ones fresh and checked absent from the eval split): "
+        + ", ".join(f"{k} {v}" for k, v in counts.items()),
+        "",
+    ]
+    if figures:
+        lines += ["## Measured (docs/reference-model.md)", "", "```json", json.dumps(figures, indent=2), "```", ""]
+    return "\n".join(lines)

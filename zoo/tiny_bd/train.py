@@ -1,0 +1,291 @@
+"""Train tiny-bd with Lightning: masked block-diffusion loss over a two-stream layout.
+
+    python -m dwise_predict.zoo.tiny_bd.train --out zoo/tiny_bd/weights --minutes 60 --seed 0
+
+Every output block of every example draws its own mask ratio t ~ U(0, 1] (LLaDA's forward
+process, per block as in BD3-LM); the loss is cross-entropy on the masked positions of the
+noisy stream (mean over masked tokens; ``--loss-weighting inv_t`` gives LLaDA's 1/t ELBO
+weights instead). The two-stream layout (:mod:`.two_stream`) trains all output blocks of a
+sequence in one forward with exactly the visibility the decoder has.
+
+The run is time-boxed (``--minutes``) and step-boxed (``--max-steps``, which also sets the
+cosine schedule): the same seed and the same number of steps give the same weights
+(``seed_everything(seed, workers=True)``, ``Trainer(deterministic=True)``, fp32 on CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+from dwise_predict.errors import TrainingError
+
+from .config import TinyBDConfig
+from .data import DataConfig, EncodedExample, TrainingSet, build_training_set, token_budget_batches
+from .model import TinyBDModel
+from .two_stream import TwoStreamBatch, collate
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation settings (the model shape is a :class:`TinyBDConfig`)."""
+
+    max_steps: int = 900
+    minutes: float = 60.0
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.05
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.98)
+    grad_clip: float = 1.0
+    batch_tokens: int = 8_000
+    loss_weighting: str = "none"  # or "inv_t"
+    t_min: float = 0.0
+    threads: int = 2
+    seed: int = 0
+    log_every: int = 10
+
+
+def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    """Linear warmup then cosine decay to ``min_ratio`` of the peak at ``total`` steps."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def diffusion_loss(model: TinyBDModel, batch: TwoStreamBatch, weighting: str = "none") -> torch.Tensor:
+    """Cross-entropy on the masked noisy positions (mean, or 1/t-weighted per token)."""
+    noisy = batch.targets != -100
+    if not bool(noisy.any()):
+        return torch.zeros((), requires_grad=True)
+    out = model(batch.input_ids, batch.position_ids, batch.attn_mask)
+    logits = out.logits[noisy]
+    ce = F.cross_entropy(logits.float(), batch.targets[noisy], reduction="none")
+    if weighting == "inv_t":
+        return (ce / batch.mask_ratio[noisy].clamp_min(1e-3)).sum() / noisy.sum()
+    return ce.mean()
+
+
+class BatchListDataset(Dataset):
+    """One item = one pre-bucketed batch of examples; noise is drawn at collate time."""
+
+    def __init__(self, examples: list[EncodedExample], batches: list[list[int]], block_size: int,
+                 t_min: float, seed: int) -> None:
+        self.examples, self.batches, self.block_size, self.t_min = examples, batches, block_size, t_min
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int) -> TwoStreamBatch:
+        idx = self.batches[i]
+        # noise depends only on (seed, batch index): reproducible whatever the worker layout
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
+        return collate([self.examples[j].prompt_ids for j in idx], [self.examples[j].response_ids for j in idx],
+                       self.block_size, generator=gen, t_min=self.t_min)
+
+
+class TinyBDDataModule(pl.LightningDataModule):
+    """The training set, bucketed into token-budget batches, served in a seeded order."""
+
+    def __init__(self, data_config: DataConfig, batch_tokens: int, seed: int, t_min: float = 0.0,
+                 training_set: TrainingSet | None = None) -> None:
+        super().__init__()
+        self.data_config, self.batch_tokens, self.seed, self.t_min = data_config, batch_tokens, seed, t_min
+        self.training_set = training_set
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.training_set is None:
+            self.training_set = build_training_set(self.data_config, seed=self.seed)
+            _release_memory()  # the ShareGPT parse is gigabytes of short-lived objects
+        if not self.training_set.examples:
+            raise TrainingError("the training set is empty: every example was longer than the budget")
+        self.batches = token_budget_batches(self.training_set.examples, self.batch_tokens, self.seed)
+
+    def train_dataloader(self) -> DataLoader:
+        assert self.training_set is not None
+        ds = BatchListDataset(self.training_set.examples, self.batches, self.data_config.block_size, self.t_min,
+                              self.seed)
+        # batches are already shuffled with the seed; epochs repeat the order (noise differs per index only)
+        return DataLoader(ds, batch_size=None, shuffle=False, num_workers=0, collate_fn=lambda b: b)
+
+
+def _release_memory() -> None:
+    """Return freed heap to the OS (glibc keeps it otherwise); a no-op elsewhere."""
+    import contextlib
+    import ctypes
+    import gc
+
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+class TinyBDLightning(pl.LightningModule):
+    """Masked block-diffusion training of :class:`TinyBDModel`."""
+
+    def __init__(self, model_config: TinyBDConfig, train_config: TrainConfig) -> None:
+        super().__init__()
+        self.model = TinyBDModel(model_config)
+        self.train_config = train_config
+
+    def training_step(self, batch: TwoStreamBatch, batch_idx: int) -> torch.Tensor:
+        loss = diffusion_loss(self.model, batch, self.train_config.loss_weighting)
+        n_masked = int((batch.targets != -100).sum())
+        self.log("loss", loss.detach(), prog_bar=True, batch_size=n_masked)
+        return loss
+
+    def transfer_batch_to_device(self, batch: TwoStreamBatch, device: torch.device, dataloader_idx: int) -> TwoStreamBatch:
+        return TwoStreamBatch(**{k: v.to(device) for k, v in vars(batch).items()})
+
+    def configure_optimizers(self) -> Any:
+        c = self.train_config
+        decay = [p for n, p in self.model.named_parameters() if p.ndim >= 2]
+        no_decay = [p for n, p in self.model.named_parameters() if p.ndim < 2]
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": c.weight_decay},
+                                 {"params": no_decay, "weight_decay": 0.0}], lr=c.lr, betas=c.betas)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: lr_factor(s, c.warmup_steps, c.max_steps, c.min_lr_ratio))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class TimeBoxAndLog(pl.Callback):
+    """Stops at the wall-clock budget and appends (step, seconds, loss, lr) rows to a CSV."""
+
+    def __init__(self, minutes: float, csv_path: Path, every: int, snapshot_dir: Path | None = None,
+                 snapshot_minutes: float = 10.0) -> None:
+        self.budget_s, self.csv_path, self.every = minutes * 60.0, csv_path, every
+        self.snapshot_dir, self.snapshot_s = snapshot_dir, snapshot_minutes * 60.0
+        self.last_snapshot = 0.0
+        self.start = time.monotonic()
+        self.rows: list[dict[str, Any]] = []
+        self.stopped_by_time = False
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.start = time.monotonic()
+        self.csv_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.csv_path, "w", newline="") as f:
+            csv.writer(f).writerow(["step", "seconds", "loss", "lr"])
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        step = trainer.global_step
+        elapsed = time.monotonic() - self.start
+        loss = float(outputs["loss"]) if isinstance(outputs, dict) else float(outputs)
+        if step % self.every == 0 or step == 1:
+            lr = trainer.optimizers[0].param_groups[0]["lr"]
+            row = {"step": step, "seconds": round(elapsed, 1), "loss": round(loss, 5), "lr": lr}
+            self.rows.append(row)
+            with open(self.csv_path, "a", newline="") as f:
+                csv.writer(f).writerow(row.values())
+            print(f"step {step} t={elapsed:.0f}s loss={loss:.4f} lr={lr:.2e}", file=sys.stderr, flush=True)
+        if self.snapshot_dir is not None and elapsed - self.last_snapshot >= self.snapshot_s:
+            # a loadable checkpoint mid-run, so decoding can be checked while training goes on
+            from .io import save_pretrained
+
+            self.last_snapshot = elapsed
+            save_pretrained(pl_module.model, self.snapshot_dir)
+        if elapsed >= self.budget_s:
+            self.stopped_by_time = True
+            trainer.should_stop = True
+
+
+@dataclass
+class TrainResult:
+    """What a run did, for the model card."""
+
+    steps: int
+    seconds: float
+    final_loss: float
+    stopped_by_time: bool
+    n_params: int
+    counts: dict[str, int]
+    loss_curve: list[dict[str, Any]] = field(default_factory=list)
+
+
+def train(model_config: TinyBDConfig, train_config: TrainConfig, data_config: DataConfig, log_csv: Path,
+          training_set: TrainingSet | None = None, snapshot_dir: Path | None = None) -> tuple[TinyBDModel, TrainResult]:
+    """Train and return the model (eval mode) and a summary."""
+    torch.set_num_threads(train_config.threads)
+    pl.seed_everything(train_config.seed, workers=True)
+    module = TinyBDLightning(model_config, train_config)
+    dm = TinyBDDataModule(data_config, train_config.batch_tokens, train_config.seed, train_config.t_min, training_set)
+    cb = TimeBoxAndLog(train_config.minutes, log_csv, train_config.log_every, snapshot_dir)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, deterministic=True, max_steps=train_config.max_steps,
+                         max_epochs=-1, gradient_clip_val=train_config.grad_clip, precision="32-true",
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[cb])
+    t0 = time.monotonic()
+    trainer.fit(module, datamodule=dm)
+    seconds = time.monotonic() - t0
+    model = module.model.eval()
+    assert dm.training_set is not None
+    result = TrainResult(steps=trainer.global_step, seconds=round(seconds, 1),
+                         final_loss=cb.rows[-1]["loss"] if cb.rows else float("nan"),
+                         stopped_by_time=cb.stopped_by_time, n_params=sum(p.numel() for p in model.parameters()),
+                         counts=dm.training_set.counts, loss_curve=cb.rows)
+    return model, result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dwise_predict.zoo.tiny_bd.train", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True, help="checkpoint folder to write (save_pretrained)")
+    ap.add_argument("--minutes", type=float, default=60.0, help="wall-clock budget")
+    ap.add_argument("--max-steps", type=int, default=TrainConfig.max_steps, help="step budget; sets the schedule")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--d-model", type=int, default=TinyBDConfig.d_model)
+    ap.add_argument("--n-layers", type=int, default=TinyBDConfig.n_layers)
+    ap.add_argument("--n-heads", type=int, default=TinyBDConfig.n_heads)
+    ap.add_argument("--d-ff", type=int, default=TinyBDConfig.d_ff)
+    ap.add_argument("--lr", type=float, default=TrainConfig.lr)
+    ap.add_argument("--batch-tokens", type=int, default=TrainConfig.batch_tokens)
+    ap.add_argument("--n-generated", type=int, default=DataConfig.n_generated)
+    ap.add_argument("--loss-weighting", choices=("none", "inv_t"), default="none")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--log-csv", type=Path, default=None, help="loss CSV (default: runs/tiny-bd-train/train_log.csv)")
+    ap.add_argument("--snapshot-dir", type=Path, default=Path("runs/tiny-bd-train/snapshot"),
+                    help="mid-run checkpoint, rewritten every 10 minutes")
+    args = ap.parse_args(argv)
+
+    model_config = TinyBDConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads, d_ff=args.d_ff)
+    train_config = TrainConfig(max_steps=args.max_steps, minutes=args.minutes, lr=args.lr,
+                               batch_tokens=args.batch_tokens, loss_weighting=args.loss_weighting,
+                               threads=args.threads, seed=args.seed)
+    data_config = DataConfig(n_generated=args.n_generated)
+    log_csv = args.log_csv or Path("runs/tiny-bd-train/train_log.csv")
+    t0 = time.monotonic()
+    model, result = train(model_config, train_config, data_config, log_csv, snapshot_dir=args.snapshot_dir)
+    print(f"trained {result.steps} steps in {result.seconds:.0f}s, final loss {result.final_loss:.4f}",
+          file=sys.stderr)
+    command = "python -m dwise_predict.zoo.tiny_bd.train " + " ".join(argv if argv is not None else sys.argv[1:])
+    from .card import model_card
+
+    training = {"command": command, "train_config": asdict(train_config), "data_config": asdict(data_config),
+                "result": {k: v for k, v in asdict(result).items() if k != "loss_curve"},
+                "wall_seconds_including_data": round(time.monotonic() - t0, 1)}
+    from .io import save_pretrained
+
+    save_pretrained(model, args.out, card=model_card(model_config, training))
+    tmp = args.out / ".training.json.tmp"
+    tmp.write_text(json.dumps(training, indent=2, default=str) + "\n")
+    os.replace(tmp, args.out / "training.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
