@@ -119,7 +119,7 @@ def _snapshot(repo_id: str, revision: str, *, endpoint: str | None, token: str |
               cache_dir: str | Path | None, local_files_only: bool) -> Path:
     from huggingface_hub import snapshot_download
 
-    err = _hf_errors()
+    err: Any = _hf_errors()
 
     where = f"{HF_SCHEME}{repo_id}@{revision}"
     try:
