@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from dwise_predict.zoo.tiny_bd.config import TinyBDConfig
 from dwise_predict.zoo.tiny_bd.io import save_pretrained
@@ -98,3 +99,12 @@ def make_bert_mask_predict(out: Path, *, seed: int = 0) -> Path:
     tok.chat_template = CHAT_TEMPLATE
     tok.save_pretrained(str(out))
     return out
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """These models are tiny: one thread is faster than two on the shared 2-core machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

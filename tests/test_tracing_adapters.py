@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _tracing_helpers import PROMPTS, make_bert_mask_predict, make_diffusion_gemma, make_tiny_bd
+from _tracing_helpers import (  # noqa: F401 (autouse fixture)
+    PROMPTS,
+    make_bert_mask_predict,
+    make_diffusion_gemma,
+    make_tiny_bd,
+    one_torch_thread,
+)
 from dwise_predict.tracing.adapters import load_adapter
 from dwise_predict.tracing.adapters.diffusion_gemma import DiffusionGemmaAdapter
 from dwise_predict.tracing.adapters.hf_mask_predict import (

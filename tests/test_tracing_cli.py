@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from _tracing_helpers import make_diffusion_gemma, make_tiny_bd, workload_records
+from _tracing_helpers import make_diffusion_gemma, make_tiny_bd, one_torch_thread, workload_records  # noqa: F401 (autouse fixture)
 from dwise_predict.tracing.adapters import load_adapter
 from dwise_predict.tracing.runner import trace_workload
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _tracing_helpers import PROMPTS, make_tiny_bd
+from _tracing_helpers import PROMPTS, make_tiny_bd, one_torch_thread  # noqa: F401 (autouse fixture)
 from dwise_predict.tracing.adapters.tiny_bd import load_tiny_bd
 from dwise_predict.tracing.engine import DecodeConfig, DecodeRequest, decode, unmask_step
 

@@ -74,8 +74,12 @@ class TinyBDAdapter(BaseAdapter):
         lengths = [self._lengths[s] for s in batch.slots]
         p = max(lengths)
         dev = self.device
-        idx = torch.tensor(batch.slots, device=dev)
-        past = [(k.index_select(0, idx)[:, :, :p], v.index_select(0, idx)[:, :, :p]) for k, v in zip(self._k, self._v)]
+        if batch.slots == list(range(len(self._lengths))):  # every seat runs: a view, no copy
+            past = [(k[:, :, :p], v[:, :, :p]) for k, v in zip(self._k, self._v)]
+        else:
+            idx = torch.tensor(batch.slots, device=dev)
+            past = [(k[:, :, :p].index_select(0, idx), v[:, :, :p].index_select(0, idx))
+                    for k, v in zip(self._k, self._v)]
         mask = block_attention_mask(lengths, batch.n_valid, p, t, dev)
         out = self.model(batch.input_ids.to(dev), batch.position_ids.to(dev), mask, past)
         for row, slot in enumerate(batch.slots):
