@@ -6,6 +6,9 @@ import json
 import numpy as np
 import pyarrow.compute as pc
 import pytest
+from dwise_predict.trainers.dataset import trace_arrays
+from dwise_predict.trainers.pipeline import train_bundle
+from dwise_predict.trainers.refinement import RefinementConfig
 from synthetic_traces import CHAT_TEMPLATE, make_traces, synthetic_featurizer, write_traces
 
 from dwise_predict.bundle import load_bundle, read_manifest, save_bundle
@@ -18,9 +21,6 @@ from dwise_predict.errors import (
     PredictorInputError,
     TrainingError,
 )
-from dwise_predict.trainers.dataset import trace_arrays
-from dwise_predict.trainers.pipeline import train_bundle
-from dwise_predict.trainers.refinement import RefinementConfig
 
 H = 32
 

@@ -3,13 +3,13 @@
 import lightgbm as lgb
 import numpy as np
 import pytest
+from dwise_predict.trainers.admission import AdmissionConfig, train_admission
+from dwise_predict.trainers.dataset import trace_arrays
 from synthetic_traces import make_traces, synthetic_featurizer
 
 from dwise_predict.errors import ModelError, PredictorInputError, TrainingError
 from dwise_predict.predictors import AdmissionModel
 from dwise_predict.predictors.trees import CompiledForest, parse_lightgbm_text
-from dwise_predict.trainers.admission import AdmissionConfig, train_admission
-from dwise_predict.trainers.dataset import trace_arrays
 
 
 @pytest.fixture(scope="module")

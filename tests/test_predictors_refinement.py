@@ -5,10 +5,6 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from synthetic_traces import make_traces
-
-from dwise_predict.errors import PredictorInputError, TrainingError
-from dwise_predict.predictors import RefinementEnsemble
 from dwise_predict.trainers.admission import train_admission
 from dwise_predict.trainers.dataset import trace_arrays
 from dwise_predict.trainers.evaluate import estimate_metrics
@@ -18,6 +14,10 @@ from dwise_predict.trainers.refinement import (
     survival_nll,
     train_refinement,
 )
+from synthetic_traces import make_traces
+
+from dwise_predict.errors import PredictorInputError, TrainingError
+from dwise_predict.predictors import RefinementEnsemble
 
 H = 64
 CFG = RefinementConfig(epochs=12, seed=0)
@@ -35,7 +35,7 @@ def ensemble(data):
 
 def test_shapes_and_meaning(ensemble, data):
     ev = data[1]
-    assert len(ensemble.members) == 3 and ensemble.K == int(trace_arrays(data[0]).remaining.max())
+    assert len(ensemble.members) == 3 and int(trace_arrays(data[0]).remaining.max()) == ensemble.K
     assert ensemble.members[0].w1.shape == (H + 2, 256) and ensemble.members[0].w2.shape == (256, ensemble.K)
     s = ensemble.survival(ev.hidden[:5], ev.prompt_tokens[:5], ev.output_budget[:5])
     assert s.shape == (5, ensemble.K)
