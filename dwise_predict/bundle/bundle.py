@@ -233,6 +233,8 @@ def _load_featurizer(path: Path, spec: dict[str, Any] | None, listed: set[str]) 
 
     tok_name = spec.get("tokenizer")
     tpl_name = spec.get("chat_template")
+    if not isinstance(tok_name, str):
+        raise BundleIntegrityError(f"{path}/{MANIFEST} names a featurizer without a tokenizer file; re-save the bundle")
     for f in (tok_name, tpl_name):
         if f is not None and f not in listed:
             raise BundleIntegrityError(f"{path}: {f} has no sha256 in the manifest; re-save the bundle")
