@@ -8,6 +8,7 @@ Tracing, training and export (which need torch) live in the feature packages
 """
 
 from ._version import __version__
+from .bundle import Bundle, load_bundle, save_bundle
 from .errors import (
     BundleError,
     BundleIntegrityError,
@@ -23,11 +24,22 @@ from .errors import (
     TrainingError,
     WorkloadError,
 )
+from .features import PromptFeaturizer
 from .fingerprint import ModelFingerprint
+from .hub import pull_bundle
+from .runtime import Scheduler, compare_policies, synthetic_workload
 from .traces import TRACE_SCHEMA_VERSION, activity_matrix, read_traces
 
 __all__ = [
     "__version__",
+    "Bundle",
+    "PromptFeaturizer",
+    "Scheduler",
+    "compare_policies",
+    "load_bundle",
+    "pull_bundle",
+    "save_bundle",
+    "synthetic_workload",
     "TRACE_SCHEMA_VERSION",
     "BundleError",
     "BundleIntegrityError",

@@ -100,7 +100,8 @@ def pull_bundle(repo_ref: str | HubRef, out_dir: str | Path | None = None, *, re
 
     ``revision`` (branch, tag or commit sha) may be given here or in the reference (not both,
     differently); the default is ``main``. ``endpoint``/``token``/``cache_dir`` default to huggingface_hub's
-    (``HF_ENDPOINT``, ``HF_TOKEN`` or ``hf auth login``, ``HF_HUB_CACHE``). Offline mode
+    (``HF_ENDPOINT``, ``HF_TOKEN`` or ``hf auth login``, ``HF_HUB_CACHE``); ``HF_ENDPOINT`` is read when
+    this function is called, not when huggingface_hub was imported, so a process can point at a mirror late. Offline mode
     (``HF_HUB_OFFLINE=1`` or ``local_files_only=True``) serves only what is already cached.
     """
     ref = repo_ref if isinstance(repo_ref, HubRef) else parse_hub_ref(repo_ref)
@@ -108,6 +109,7 @@ def pull_bundle(repo_ref: str | HubRef, out_dir: str | Path | None = None, *, re
         raise ConfigError(f"two revisions given for {ref.repo_id}: {ref.revision!r} in the reference and "
                           f"{revision!r} as an argument; pass one")
     rev = revision or ref.revision or DEFAULT_REVISION
+    endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None
     snapshot = _snapshot(ref.repo_id, rev, endpoint=endpoint, token=token, cache_dir=cache_dir,
                          local_files_only=local_files_only)
     if out_dir is None:

@@ -130,7 +130,7 @@ def test_bad_inputs_and_references(bundle_dir, traces, tmp_path):
         b.predict_refined(np.zeros((2, 7)), 10, 256)
     with pytest.raises(BundleError, match="does not exist"):
         load_bundle(tmp_path / "nope")
-    with pytest.raises(BundleError, match="Hub references are not supported yet"):
+    with pytest.raises(BundleError, match="hf://org/name@main"):  # offline here: a Hub error naming the ref
         load_bundle("hf://org/name@main")
     with pytest.raises(BundleError, match="already exists"):
         train_bundle(traces[0], bundle_dir, only="admission")

@@ -119,10 +119,14 @@ def test_round_trip_train_export_push_pull_load(exported, tmp_path, monkeypatch)
         pushed = push_bundle(path, "org/tiny-bd-test", tag="v1", token="tok", endpoint=hub.url)
         pulled = pull_bundle(pushed.hub_ref, tmp_path / "pulled", endpoint=hub.url, cache_dir=tmp_path / "cache")
         cached = pull_bundle(pushed.hub_ref, endpoint=hub.url, cache_dir=tmp_path / "cache")
+        # the one entry point: load_bundle("hf://ORG/NAME@REV") resolves through the configured endpoint
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        assert pushed.hub_ref == "hf://org/tiny-bd-test@v1"
+        by_ref = load_bundle(pushed.hub_ref).path
         assert hub.unhandled == []
     X, h, p, b = inputs()
     reference = load_bundle(fresh)
-    for folder in (pulled, cached):
+    for folder in (pulled, cached, by_ref):
         got = load_bundle(folder)
         assert got.fingerprint == reference.fingerprint
         np.testing.assert_array_equal(got.predict_admission_features(X), reference.predict_admission_features(X))

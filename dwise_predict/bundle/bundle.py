@@ -33,7 +33,7 @@ from .format import (
     file_record,
     verify_files,
 )
-from .resolve import resolve_bundle_path
+from .resolve import resolve_bundle, resolve_bundle_path
 
 
 @dataclass
@@ -200,7 +200,8 @@ def read_manifest(ref: str | Path) -> dict[str, Any]:
 
 def load_bundle(ref: str | Path) -> Bundle:
     """Load a bundle: format and version requirement first, then every sha256, then the predictors."""
-    path = resolve_bundle_path(ref)
+    resolved = resolve_bundle(ref)
+    path = resolved.path
     manifest = read_manifest(path)
     verify_files(path, manifest, str(path))
     listed = set(manifest["files"])
@@ -223,6 +224,13 @@ def load_bundle(ref: str | Path) -> Bundle:
         if fp_h is not None and fp_h != refinement.hidden_size:
             raise BundleIntegrityError(f"{path}: refinement hidden size {refinement.hidden_size} differs from the "
                                        f"fingerprint's {fp_h}; the bundle is inconsistent, retrain it")
+    if resolved.expected_fingerprint is not None:
+        wrong = resolved.expected_fingerprint.mismatches(fingerprint)
+        if wrong:
+            raise BundleIntegrityError(
+                f"zoo entry {str(ref)!r} promises {resolved.expected_fingerprint.short()} but the bundle at {path} is "
+                f"for {fingerprint.short()} (differs in {', '.join(wrong)}); the zoo index and bundle are out of step: "
+                "reinstall dwise-predict")
     return Bundle(path=path, manifest=manifest, fingerprint=fingerprint, admission=admission, refinement=refinement)
 
 

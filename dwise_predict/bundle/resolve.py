@@ -1,29 +1,82 @@
-"""Where a bundle reference points: the single hook for remote and named bundles.
+"""Where a bundle reference points: one entry point for local, Hub and named bundles.
 
-Today a reference is a local folder. The hub/zoo issue extends :func:`resolve_bundle_path` so that
-``"hf://ORG/NAME@REVISION"`` downloads a snapshot (huggingface_hub) and a zoo name (``"tiny-bd"``)
-looks up its repo id and revision; both return a local folder and every caller of
-:func:`~dwise_predict.bundle.load_bundle` gets them for free.
+``load_bundle`` accepts, like ``SentenceTransformer(path_or_hub_id)`` or timm's
+``create_model("hf-hub:...")``:
+
+* a local folder written by ``dwise-predict train`` / ``save_bundle``;
+* ``"hf://ORG/NAME@REVISION"``: a snapshot downloaded (or read from the local Hugging Face
+  cache, offline too) through huggingface_hub;
+* a zoo name such as ``"tiny-bd"`` or ``"tiny-bd.tau095"``: looked up in the zoo registry
+  (``dwise_predict.zoo.registry``, a light data module), served from the copy shipped inside
+  the package when there is one, else pulled from its pinned Hub repo and revision.
+
+Every form returns a local folder, and the caller verifies it the same way.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BundleError
+from ..fingerprint import ModelFingerprint
 from .format import MANIFEST
 
 HF_SCHEME = "hf://"
 
 
-def resolve_bundle_path(ref: str | Path) -> Path:
-    """A local bundle folder for ``ref`` (a path today; hub references and zoo names next)."""
+@dataclass(frozen=True)
+class ResolvedBundle:
+    """A local bundle folder, and the fingerprint a zoo entry promises for it (None otherwise)."""
+
+    path: Path
+    expected_fingerprint: ModelFingerprint | None = None
+    source: str = "local"
+
+
+def resolve_bundle(ref: str | Path) -> ResolvedBundle:
+    """Map a bundle reference to a local folder (downloading from the Hub when needed)."""
     if isinstance(ref, str) and ref.startswith(HF_SCHEME):
-        raise BundleError(f"cannot load {ref!r}: Hugging Face Hub references are not supported yet; "
-                          "download the bundle with `huggingface-cli download` and pass its folder")
+        from ..hub import pull_bundle
+
+        return ResolvedBundle(_check_folder(pull_bundle(ref), ref), source="hub")
     path = Path(ref).expanduser()
+    if not path.exists() and isinstance(ref, str) and _looks_like_name(ref):
+        entry = _zoo_entry(ref)
+        if entry is not None:
+            local = entry.local_bundle()
+            if local is None:
+                from ..hub import pull_bundle
+
+                local = pull_bundle(entry.hub_ref)
+            return ResolvedBundle(_check_folder(Path(local), ref), entry.model_fingerprint(), source="zoo")
+    return ResolvedBundle(_check_folder(path, ref))
+
+
+def resolve_bundle_path(ref: str | Path) -> Path:
+    """The local folder ``ref`` stands for (see :func:`resolve_bundle`)."""
+    return resolve_bundle(ref).path
+
+
+def _looks_like_name(ref: str) -> bool:
+    return "/" not in ref and "\\" not in ref and not ref.startswith(".")
+
+
+def _zoo_entry(name: str):  # type: ignore[no-untyped-def]
+    """The zoo registry entry for ``name``, or None. The registry is a light data module."""
+    try:
+        from ..zoo import registry
+    except ImportError:  # pragma: no cover - the zoo is part of every install
+        return None
+    return registry.find(name)
+
+
+def _check_folder(path: Path, ref: str | Path) -> Path:
     if not path.exists():
-        raise BundleError(f"bundle {str(ref)!r} does not exist; pass the folder `dwise-predict train --out` wrote")
+        raise BundleError(
+            f"bundle {str(ref)!r} does not exist; pass the folder `dwise-predict train --out` wrote, "
+            "a zoo name (see docs/zoo.md) or hf://ORG/NAME@REVISION"
+        )
     if not path.is_dir():
         raise BundleError(f"bundle {str(ref)!r} is a file; a bundle is a folder with {MANIFEST}")
     if not (path / MANIFEST).is_file():
