@@ -91,6 +91,23 @@ class PromptFeaturizer:
             template = _read_template(Path(chat_template_file))
         return cls(tok, template, **kwargs)
 
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, **kwargs: Any) -> PromptFeaturizer:
+        """The featurizer of a model folder in Hugging Face layout (``tokenizer.json`` and, if present,
+        ``tokenizer_config.json`` with its ``chat_template``): the tokens the served model sees."""
+        folder = Path(folder)
+        tok = folder / "tokenizer.json"
+        if not tok.is_file():
+            raise ConfigError(f"{folder} has no tokenizer.json; pass --tokenizer FILE (and --chat-template FILE)")
+        cfg = folder / "tokenizer_config.json"
+        template = None
+        if cfg.is_file():
+            data = json.loads(cfg.read_text(encoding="utf-8"))
+            template = data.get("chat_template") if isinstance(data.get("chat_template"), str) else None
+        from tokenizers import Tokenizer
+
+        return cls(Tokenizer.from_file(str(tok)), template, **kwargs)
+
     def render(self, prompt: str) -> str:
         if self.chat_template is None:
             return prompt

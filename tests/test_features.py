@@ -31,3 +31,16 @@ def test_bad_inputs(byte_tokenizer):
     with pytest.raises(ConfigError, match="invalid chat template"):
         PromptFeaturizer(byte_tokenizer, "{% if %}")
     assert np.isfinite(f(["a b"])).all()
+
+
+def test_from_pretrained_reads_a_model_folders_tokenizer_and_template(tmp_path):
+    from dwise_predict.zoo.tiny_bd.config import TinyBDConfig
+    from dwise_predict.zoo.tiny_bd.io import save_pretrained
+    from dwise_predict.zoo.tiny_bd.model import TinyBDModel
+
+    folder = save_pretrained(TinyBDModel(TinyBDConfig(d_model=16, n_layers=1, n_heads=2, d_ff=16)), tmp_path / "m")
+    f = PromptFeaturizer.from_pretrained(folder)
+    # byte-level: "<|user|>" "\n" prompt "\n" "<|assistant|>" "\n" = 2 specials + 3 newlines + prompt bytes
+    assert f(["héllo"])[0].tolist() == [1, 0, 2 + 3 + len("héllo".encode())]
+    with pytest.raises(ConfigError, match="no tokenizer.json"):
+        PromptFeaturizer.from_pretrained(tmp_path)

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ._common import format_table
+
+if TYPE_CHECKING:
+    from ..features import PromptFeaturizer
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +27,10 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
     p.add_argument("--traces", required=True, help="trace file or folder of shards (`dwise-predict trace --out`)")
     p.add_argument("--out", required=True, help="bundle folder to write")
     p.add_argument("--only", default="admission,refine", help="comma list of predictors: admission,refine (default: both)")
-    p.add_argument("--tokenizer", help="tokenizer.json of the served model (lets the bundle predict from raw text)")
+    p.add_argument("--model", metavar="NAME_OR_PATH",
+                   help="served model whose tokenizer and chat template the bundle carries, so it predicts from raw "
+                        "text (default: the traces' model when it is tiny-bd or a local folder)")
+    p.add_argument("--tokenizer", help="tokenizer.json of the served model (overrides --model)")
     p.add_argument("--chat-template", help="chat template (.jinja, or a tokenizer_config.json with chat_template)")
     p.add_argument("--epochs", type=int, help="refinement training epochs (default: 20)")
     p.add_argument("--allow-single-category", action="store_true", help="train even if the traces hold one category")
@@ -42,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--chat-template needs --tokenizer (the template's tokens are counted with it)")
     featurizer = PromptFeaturizer.from_files(args.tokenizer, args.chat_template) if args.tokenizer else None
     if featurizer is None:
+        featurizer = _model_featurizer(args.model, args.traces)
+    if featurizer is None:
         log.warning("no --tokenizer given: the bundle predicts admission from feature rows only, not raw text")
     rcfg = RefinementConfig(epochs=args.epochs) if args.epochs else None
     out = train_bundle(args.traces, args.out, only=args.only, seed=args.seed, featurizer=featurizer,
@@ -57,3 +65,23 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(["", "value"], rows))
     print(f"bundle written to {out} ({bundle.fingerprint.short()})")
     return 0
+
+
+def _model_featurizer(model: str | None, traces: str) -> PromptFeaturizer | None:
+    """The served model's featurizer: from ``--model``, else from the traces' fingerprint when local."""
+    from pathlib import Path
+
+    from dwise_predict.features import PromptFeaturizer
+    from dwise_predict.traces import read_trace_fingerprint
+    from dwise_predict.zoo.tiny_bd.io import NAME as TINY_BD
+    from dwise_predict.zoo.tiny_bd.io import WEIGHTS_DIR
+
+    explicit = model is not None
+    name = model if explicit else read_trace_fingerprint(traces).model_id
+    folder = WEIGHTS_DIR if name == TINY_BD else Path(str(name))
+    if not (folder / "tokenizer.json").is_file():
+        if explicit:
+            raise ConfigError(f"--model {model}: no tokenizer.json in {folder}; pass --tokenizer FILE instead")
+        return None
+    log.info("bundle carries the tokenizer and chat template of %s", name)
+    return PromptFeaturizer.from_pretrained(folder)
