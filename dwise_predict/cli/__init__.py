@@ -52,8 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _configure_logging(args: argparse.Namespace) -> None:
+    """Our messages at INFO (DEBUG with -v, WARNING with -q); other libraries' only from WARNING
+    (or DEBUG with -v), so exporter and trainer chatter does not drown the results."""
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
-    logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr, force=True)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(message)s",
+                        stream=sys.stderr, force=True)
+    logging.getLogger("dwise_predict").setLevel(level)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

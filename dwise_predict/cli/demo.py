@@ -1,66 +1,98 @@
 """`dwise-predict demo`: the whole pipeline on the embedded defaults, offline.
 
-Stages (each prints what it did and how long it took): build a small workload from the
-bundled prompt sources, trace it with the bundled reference model ``tiny-bd``, train the
-predictors, evaluate them, and compare scheduling policies in the simulator. The demo is
-the composition of the same library calls the other subcommands make; it adds nothing.
+Each stage is one ``dwise-predict`` subcommand, run in-process with the arguments printed,
+so the demo is exactly the composition of the commands a user would type:
+
+1. ``workload``  — prompts by category from the bundled sources (train and eval splits);
+2. ``trace``     — the bundled reference dLLM ``tiny-bd`` decodes both splits;
+3. ``train``     — the admission and refinement predictors, written as a bundle;
+4. ``eval``      — Spearman ρ and calibration of each estimate on the eval split;
+5. ``export``    — ONNX / INT8 files gated on parity with the native predictors;
+6. ``simulate``  — scheduling policies compared on the eval traces, with the bundle's estimates.
+
+The output folder is recreated on every run; the demo refuses to delete a folder it did not make.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
+import shutil
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError, DwisePredictError
 
-@dataclass
-class DemoContext:
-    out: Path
-    seed: int
-    quiet: bool
-    train_size: int
-    eval_size: int
-    artifacts: dict[str, Any] = field(default_factory=dict)
+#: a file the demo leaves in its output folder, so a rerun knows it may replace the folder
+MARKER = ".dwise-demo"
 
 
 def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> None:
     p = subparsers.add_parser(
         name, parents=[common], help="Run the whole pipeline on the embedded defaults (offline)",
-        description="Build a workload, trace it with the bundled tiny-bd model, train and evaluate the "
-                    "predictors, and compare scheduling policies — all offline, in a few minutes on a CPU.")
-    p.add_argument("--out", default="demo-output", metavar="DIR", help="output folder (default: demo-output)")
-    p.add_argument("--train-size", type=int, default=60, metavar="N", help="train requests (default: 60)")
-    p.add_argument("--eval-size", type=int, default=120, metavar="N", help="eval requests (default: 120)")
+        description="Build a workload, trace it with the bundled tiny-bd model, train, evaluate and export the "
+                    "predictors, and compare scheduling policies — offline, in a few minutes on a CPU.")
+    p.add_argument("--out", default="demo-output", metavar="DIR", help="output folder, recreated (default: demo-output)")
+    p.add_argument("--model", default="tiny-bd", metavar="NAME_OR_PATH", help="dLLM to trace (default: tiny-bd)")
+    p.add_argument("--train-size", type=int, default=600, metavar="N", help="train requests (default: 600)")
+    p.add_argument("--eval-size", type=int, default=300, metavar="N", help="eval requests (default: 300)")
+    p.add_argument("--batch-size", type=int, default=16, metavar="N", help="tracing batch size (default: 16)")
+    p.add_argument("--slots", type=int, default=16, metavar="B",
+                   help="simulated slots per round; small, so a few hundred requests form a backlog (default: 16)")
+    p.add_argument("--policies", default="fcfs,mlfq,sjf,dwise,oracle", help="policies to compare in the simulator")
+    p.add_argument("--stop-after", choices=["workload", "trace", "train", "eval", "export", "simulate"],
+                   help="stop after this stage")
     p.set_defaults(func=run)
 
 
-def stage_workload(ctx: DemoContext) -> None:
-    from ..tracing.workload import build_workload, write_splits
-    from .workload import summary_table
-
-    splits = build_workload(train_size=ctx.train_size, eval_size=ctx.eval_size, seed=ctx.seed)
-    write_splits(splits, ctx.out / "workload")
-    ctx.artifacts["workload"] = ctx.out / "workload"
-    print(summary_table(splits))
-
-
-STAGES: list[tuple[str, Callable[[DemoContext], None]]] = [
-    ("workload: prompts by category from the bundled sources", stage_workload),
-]
+def _prepare(out: Path) -> None:
+    if out.exists():
+        if not (out / MARKER).exists():
+            if any(out.iterdir()):
+                raise ConfigError(f"{out} exists and was not made by the demo; pass another --out or remove it")
+        else:
+            shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("made by `dwise-predict demo`; the next demo run replaces this folder\n")
 
 
 def run(args: argparse.Namespace) -> int:
-    ctx = DemoContext(out=Path(args.out), seed=args.seed, quiet=args.quiet,
-                      train_size=args.train_size, eval_size=args.eval_size)
-    ctx.out.mkdir(parents=True, exist_ok=True)
+    from . import main
+
+    out = Path(args.out)
+    _prepare(out)
+    common = ["--seed", str(args.seed)] + (["--quiet"] if args.quiet else [])
+    w, tr, te, b = out / "workload", out / "traces-train", out / "traces-eval", out / "bundle"
+    trace = ["--model", args.model, "--workload", str(w), "--max-new-tokens", "256",
+             "--batch-size", str(args.batch_size)]
+    stages: list[tuple[str, str, list[list[str]]]] = [
+        ("workload", "prompts by category from the bundled sources",
+         [["workload", "--out", str(w), "--train-size", str(args.train_size), "--eval-size", str(args.eval_size)]]),
+        ("trace", f"{args.model} decodes both splits (LowConfidence, threshold 0.95, 256-token budget)",
+         [["trace", *trace, "--split", "train", "--out", str(tr)],
+          ["trace", *trace, "--split", "eval", "--out", str(te)]]),
+        ("train", "admission LightGBM + survival-MLP ensemble with isotonic calibration",
+         [["train", "--traces", str(tr), "--out", str(b)]]),
+        ("eval", "each estimate against the truth on the eval split",
+         [["eval", "--bundle", str(b), "--traces", str(te), "--out", str(out / "eval" / "metrics.json")]]),
+        ("export", "ONNX and INT8 files, kept only where parity holds",
+         [["export", str(b), "--onnx", "--int8", "--repeats", "10", "--report", str(out / "export.json")]]),
+        ("simulate", "scheduling policies on the eval traces, with the bundle's estimates",
+         [["simulate", "--traces", str(te), "--bundle", str(b), "--policies", args.policies, "--arrival", "burst",
+           "--slots", str(args.slots), "--out", str(out / "simulate")]]),
+    ]
     t_all = time.perf_counter()
-    for i, (title, stage) in enumerate(STAGES, 1):
-        print(f"\n[{i}/{len(STAGES)}] {title}")
+    for i, (name, title, commands) in enumerate(stages, 1):
+        print(f"\n[{i}/{len(stages)}] {name}: {title}", flush=True)
         t0 = time.perf_counter()
-        stage(ctx)
-        print(f"    ({time.perf_counter() - t0:.1f} s)")
-    print(f"\ndemo finished in {time.perf_counter() - t_all:.1f} s; outputs in {ctx.out}/")
+        for argv in commands:
+            print(f"$ dwise-predict {shlex.join(argv)}", flush=True)
+            rc = main([*argv, *common])
+            if rc != 0:
+                raise DwisePredictError(f"demo stage {name!r} failed (exit {rc}); the error is printed above")
+        print(f"    ({time.perf_counter() - t0:.1f} s)", flush=True)
+        if name == args.stop_after:
+            break
+    print(f"\ndemo finished in {time.perf_counter() - t_all:.1f} s; outputs in {out}/")
     return 0

@@ -189,19 +189,20 @@ def requests_from_traces(table: pa.Table, admission: Any = None, refined: Any = 
 def estimates_from_bundle(bundle: Any, table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     """(admission, refined) estimates for every trace row from a loaded predictor bundle.
 
-    Uses exactly the bundle interface: ``predict_admission(prompts: list[str])`` → estimated
-    total rounds, and ``predict_refined(hidden (n, H), prompt_tokens, output_budget)`` →
-    estimated remaining rounds after the first denoising round.
+    Admission reads the prompt features the tracer recorded (word count, newline count,
+    chat-template token count: exactly what the featurizer would compute from the text, so
+    redacted traces work too) through ``predict_admission_features``; refinement reads
+    ``first_round_hidden`` through ``predict_refined(hidden, prompt_tokens, output_budget)``,
+    the estimated rounds still to go after the first denoising round.
     """
+    from ..features import FEATURE_NAMES
     from ..traces import hidden_matrix  # the core reader; no heavy import
 
-    for c in ("prompt", "prompt_tokens", "output_budget", "first_round_hidden"):
+    for c in (*FEATURE_NAMES, "output_budget", "first_round_hidden"):
         if c not in table.column_names:
-            raise TraceError(f"traces lack the column {c!r} the bundle needs; re-trace with prompts and hidden states kept")
-    prompts = table.column("prompt").to_pylist()
-    if any(p is None for p in prompts):
-        raise TraceError("some traces have redacted prompts; the admission predictor needs prompt text — re-trace without redaction")
-    admission = np.asarray(bundle.predict_admission(prompts), dtype=np.float64).ravel()
+            raise TraceError(f"traces lack the column {c!r} the bundle needs; re-trace with `dwise-predict trace`")
+    features = np.column_stack([table.column(c).to_numpy().astype(np.float64) for c in FEATURE_NAMES])
+    admission = np.asarray(bundle.predict_admission_features(features), dtype=np.float64).ravel()
     hidden = hidden_matrix(table)
     prompt_tokens = table.column("prompt_tokens").to_numpy().astype(np.float64)
     output_budget = table.column("output_budget").to_numpy().astype(np.float64)
