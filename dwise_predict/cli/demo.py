@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
          [["trace", *trace, "--split", "train", "--out", str(tr)],
           ["trace", *trace, "--split", "eval", "--out", str(te)]]),
         ("train", "admission LightGBM + survival-MLP ensemble with isotonic calibration",
-         [["train", "--traces", str(tr), "--out", str(b)]]),
+         [["train", "--traces", str(tr), "--out", str(b), "--model", args.model]]),
         ("eval", "each estimate against the truth on the eval split",
          [["eval", "--bundle", str(b), "--traces", str(te), "--out", str(out / "eval" / "metrics.json")]]),
         ("export", "ONNX and INT8 files, kept only where parity holds",
