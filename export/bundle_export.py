@@ -3,9 +3,10 @@
 The bundle is loaded (so every hash, the format version and the library requirement are checked
 first), each predictor is exported, every file is gated on parity with the native predictor and
 timed against it (:mod:`.parity`), files that fail their gate are not kept, and the result is a new
-version of the bundle folder: a copy built beside it, with the kept files' sha256 added to
-``manifest.json`` and their parity/latency record under ``manifest["exports"]``, renamed into place.
-A crash leaves the original bundle untouched.
+version of the bundle folder: a copy built beside it (:func:`dwise_predict.bundle.update_bundle`),
+with the kept files' sha256 added to ``manifest.json``, their parity/latency record under
+``manifest["exports"]`` and the model card re-rendered, renamed into place. A crash leaves the
+original bundle untouched.
 
 Manifest record (one entry per kept or refused file)::
 
@@ -19,13 +20,9 @@ reason travels with the bundle.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dwise_predict.errors import BundleError
 
@@ -34,7 +31,9 @@ from .onnx_refinement import REFINEMENT_ONNX, refinement_to_onnx
 from .parity import ExportCheck, check_admission, check_refinement, gate_int8
 from .quantize import NotQuantizable, int8_name, quantize_int8
 
-MANIFEST = "manifest.json"
+if TYPE_CHECKING:
+    from dwise_predict.bundle import BundleDraft
+
 EXPORTS_KEY = "exports"
 
 
@@ -67,82 +66,49 @@ class ExportReport:
 
 def export_bundle(ref: str | Path, *, onnx: bool = True, int8: bool = False, out: str | Path | None = None,
                   repeats: int = 20, min_speedup: float = 1.05, threads: int = 1) -> ExportReport:
-    """Export the predictors of bundle ``ref`` (in place, or into a new folder ``out``)."""
-    from dwise_predict.bundle import load_bundle
+    """Export the predictors of bundle ``ref`` (in place, or into a new folder ``out``).
+
+    The files are written into a draft of the bundle (:func:`dwise_predict.bundle.update_bundle`),
+    which verifies the source first, re-renders the card and swaps the new version in atomically.
+    """
+    from dwise_predict.bundle import update_bundle
 
     if not (onnx or int8):
         raise BundleError("nothing to export: pass --onnx and/or --int8")
-    bundle = load_bundle(ref)  # verified before anything is read
-    dst = Path(out).expanduser() if out is not None else bundle.path
-    if out is not None and dst.exists():
-        raise BundleError(f"{dst} already exists; pass a new folder to --out (or omit --out to export in place)")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".export", dir=dst.parent))
-    try:
-        manifest = json.loads(json.dumps(bundle.manifest))  # a deep copy we can edit
-        previous = set((manifest.get(EXPORTS_KEY) or {}).keys())
-        for name in manifest["files"]:
-            if name not in previous:
-                _copy(bundle.path / name, tmp / name)
-        for extra in sorted(bundle.path.rglob("*")):  # card, plots: anything not in the files table
-            rel = extra.relative_to(bundle.path).as_posix()
-            if extra.is_file() and rel != MANIFEST and rel not in manifest["files"] and rel not in previous:
-                _copy(extra, tmp / rel)
-        for name in previous:
-            manifest["files"].pop(name, None)
-        report = ExportReport(bundle=dst)
+    with update_bundle(ref, out=out) as draft:
+        bundle = draft.source
+        for name in (draft.manifest.get(EXPORTS_KEY) or {}):  # a re-export replaces the previous files
+            draft.remove_file(name)
+        report = ExportReport(bundle=draft.destination)
         if bundle.admission is not None:
-            path = admission_to_onnx(bundle.admission, tmp / ADMISSION_ONNX)
+            path = admission_to_onnx(bundle.admission, draft.path(ADMISSION_ONNX))
             report.checks.append(check_admission(bundle.admission, path, repeats=repeats, threads=threads))
             if int8:
+                q_name = int8_name(ADMISSION_ONNX).name
                 try:
-                    quantize_int8(path, tmp / int8_name(ADMISSION_ONNX))
+                    quantize_int8(path, draft.path(q_name))
                 except NotQuantizable as e:
-                    report.not_applicable[int8_name(ADMISSION_ONNX).name] = str(e)
+                    draft.remove_file(q_name)
+                    report.not_applicable[q_name] = str(e)
         if bundle.refinement is not None:
-            path = refinement_to_onnx(bundle.refinement, tmp / REFINEMENT_ONNX)
+            path = refinement_to_onnx(bundle.refinement, draft.path(REFINEMENT_ONNX))
             fp32 = check_refinement(bundle.refinement, path, repeats=repeats, threads=threads)
             report.checks.append(fp32)
             if int8:
-                q = quantize_int8(path)
+                q = quantize_int8(path, draft.path(int8_name(REFINEMENT_ONNX).name))
                 report.checks.append(gate_int8(check_refinement(bundle.refinement, q, peer=path, repeats=repeats,
                                                                  threads=threads), min_speedup=min_speedup))
-        _finish_manifest(tmp, manifest, report)
-        load_bundle(tmp)  # the new version verifies before it replaces anything
-        _swap_in(tmp, dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        draft.manifest[EXPORTS_KEY] = _exports_record(draft, report)
     return report
 
 
-def _finish_manifest(tmp: Path, manifest: dict[str, Any], report: ExportReport) -> None:
-    from dwise_predict.bundle.format import file_record
-    from dwise_predict.predictors._files import write_json_atomic
-
+def _exports_record(draft: BundleDraft, report: ExportReport) -> dict[str, Any]:
+    """Drop the files that failed their gate; the record of every file (kept or not) for the manifest."""
     exports: dict[str, Any] = {}
     for c in report.checks:
         if not c.kept:
-            (tmp / c.file).unlink(missing_ok=True)
-        else:
-            manifest["files"][c.file] = file_record(tmp / c.file)
+            draft.remove_file(c.file)
         exports[c.file] = c.to_dict()
     for name, why in report.not_applicable.items():
         exports[name] = {"kept": False, "reason": f"not applicable: {why}"}
-    manifest[EXPORTS_KEY] = exports
-    write_json_atomic(tmp / MANIFEST, manifest)
-
-
-def _copy(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src, dst)
-
-
-def _swap_in(tmp: Path, dst: Path) -> None:
-    if not dst.exists():
-        os.replace(tmp, dst)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".old", dir=dst.parent))
-    os.replace(dst, old / "previous")
-    os.replace(tmp, dst)
-    shutil.rmtree(old, ignore_errors=True)
+    return exports

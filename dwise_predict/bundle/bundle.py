@@ -22,6 +22,7 @@ from ..predictors import AdmissionModel, RefinementEnsemble
 from ..predictors import admission as _adm
 from ..predictors import refinement as _ref
 from ..predictors._files import write_json_atomic, write_text_atomic
+from .card import CARD_FILE, render_card
 from .format import (
     CHAT_TEMPLATE_FILE,
     FORMAT_NAME,
@@ -34,6 +35,7 @@ from .format import (
     verify_files,
 )
 from .resolve import resolve_bundle, resolve_bundle_path
+from .update import swap_in
 
 
 @dataclass
@@ -111,8 +113,9 @@ def save_bundle(out: str | Path, *, fingerprint: ModelFingerprint, admission: Ad
                 requires: str = LIBRARY_REQUIREMENT, overwrite: bool = False) -> Path:
     """Write a bundle folder atomically (built in a temporary sibling folder, then renamed).
 
-    The manifest records the sha256 of every file written; ``requires`` is the PEP 440 range of
-    library versions allowed to load it.
+    The manifest records the sha256 of every file written (the model card ``README.md`` included,
+    rendered from the manifest; metrics "not evaluated yet" until :func:`record_evaluation`);
+    ``requires`` is the PEP 440 range of library versions allowed to load it.
     """
     out = Path(out)
     if admission is None and refinement is None:
@@ -127,12 +130,16 @@ def save_bundle(out: str | Path, *, fingerprint: ModelFingerprint, admission: Ad
         predictors: dict[str, Any] = {}
         features: dict[str, Any] = {}
         if admission is not None:
-            predictors["admission"] = {"files": admission.save(tmp), "kind": "lightgbm", "estimate": _adm.ESTIMATE}
+            predictors["admission"] = {"files": admission.save(tmp), "kind": "lightgbm", "estimate": _adm.ESTIMATE,
+                                       "n_trees": admission.forest.n_trees, "max_leaves": admission.forest.max_leaves}
             features["admission"] = {"names": list(admission.feature_names), "target": "log(total_rounds)",
                                      "featurizer": _save_featurizer(admission.featurizer, tmp)}
         if refinement is not None:
             predictors["refinement"] = {"files": refinement.save(tmp), "kind": "survival_mlp_ensemble",
-                                        "estimate": _ref.ESTIMATE, "calibrated": refinement.calibration is not None}
+                                        "estimate": _ref.ESTIMATE, "calibrated": refinement.calibration is not None,
+                                        "members": len(refinement.members), "K": refinement.K,
+                                        "width": int(refinement.members[0].w1.shape[1]),
+                                        "n_params": int(refinement.n_params)}
             features["refinement"] = {
                 "hidden_size": refinement.hidden_size, "K": refinement.K,
                 "hidden": "first-round final-layer hidden rows of the first output block, mean-pooled",
@@ -149,11 +156,12 @@ def save_bundle(out: str | Path, *, fingerprint: ModelFingerprint, admission: Ad
             "features": features,
             "training": training or {},
             "metrics": metrics or {},
-            "files": {p.name: file_record(p) for p in sorted(tmp.iterdir()) if p.is_file()},
         }
+        write_text_atomic(tmp / CARD_FILE, render_card(manifest))
+        manifest["files"] = {p.name: file_record(p) for p in sorted(tmp.iterdir()) if p.is_file()}
         write_json_atomic(tmp / MANIFEST, manifest)
         os.chmod(tmp, 0o755)  # mkdtemp creates 0700
-        _swap_in(tmp, out)
+        swap_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -172,17 +180,6 @@ def _save_featurizer(featurizer: PromptFeaturizer | None, folder: Path) -> dict[
         spec["chat_template"] = CHAT_TEMPLATE_FILE
         spec["chat_template_hash"] = featurizer.chat_template_hash
     return spec
-
-
-def _swap_in(tmp: Path, out: Path) -> None:
-    if not out.exists():
-        os.replace(tmp, out)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-    os.rmdir(old)
-    os.replace(out, old)
-    os.replace(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def read_manifest(ref: str | Path) -> dict[str, Any]:

@@ -24,6 +24,8 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
     p.add_argument("--holdout-category", help="also retrain without this category and evaluate on it (DWISE Table 7)")
     p.add_argument("--train-traces", help="training traces for --holdout-category (the bundle's training data)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--record", action="store_true",
+                   help="also store the metrics and plots in the bundle (manifest, plots/, README.md card), atomically")
     p.set_defaults(func=run)
 
 
@@ -32,7 +34,8 @@ def _fmt(v: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dwise_predict.bundle import load_bundle
+    from dwise_predict.bundle import load_bundle, record_evaluation
+    from dwise_predict.bundle.record import json_safe
     from dwise_predict.predictors._files import write_json_atomic
     from dwise_predict.trainers.dataset import trace_arrays
     from dwise_predict.trainers.evaluate import (
@@ -48,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     arrays = trace_arrays(args.traces, need_hidden=bundle.refinement is not None)
     metrics, preds = evaluate_arrays(bundle, arrays)
     metrics["bundle"] = str(bundle.path)
+    metrics["traces"] = Path(args.traces).resolve().name
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     names = [n for n in ESTIMATES if n in metrics]
@@ -66,20 +70,12 @@ def run(args: argparse.Namespace) -> int:
         print(format_table([f"held out: {args.holdout_category}", "ρ in training", "ρ held out", "ρ overall (held)"],
                            [[n, _fmt(h[n]["in_training"]), _fmt(h[n]["held_out"]), _fmt(h[n]["overall_held_out"])]
                             for n in names if n in h]))
-    if not args.no_plots:
-        metrics["plots"] = [p.name for p in write_plots(preds, out.parent, stem=out.stem)]
-    write_json_atomic(out, _json_safe(metrics))
+    plots = [] if args.no_plots else write_plots(preds, out.parent, stem=out.stem)
+    if plots:
+        metrics["plots"] = [p.name for p in plots]
+    write_json_atomic(out, json_safe(metrics))
     print(f"\nmetrics written to {out}")
+    if args.record:
+        where = record_evaluation(args.bundle, metrics, plots)
+        print(f"recorded in {where} (manifest metrics, {len(plots)} plots, README.md)")
     return 0
-
-
-def _json_safe(obj: Any) -> Any:
-    import math
-
-    if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
