@@ -86,6 +86,9 @@ def test_export_adds_gated_files_and_keeps_the_bundle_verifiable(exported):
         assert (name in manifest["files"]) == check.kept == (path / name).exists()
         assert manifest["exports"][name]["parity"]["max_abs_error"] == check.parity.max_abs_error
     assert manifest["exports"]["admission.int8.onnx"]["kept"] is False
+    card = (path / "README.md").read_text()  # re-rendered with the export record, and re-hashed
+    assert "## Exported files" in card and "| `refinement.onnx` | refinement | fp32 | yes |" in card
+    assert "| `admission.int8.onnx` |  |  | no |" in card
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temp folders left
 
     X, h, p, b = inputs()
