@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from dwise_predict.errors import BundleError
 from dwise_predict.hub import (
@@ -93,7 +94,8 @@ class _translate:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: type | None, e: BaseException | None, tb: object) -> bool:
+    def __exit__(self, kind: type | None, e: BaseException | None, tb: object) -> Literal[False]:
+        """Never swallows: either re-raises as a HubError subclass, or lets the original propagate."""
         if e is None or not isinstance(e, Exception) or isinstance(e, BundleError):
             return False
         import huggingface_hub.errors as hf

@@ -52,31 +52,37 @@ def ensemble_module(ensemble: Any) -> Any:
         return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
 
     class SurvivalEnsemble(torch.nn.Module):
+        # buffers (register_buffer): declared so the type checker knows they are tensors
+        hidden_mean: torch.Tensor
+        inv_std: torch.Tensor
+        inv_scales: torch.Tensor
+
         def __init__(self) -> None:
             super().__init__()
             self.register_buffer("hidden_mean", t(ensemble.hidden_mean))
             self.register_buffer("inv_std", t(1.0 / np.asarray(ensemble.hidden_std, dtype=np.float32)))
             self.register_buffer("inv_scales", t([1.0 / ensemble.prompt_tokens_scale, 1.0 / ensemble.output_budget_scale]))
             self.first = torch.nn.Linear(members[0].w1.shape[0], width * len(members))
-            self.heads = torch.nn.ModuleList(torch.nn.Linear(width, m.w2.shape[1]) for m in members)
+            heads = [torch.nn.Linear(width, m.w2.shape[1]) for m in members]
             with torch.no_grad():
                 self.first.weight.copy_(t(np.concatenate([m.w1 for m in members], axis=1).T))
                 self.first.bias.copy_(t(np.concatenate([m.b1 for m in members])))
-                for head, m in zip(self.heads, members):
+                for head, m in zip(heads, members):
                     head.weight.copy_(t(np.asarray(m.w2).T))
                     head.bias.copy_(t(m.b2))
+            self.heads = torch.nn.ModuleList(heads)
             self.width = width
 
         def forward(self, hidden: Any, prompt_tokens: Any, output_budget: Any) -> tuple[Any, Any]:
             h = (hidden - self.hidden_mean) * self.inv_std
             scalars = torch.stack([prompt_tokens, output_budget], dim=1) * self.inv_scales
             a = torch.nn.functional.gelu(self.first(torch.cat([h, scalars], dim=1)), approximate="tanh")
-            survival = None
-            for i, head in enumerate(self.heads):
-                z = head(a[:, i * self.width:(i + 1) * self.width])
-                s = torch.exp(torch.cumsum(-torch.nn.functional.softplus(z), dim=1))
-                survival = s if survival is None else survival + s
-            survival = survival / len(self.heads)
+            curves = [torch.exp(torch.cumsum(-torch.nn.functional.softplus(head(a[:, i * self.width:(i + 1) * self.width])),
+                                             dim=1)) for i, head in enumerate(self.heads)]
+            survival = curves[0]  # members' curves summed in order, then averaged (as the numpy path does)
+            for s in curves[1:]:
+                survival = survival + s
+            survival = survival / len(curves)
             return survival, survival.sum(dim=1)
 
     return SurvivalEnsemble().eval()

@@ -22,6 +22,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -162,8 +163,8 @@ def check_admission(model: Any, onnx_path: str | Path, *, probes: np.ndarray | N
                         compare(model.raw_score(X), onnx_model.raw_score(X), tol))
     for b in batches:
         xb = np.resize(X, (b, X.shape[1]))
-        med = median_seconds({"native": lambda xb=xb: model.predict_features(xb),
-                              "exported": lambda xb=xb: onnx_model.predict_features(xb)}, repeats=repeats)
+        med = median_seconds({"native": partial(model.predict_features, xb),
+                              "exported": partial(onnx_model.predict_features, xb)}, repeats=repeats)
         check.latency_us[str(b)] = {k: 1e6 * v for k, v in med.items()}
     check.kept, check.reason = _fp32_decision(check)
     return check
@@ -185,10 +186,10 @@ def check_refinement(ensemble: Any, onnx_path: str | Path, *, probes: tuple[Any,
     for n in batches:
         idx = np.arange(n) % len(h)
         args = (h[idx], p[idx], b[idx])
-        fns = {"native": lambda a=args: ensemble.predict(*a, raw=True),
-               "exported": lambda a=args: onnx_model.predict(*a, raw=True)}
+        fns: dict[str, Callable[[], Any]] = {"native": partial(ensemble.predict, *args, raw=True),
+                                             "exported": partial(onnx_model.predict, *args, raw=True)}
         if peer_model is not None:
-            fns["peer"] = lambda a=args: peer_model.predict(*a, raw=True)
+            fns["peer"] = partial(peer_model.predict, *args, raw=True)
         check.latency_us[str(n)] = {k: 1e6 * v for k, v in median_seconds(fns, repeats=repeats).items()}
     if onnx_model.precision == "fp32":
         check.kept, check.reason = _fp32_decision(check)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 PREDICTORS = ("admission", "refine")
 
 
-def parse_only(only: str | tuple[str, ...] | list[str] | None) -> tuple[str, ...]:
+def parse_only(only: str | Sequence[str] | None) -> tuple[str, ...]:
     if only is None:
         return PREDICTORS
     names = tuple(s.strip() for s in (only.split(",") if isinstance(only, str) else only) if s.strip())
@@ -52,21 +53,21 @@ def train_models(arrays: TraceArrays, only: tuple[str, ...], seed: int, *, featu
     admission = refinement = None
     if "admission" in only:
         t0 = time.perf_counter()
-        cfg = replace(admission_config or AdmissionConfig(), seed=seed)
-        admission = train_admission((arrays.features, arrays.total_rounds), cfg, featurizer=featurizer)
+        adm_cfg = replace(admission_config or AdmissionConfig(), seed=seed)
+        admission = train_admission((arrays.features, arrays.total_rounds), adm_cfg, featurizer=featurizer)
         seconds["admission"] = time.perf_counter() - t0
     if "refine" in only:
         if arrays.hidden is None:
             raise TrainingError("the traces have no first_round_hidden; re-trace with hidden-state capture, or "
                                 "train with --only admission")
         t0 = time.perf_counter()
-        cfg = replace(refinement_config or RefinementConfig(), seed=seed)
-        refinement = train_refinement(arrays, cfg)
+        ref_cfg = replace(refinement_config or RefinementConfig(), seed=seed)
+        refinement = train_refinement(arrays, ref_cfg)
         seconds["refine"] = time.perf_counter() - t0
     return admission, refinement, seconds
 
 
-def train_bundle(traces: str | Path | pa.Table, out: str | Path, *, only: str | tuple[str, ...] | None = None,
+def train_bundle(traces: str | Path | pa.Table, out: str | Path, *, only: str | Sequence[str] | None = None,
                  seed: int = 0, featurizer: PromptFeaturizer | None = None,
                  admission_config: AdmissionConfig | None = None, refinement_config: RefinementConfig | None = None,
                  allow_single_category: bool = False, overwrite: bool = False, name: str | None = None) -> Path:

@@ -20,9 +20,10 @@ import contextlib
 import logging
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -92,7 +93,14 @@ class SurvivalMLP(pl.LightningModule):
         if init_hazard is not None:  # start from the marginal hazards: faster, steadier convergence
             h = np.clip(np.asarray(init_hazard, dtype=np.float64), 1e-4, 1 - 1e-4)
             with torch.no_grad():
-                self.net[3].bias.copy_(torch.as_tensor(np.log(h / (1 - h)), dtype=torch.float32))
+                self._last().bias.copy_(torch.as_tensor(np.log(h / (1 - h)), dtype=torch.float32))
+
+    # nn.Sequential's items are typed as Module; the layers at 0 and 3 are the two Linear layers
+    def _first(self) -> nn.Linear:
+        return cast(nn.Linear, self.net[0])
+
+    def _last(self) -> nn.Linear:
+        return cast(nn.Linear, self.net[3])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -107,7 +115,7 @@ class SurvivalMLP(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
 
     def to_weights(self) -> MLPWeights:
-        first, last = self.net[0], self.net[3]
+        first, last = self._first(), self._last()
         return MLPWeights(first.weight.detach().cpu().numpy().T.copy(), first.bias.detach().cpu().numpy().copy(),
                           last.weight.detach().cpu().numpy().T.copy(), last.bias.detach().cpu().numpy().copy())
 
@@ -225,6 +233,10 @@ def train_refinement(traces: str | Path | pa.Table | TraceArrays, config: Refine
     dm.setup("fit")
     arrays = dm.arrays
     assert arrays is not None and dm.normalization is not None
+    if arrays.hidden is None:
+        raise TrainingError("the traces have no first_round_hidden; re-trace with hidden-state capture, or train "
+                            "with --only admission")
+    d_in = arrays.hidden.shape[1] + 2  # hidden vector + normalized prompt length + normalized output budget
     if arrays.n < config.min_samples:
         raise TrainingError(f"{arrays.n} requests are too few to train the refinement model (need >= "
                             f"{config.min_samples}); trace more requests")
@@ -247,7 +259,7 @@ def train_refinement(traces: str | Path | pa.Table | TraceArrays, config: Refine
                 member_dm = TraceDataModule(arrays.subset(fold != i), config.batch_size, config.censor_hit_budget,
                                             norm, K=dm.K) if cross_fit else dm
                 member_dm.setup("fit")
-                model = SurvivalMLP(arrays.hidden.shape[1] + 2, dm.K, config.width, config.dropout, config.lr,
+                model = SurvivalMLP(d_in, dm.K, config.width, config.dropout, config.lr,
                                     config.weight_decay, init_hazard=member_dm.marginal_hazard())
                 trainer = pl.Trainer(max_epochs=config.epochs, accelerator=config.accelerator, devices=1,
                                      deterministic=True, enable_checkpointing=False, logger=False,
@@ -294,7 +306,9 @@ def fit_isotonic(raw: np.ndarray, remaining: np.ndarray, transform: str = "log1p
     from sklearn.isotonic import IsotonicRegression
 
     y = remaining.astype(np.float64)
-    target = {"log1p": np.log1p, "log": lambda v: np.log(np.maximum(v, LOG_FLOOR)), "identity": lambda v: v}[transform](y)
+    transforms: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+        "log1p": np.log1p, "log": lambda v: np.log(np.maximum(v, LOG_FLOOR)), "identity": lambda v: v}
+    target = transforms[transform](y)
     iso = IsotonicRegression(increasing=True, out_of_bounds="clip").fit(raw, target)
     return IsotonicMap(np.asarray(iso.X_thresholds_), np.asarray(iso.y_thresholds_), transform)
 
@@ -305,6 +319,16 @@ class TorchRefinement(nn.Module):
     Same weights, same arithmetic (tanh GELU, averaged survival curves, isotonic interpolation),
     batched as one GEMM for all members' first layers.
     """
+
+    # buffers (register_buffer): declared so the type checker knows they are tensors
+    hidden_mean: torch.Tensor
+    inv_std: torch.Tensor
+    w1: torch.Tensor
+    b1: torch.Tensor
+    w2: torch.Tensor
+    b2: torch.Tensor
+    iso_x: torch.Tensor
+    iso_y: torch.Tensor
 
     def __init__(self, ensemble: RefinementEnsemble) -> None:
         super().__init__()

@@ -176,7 +176,9 @@ def load_diffusion_gemma(path: str | Path, *, dtype: torch.dtype = torch.float32
         raise MissingDependencyError("DiffusionGemma needs transformers >= 5.23: pip install -U transformers") from e
     path = Path(path)
     try:
-        model = DiffusionGemmaForBlockDiffusion.from_pretrained(str(path), dtype=dtype).to(device)
+        model = DiffusionGemmaForBlockDiffusion.from_pretrained(str(path), dtype=dtype)
+        # transformers types PreTrainedModel.to through a decorator whose stub takes the model as the argument
+        model = model.to(device)  # type: ignore[arg-type]
         tokenizer = AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError) as e:
         raise ModelError(f"cannot load DiffusionGemma from {path}: {e}; the folder needs config.json, the weights "

@@ -124,9 +124,9 @@ class HFMaskPredictAdapter(BaseAdapter):
         logits = logits_all.new_zeros((n, t, logits_all.shape[-1]))
         hidden = hidden_all.new_zeros((n, t, hidden_all.shape[-1]))
         for row, slot in enumerate(batch.slots):
-            m, s = batch.n_valid[row], starts[row]
-            logits[row, :m] = logits_all[row, s:s + m]
-            hidden[row, :m] = hidden_all[row, s:s + m]
+            m, start = batch.n_valid[row], starts[row]
+            logits[row, :m] = logits_all[row, start:start + m]
+            hidden[row, :m] = hidden_all[row, start:start + m]
             if batch.commit[row]:
                 pre = self._slots[slot]
                 pre.tokens.extend(batch.input_ids[row, :m].tolist())
