@@ -23,7 +23,7 @@ from synthetic_traces import make_traces, synthetic_featurizer, write_traces
 from dwise_predict.bundle import load_bundle, read_manifest, record_evaluation, render_card
 from dwise_predict.bundle.format import sha256_file
 from dwise_predict.cli import main
-from dwise_predict.errors import BundleIntegrityError, ConfigError
+from dwise_predict.errors import BundleError, BundleIntegrityError, ConfigError
 
 H = 24
 ESTIMATES = ("admission", "refined_raw", "refined")
@@ -224,3 +224,24 @@ def test_eval_cli_record(trained, tmp_path, capsys):
     assert stored["plots"] == [f"plots/{n}" for n in written["plots"]]
     text = (b / "README.md").read_text()
     assert f"{written['refined']['spearman']:.3f}" in text and "](plots/metrics_calibration.png)" in text
+
+
+def test_record_into_a_new_folder_from_a_symlinked_snapshot(trained, tmp_path):
+    """A Hugging Face cache snapshot holds a bundle's files as symlinks to blobs: recording with
+    out=DIR copies their content, leaves the snapshot alone, and does not follow a stray symlink."""
+    fresh, _, metrics, plots = trained
+    blobs, snap = tmp_path / "blobs", tmp_path / "snapshot"
+    shutil.copytree(fresh, blobs)
+    snap.mkdir()
+    for p in sorted(blobs.iterdir()):
+        (snap / p.name).symlink_to(p)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not part of the bundle")
+    (snap / "stray.txt").symlink_to(secret)
+    out = record_evaluation(snap, metrics, plots, out=tmp_path / "mine")
+    assert out == tmp_path / "mine" and not any(p.is_symlink() for p in out.rglob("*"))
+    assert not (out / "stray.txt").exists()
+    assert load_bundle(out).manifest["metrics"]["n_requests"] == metrics["n_requests"]
+    assert read_manifest(snap)["metrics"] == {}  # the snapshot is untouched
+    with pytest.raises(BundleError, match="already exists"):
+        record_evaluation(snap, metrics, plots, out=out)

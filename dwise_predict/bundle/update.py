@@ -94,7 +94,7 @@ def update_bundle(ref: str | Path, *, out: str | Path | None = None) -> Iterator
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".update", dir=dst.parent))
     try:
-        _copy_tree(bundle.path, tmp)
+        _copy_tree(bundle.path, tmp, listed=set(bundle.manifest["files"]))
         draft = BundleDraft(source=bundle, folder=tmp, destination=dst, manifest=json.loads(json.dumps(bundle.manifest)))
         yield draft
         finish_draft(draft)
@@ -120,11 +120,14 @@ def finish_draft(draft: BundleDraft) -> None:
     write_json_atomic(draft.folder / MANIFEST, draft.manifest)
 
 
-def _copy_tree(src: Path, dst: Path) -> None:
-    """Copy every regular file of the bundle (listed or not: a card or notes travel along)."""
+def _copy_tree(src: Path, dst: Path, listed: set[str]) -> None:
+    """Copy the bundle's files: every listed file (a Hugging Face cache snapshot holds them as symlinks
+    to blobs: their content is copied), and unlisted regular files (notes travel along). An unlisted
+    symlink is not followed: it could point anywhere, and nothing vouches for what it holds."""
     for path in sorted(src.rglob("*")):
-        if path.is_file() and not path.is_symlink():
-            target = dst / path.relative_to(src)
+        rel = path.relative_to(src).as_posix()
+        if path.is_file() and (rel in listed or not path.is_symlink()):
+            target = dst / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, target)
 
