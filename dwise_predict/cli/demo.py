@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         ("train", "admission LightGBM + survival-MLP ensemble with isotonic calibration",
          [["train", "--traces", str(tr), "--out", str(b), "--model", args.model]]),
         ("eval", "each estimate against the truth on the eval split",
-         [["eval", "--bundle", str(b), "--traces", str(te), "--out", str(out / "eval" / "metrics.json")]]),
+         [["eval", "--bundle", str(b), "--traces", str(te), "--out", str(out / "eval" / "metrics.json"), "--record"]]),
         ("export", "ONNX and INT8 files, kept only where parity holds",
          [["export", str(b), "--onnx", "--int8", "--repeats", "10", "--report", str(out / "export.json")]]),
         ("simulate", "scheduling policies on the eval traces, with the bundle's estimates",
