@@ -23,6 +23,9 @@ def model_card(config: TinyBDConfig, training: dict[str, Any], figures: dict[str
     """Markdown card; ``figures`` (the report's JSON headline) is added when known."""
     result = training.get("result", {})
     counts = result.get("counts", {})
+    prev = (training.get("previous_stage") or {}).get("result", {})
+    stage1 = (f"- stage 1: steps {prev.get('steps')}, seconds {prev.get('seconds')}, final loss "
+              f"{prev.get('final_loss')}" if prev else "")
     lines = [
         "---",
         "license: mit",
@@ -61,11 +64,17 @@ def model_card(config: TinyBDConfig, training: dict[str, Any], figures: dict[str
         "`seed_everything(seed, workers=True)`, `Trainer(deterministic=True)`.",
         "",
         "```",
+        *([training["previous_stage"].get("command", "")] if training.get("previous_stage") else []),
         training.get("command", ""),
         "```",
         "",
-        f"- steps: {result.get('steps')}, seconds: {result.get('seconds')}, final loss: {result.get('final_loss')},"
-        f" stopped by the time budget: {result.get('stopped_by_time')}",
+        *(["The first command trains stage 1 (its output folder is what the second command's",
+           "`--init-from` names); the second continues it with a fresh schedule and other data draws."]
+          if training.get("previous_stage") else []),
+        "",
+        *([stage1] if stage1 else []),
+        f"- {'stage 2: ' if stage1 else ''}steps: {result.get('steps')}, seconds: {result.get('seconds')}, "
+        f"final loss: {result.get('final_loss')}, stopped by the time budget: {result.get('stopped_by_time')}",
         "- data (examples per category; real ones only from the workload's TRAIN split, repeated;",
         "  generated ones fresh and checked absent from the eval split): "
         + ", ".join(f"{k} {v}" for k, v in counts.items()),

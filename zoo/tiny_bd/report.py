@@ -181,9 +181,13 @@ def difficulty(by_cat: dict[str, list[RequestStats]]) -> dict[str, Any]:
 
 
 def trace_eval(model: str, records: Sequence[Any], threshold: float, out_dir: Path, batch_size: int,
-               overwrite: bool) -> Path:
+               overwrite: bool, threads: int | None = None) -> Path:
     """Trace ``records`` at ``threshold`` into ``out_dir`` (resumed if it holds a partial run)."""
+    import torch
     from dwise_predict.tracing.adapters import load_adapter
+
+    if threads is not None:
+        torch.set_num_threads(threads)
     from dwise_predict.tracing.runner import trace_workload
     from dwise_predict.tracing.writer import existing_shards
 
@@ -347,7 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="tiny-bd", help="'tiny-bd' or a checkpoint folder")
     ap.add_argument("--thresholds", default=",".join(map(str, DEFAULT_THRESHOLDS)))
     ap.add_argument("--traces", type=Path, default=Path("runs/tiny-bd-eval"), help="where the traces are kept")
-    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--jobs", type=int, default=2, help="thresholds traced in parallel processes (1 thread each "
+                                                           "when > 1)")
     ap.add_argument("--overwrite", action="store_true", help="re-trace even if traces are there")
     ap.add_argument("--no-card", action="store_true", help="do not add the figures to the shipped model card")
     args = ap.parse_args(argv)
@@ -367,9 +373,21 @@ def main(argv: list[str] | None = None) -> int:
     thresholds_out: dict[str, Any] = {}
     fingerprint: dict[str, Any] = {}
     block_size = 32
+    dirs = {tau: args.traces / f"tau{tau}" for tau in thresholds}
+    if args.jobs > 1 and len(thresholds) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(min(args.jobs, len(thresholds)), mp_context=multiprocessing.get_context("spawn")) as ex:
+            futures = [ex.submit(trace_eval, args.model, records, tau, dirs[tau], args.batch_size, args.overwrite, 1)
+                       for tau in thresholds]
+            for f in futures:
+                f.result()
+    else:
+        for tau in thresholds:
+            trace_eval(args.model, records, tau, dirs[tau], args.batch_size, args.overwrite)
     for tau in thresholds:
-        tdir = args.traces / f"tau{tau}"
-        trace_eval(args.model, records, tau, tdir, args.batch_size, args.overwrite)
+        tdir = dirs[tau]
         stats, fingerprint = load_stats(tdir, by_id)
         stats = [s for s in stats if s.request_id in by_id]
         block_size = int(fingerprint.get("block_size", 32))

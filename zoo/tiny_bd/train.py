@@ -218,11 +218,23 @@ class TrainResult:
 
 
 def train(model_config: TinyBDConfig, train_config: TrainConfig, data_config: DataConfig, log_csv: Path,
-          training_set: TrainingSet | None = None, snapshot_dir: Path | None = None) -> tuple[TinyBDModel, TrainResult]:
-    """Train and return the model (eval mode) and a summary."""
+          training_set: TrainingSet | None = None, snapshot_dir: Path | None = None,
+          init_from: Path | None = None) -> tuple[TinyBDModel, TrainResult]:
+    """Train and return the model (eval mode) and a summary.
+
+    ``init_from`` (a checkpoint folder) continues training from its weights -- a second stage
+    with a fresh schedule; its shape then replaces ``model_config``.
+    """
     torch.set_num_threads(train_config.threads)
     pl.seed_everything(train_config.seed, workers=True)
+    if init_from is not None:
+        from .io import from_pretrained
+
+        start = from_pretrained(init_from)
+        model_config = start.config
     module = TinyBDLightning(model_config, train_config)
+    if init_from is not None:
+        module.model.load_state_dict(start.model.state_dict())
     dm = TinyBDDataModule(data_config, train_config.batch_tokens, train_config.seed, train_config.t_min, training_set)
     cb = TimeBoxAndLog(train_config.minutes, log_csv, train_config.log_every, snapshot_dir)
     trainer = pl.Trainer(accelerator="cpu", devices=1, deterministic=True, max_steps=train_config.max_steps,
@@ -257,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-generated", type=int, default=DataConfig.n_generated)
     ap.add_argument("--loss-weighting", choices=("none", "inv_t"), default="none")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--warmup-steps", type=int, default=TrainConfig.warmup_steps)
+    ap.add_argument("--init-from", type=Path, default=None,
+                    help="continue from this checkpoint folder (a second stage; its shape wins)")
     ap.add_argument("--log-csv", type=Path, default=None, help="loss CSV (default: runs/tiny-bd-train/train_log.csv)")
     ap.add_argument("--snapshot-dir", type=Path, default=Path("runs/tiny-bd-train/snapshot"),
                     help="mid-run checkpoint, rewritten every 10 minutes")
@@ -265,17 +280,22 @@ def main(argv: list[str] | None = None) -> int:
     model_config = TinyBDConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads, d_ff=args.d_ff)
     train_config = TrainConfig(max_steps=args.max_steps, minutes=args.minutes, lr=args.lr,
                                batch_tokens=args.batch_tokens, loss_weighting=args.loss_weighting,
-                               threads=args.threads, seed=args.seed)
+                               threads=args.threads, seed=args.seed, warmup_steps=args.warmup_steps)
     data_config = DataConfig(n_generated=args.n_generated)
     log_csv = args.log_csv or Path("runs/tiny-bd-train/train_log.csv")
     t0 = time.monotonic()
-    model, result = train(model_config, train_config, data_config, log_csv, snapshot_dir=args.snapshot_dir)
+    model, result = train(model_config, train_config, data_config, log_csv, snapshot_dir=args.snapshot_dir,
+                          init_from=args.init_from)
+    model_config = model.config
     print(f"trained {result.steps} steps in {result.seconds:.0f}s, final loss {result.final_loss:.4f}",
           file=sys.stderr)
     command = "python -m dwise_predict.zoo.tiny_bd.train " + " ".join(argv if argv is not None else sys.argv[1:])
     from .card import model_card
 
-    training = {"command": command, "train_config": asdict(train_config), "data_config": asdict(data_config),
+    previous = None
+    if args.init_from is not None and (args.init_from / "training.json").exists():
+        previous = json.loads((args.init_from / "training.json").read_text())
+    training = {"command": command, "previous_stage": previous, "train_config": asdict(train_config), "data_config": asdict(data_config),
                 "result": {k: v for k, v in asdict(result).items() if k != "loss_curve"},
                 "wall_seconds_including_data": round(time.monotonic() - t0, 1)}
     from .io import save_pretrained
