@@ -131,6 +131,10 @@ def trace_workload(adapter: Any, records: Iterable[Any], out_dir: str | Path, *,
     summary = TraceSummary(out_dir=Path(out_dir), fingerprint=fingerprint, traced=0, skipped=0, total=len(recs))
     with TraceWriter(out_dir, fingerprint, shard_size=shard_size, resume=resume) as writer:
         todo = [q for q in requests if q.request_id not in writer.done_ids]
+        # Requests of similar prompt length share a batch: a row attends only its own cache, but the
+        # batch is padded to its longest cache, so one long-context prompt would slow 15 short ones.
+        # Results do not depend on batching (tests/test_tracing_engine.py), only the speed does.
+        todo.sort(key=lambda q: len(q.prompt_ids))
         summary.skipped = len(requests) - len(todo)
         if progress is not None and summary.skipped:
             progress.update(summary.skipped)

@@ -36,6 +36,8 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
                    help="LowConfidence threshold τ (default 0.95; DiffusionGemma: its entropy bound)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="output budget in tokens (default: 256)")
     p.add_argument("--batch-size", type=int, default=8, help="requests decoded together (default: 8)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="CPU threads for the model (default: torch's choice); 1 is often fastest on a busy machine")
     p.add_argument("--limit", type=int, default=None, help="trace only the first N requests of the workload")
     p.add_argument("--resume", action="store_true", help="continue a run in --out, skipping traced request ids")
     p.add_argument("--shard-size", type=int, default=1000, help="requests per Parquet shard (default: 1000)")
@@ -76,6 +78,12 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     records = read_records(args.workload, args.split)
 
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ConfigError(f"--threads must be >= 1, got {args.threads}")
+        import torch
+
+        torch.set_num_threads(args.threads)
     from dwise_predict.tracing.adapters import load_adapter
     from dwise_predict.tracing.runner import check_output, trace_workload
 
