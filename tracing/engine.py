@@ -2,9 +2,12 @@
 
 This is the decoding a DWISE server runs (SPEC §1), made exact and observable:
 
-* **Prefill.** The chat-templated prompt is processed in chunks of ``block_size`` tokens from
-  position 0 (the last chunk may be shorter), one chunk per round; chunk ``c`` attends the
-  chunks before it and itself bidirectionally. Its keys/values join the cache.
+* **Prefill.** The chat-templated prompt is split into blocks of ``block_size`` tokens from
+  position 0 (the last may be shorter); block ``c`` attends the blocks before it and itself
+  bidirectionally, and its keys/values join the cache. A server runs one prompt block per
+  round; the tracer computes up to ``prefill_chunk_tokens`` of them in one forward with the
+  same block-causal mask — identical keys/values, 16x fewer forwards on a long prompt — and
+  attributes that forward's time evenly to the prompt blocks it carried.
 * **Denoising.** Output blocks start at position ``len(prompt)`` (not aligned to a multiple of
   ``block_size``). Each starts fully masked and attends the whole clean cache plus itself
   bidirectionally. Every round, per request, the masked positions whose top-1 probability
@@ -12,17 +15,16 @@ This is the decoding a DWISE server runs (SPEC §1), made exact and observable:
   most confident one (SGLang's ``LowConfidence``); the mask token is never predicted. So a
   block takes between 1 and its length rounds: ``threshold <= 0`` unmasks everything in one
   round, ``threshold > 1`` exactly one position per round.
-* **Commit.** A block with no mask left is done; its clean tokens are run once more through
-  the model so their keys/values (computed from clean inputs, like a prompt chunk) join the
-  cache. That *commit forward* is part of the same round's wall time but is not a denoising
-  round: it is how any block-causal server fills its prefix cache.
+* **Commit.** A block with no mask left is done; its clean tokens must join the cache with
+  keys/values computed from clean inputs (like a prompt block). They ride in front of the
+  request's next block in the next round's forward (the next block sees them, they do not see
+  it), so committing costs no extra forward and is not a denoising round.
 * **Stop.** A request is done when a finished block contains an end-of-sequence token, or
   when its output budget is spent (the last block is shortened to fit the budget exactly).
 
 Requests are batched with continuous batching: ``batch_size`` seats (*slots*); a finished
-request's seat goes to the next waiting request in the next round. In each round every
-seated request advances one block (prefill chunk or denoising step), so prefill and
-denoising mix in one forward. Rows never see each other (the adapter masks per row), so a
+request's seat goes to the next waiting request, whose prompt is prefilled before the next
+denoising round. In each round every seated request advances its block by one denoising step. Rows never see each other (the adapter masks per row), so a
 request's rounds, tokens and hidden vector do not depend on the batch it ran in.
 
 The **first-round hidden state** of a request is the mean, over the rows of its first output
@@ -48,6 +50,9 @@ from .adapters.base import BlockBatch, StepAdapter
 
 #: decoding algorithm name recorded in traces and fingerprints
 LOW_CONFIDENCE = "low_confidence"
+
+#: prompt tokens computed per prefill forward (rounded down to whole blocks, at least one block)
+PREFILL_CHUNK_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -122,6 +127,8 @@ class _Seat:
     hidden: np.ndarray | None = None
     wall: list[float] = field(default_factory=list)
     finished_eos: bool = False
+    pending: list[int] = field(default_factory=list)  # a finished block's clean tokens, committed next round
+    pending_start: int = 0
 
     @property
     def in_prefill(self) -> bool:
@@ -168,6 +175,7 @@ def decode(adapter: StepAdapter, requests: Iterable[DecodeRequest], config: Deco
     queue = deque(pending)
     seats: list[_Seat | None] = [None] * n_slots
     mask_id, eos = int(info.mask_token_id), set(info.eos_token_ids)
+    chunk = max(config.block_size, PREFILL_CHUNK_TOKENS // config.block_size * config.block_size)
     with torch.inference_mode():
         while queue or any(s is not None for s in seats):
             for slot in range(n_slots):
@@ -175,10 +183,13 @@ def decode(adapter: StepAdapter, requests: Iterable[DecodeRequest], config: Deco
                     adapter.reset_slot(slot)
                     seats[slot] = _Seat(req=queue.popleft())
             active = [i for i, s in enumerate(seats) if s is not None]
+            prefilling = [i for i in active if seats[i].in_prefill]  # type: ignore[union-attr]
+            while prefilling:
+                _prefill(adapter, seats, prefilling, config, chunk)
+                prefilling = [i for i in prefilling if seats[i].in_prefill]  # type: ignore[union-attr]
             t0 = time.perf_counter()
             done_blocks = _round(adapter, seats, active, config, mask_id)
             finished: list[int] = []
-            commit_rows: list[int] = []
             for slot in done_blocks:
                 seat = seats[slot]
                 assert seat is not None and seat.block is not None
@@ -191,9 +202,7 @@ def decode(adapter: StepAdapter, requests: Iterable[DecodeRequest], config: Deco
                 elif len(seat.output) >= config.max_new_tokens:
                     finished.append(slot)
                 else:
-                    commit_rows.append(slot)
-            if commit_rows:
-                _commit(adapter, seats, commit_rows, config)
+                    seat.pending, seat.pending_start = tokens, seat.block_start
             wall = time.perf_counter() - t0
             for slot in active:
                 seats[slot].wall.append(wall * 1e3)  # type: ignore[union-attr]
@@ -206,44 +215,67 @@ def decode(adapter: StepAdapter, requests: Iterable[DecodeRequest], config: Deco
                 yield _result(seat, config)
 
 
+def _prefill(adapter: StepAdapter, seats: list[_Seat | None], slots: list[int], config: DecodeConfig,
+             chunk: int) -> None:
+    """One forward carrying up to ``chunk`` prompt tokens (whole blocks) of each prefilling seat."""
+    bs = config.block_size
+    ids, pos, segs = [], [], []
+    for slot in slots:
+        seat = seats[slot]
+        assert seat is not None
+        start = seat.prefilled
+        part = seat.req.prompt_ids[start:start + chunk]
+        ids.append(part)
+        pos.append(list(range(start, start + len(part))))
+        segs.append([(start + j) // bs - start // bs for j in range(len(part))])
+    batch = _pad(slots, ids, pos, [len(r) for r in ids], pad_id=0, segments=segs)
+    t0 = time.perf_counter()
+    adapter.forward(batch)
+    per_block = (time.perf_counter() - t0) * 1e3 / max(segs[i][-1] + 1 for i in range(len(slots)))
+    for row, slot in enumerate(slots):
+        seat = seats[slot]
+        assert seat is not None
+        seat.prefilled += len(ids[row])
+        seat.wall.extend([per_block] * (segs[row][-1] + 1))
+
+
 def _round(adapter: StepAdapter, seats: list[_Seat | None], active: list[int], config: DecodeConfig,
            mask_id: int) -> list[int]:
-    """One forward over one block per active seat; returns the slots whose block just finished."""
+    """One denoising step on one block per active seat; returns the slots whose block just finished.
+
+    A seat whose previous block finished last round carries that block's clean tokens in front
+    of its new block (segment 0, committed to the cache); the new block is segment 1.
+    """
     bs = config.block_size
     rows_ids: list[list[int]] = []
     rows_pos: list[list[int]] = []
-    commit: list[bool] = []
+    rows_seg: list[list[int]] = []
+    commit: list[int] = []
     for slot in active:
         seat = seats[slot]
         assert seat is not None
-        if seat.in_prefill:
-            chunk = seat.req.prompt_ids[seat.prefilled:seat.prefilled + bs]
-            rows_ids.append(chunk)
-            rows_pos.append(list(range(seat.prefilled, seat.prefilled + len(chunk))))
-            commit.append(True)
-        else:
-            if seat.block is None:  # start a new output block, fully masked, cut to the budget
-                length = min(bs, config.max_new_tokens - len(seat.output))
-                seat.block = torch.full((length,), mask_id, dtype=torch.long)
-                seat.block_start = len(seat.req.prompt_ids) + len(seat.output)
-                seat.rounds.append(0)
-            rows_ids.append(seat.block.tolist())
-            rows_pos.append(list(range(seat.block_start, seat.block_start + len(seat.block))))
-            commit.append(False)
-    batch = _pad(active, rows_ids, rows_pos, commit, mask_id)
+        if seat.block is None:  # start a new output block, fully masked, cut to the budget
+            length = min(bs, config.max_new_tokens - len(seat.output))
+            seat.block = torch.full((length,), mask_id, dtype=torch.long)
+            seat.block_start = len(seat.req.prompt_ids) + len(seat.output)
+            seat.rounds.append(0)
+        c, n = len(seat.pending), len(seat.block)
+        rows_ids.append(seat.pending + seat.block.tolist())
+        rows_pos.append(list(range(seat.pending_start, seat.pending_start + c))
+                        + list(range(seat.block_start, seat.block_start + n)))
+        rows_seg.append([0] * c + [1 if c else 0] * n)
+        commit.append(c)
+    batch = _pad(active, rows_ids, rows_pos, commit, mask_id, segments=rows_seg if any(commit) else None)
     out = adapter.forward(batch)
     done: list[int] = []
     for row, slot in enumerate(active):
         seat = seats[slot]
-        assert seat is not None
-        n = batch.n_valid[row]
-        if commit[row]:
-            seat.prefilled += n
-            continue
-        assert seat.block is not None
+        assert seat is not None and seat.block is not None
+        c, n = commit[row], len(seat.block)
+        seat.pending = []
         if seat.hidden is None and len(seat.rounds) == 1 and seat.rounds[0] == 0:
-            seat.hidden = out.hidden[row, :n].float().mean(dim=0).cpu().numpy().astype(np.float32)
-        seat.block = unmask_step(out.logits[row, :n], seat.block, config.threshold, mask_id)
+            seat.hidden = out.hidden[row, c:c + n].float().mean(dim=0).cpu().numpy().astype(np.float32)
+        seat.block = unmask_step(out.logits[row, c:c + n], seat.block, config.threshold, mask_id)
         seat.rounds[-1] += 1
         if not bool((seat.block == mask_id).any()):
             done.append(slot)
@@ -269,28 +301,19 @@ def unmask_step(logits: torch.Tensor, block: torch.Tensor, threshold: float, mas
     return new
 
 
-def _commit(adapter: StepAdapter, seats: list[_Seat | None], slots: list[int], config: DecodeConfig) -> None:
-    """Run finished clean blocks once to put their keys/values in the cache (not a denoising round)."""
-    ids, pos = [], []
-    for slot in slots:
-        seat = seats[slot]
-        assert seat is not None
-        # the block just finished is the output's tail, starting at its recorded position
-        n = len(seat.output) - (seat.block_start - len(seat.req.prompt_ids))
-        ids.append(seat.output[-n:])
-        pos.append(list(range(seat.block_start, seat.block_start + n)))
-    adapter.forward(_pad(slots, ids, pos, [True] * len(slots), pad_id=0))
-
-
-def _pad(slots: list[int], ids: list[list[int]], pos: list[list[int]], commit: list[bool], pad_id: int) -> BlockBatch:
+def _pad(slots: list[int], ids: list[list[int]], pos: list[list[int]], commit: list[int], pad_id: int,
+         segments: list[list[int]] | None = None) -> BlockBatch:
     t = max(len(r) for r in ids)
     input_ids = torch.full((len(ids), t), pad_id, dtype=torch.long)
     position_ids = torch.zeros((len(ids), t), dtype=torch.long)
+    seg = torch.zeros((len(ids), t), dtype=torch.long) if segments is not None else None
     for i, (r, p) in enumerate(zip(ids, pos)):
         input_ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
         position_ids[i, :len(p)] = torch.tensor(p, dtype=torch.long)
+        if seg is not None and segments is not None:
+            seg[i, :len(r)] = torch.tensor(segments[i], dtype=torch.long)
     return BlockBatch(slots=list(slots), input_ids=input_ids, position_ids=position_ids,
-                      n_valid=[len(r) for r in ids], commit=list(commit))
+                      n_valid=[len(r) for r in ids], commit=list(commit), segments=seg)
 
 
 def _result(seat: _Seat, config: DecodeConfig) -> RequestResult:

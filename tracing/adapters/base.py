@@ -54,20 +54,26 @@ class AdapterInfo:
 
 @dataclass
 class BlockBatch:
-    """One round's input: one block per selected request slot.
+    """One forward's input: a run of tokens per selected request slot.
 
     ``input_ids``/``position_ids`` are ``[n, T]`` (rows right-padded to ``T``); ``n_valid[i]``
-    is how many of row ``i``'s tokens are real. ``commit[i]`` says whether row ``i`` is clean
-    (a prompt chunk, or a finished output block) and its keys/values must join slot
-    ``slots[i]``'s cache after this forward; otherwise (a denoising block with masks) the
-    forward only reads the cache.
+    is how many of row ``i``'s tokens are real. A row is a sequence of *segments*
+    (``segments[i, j]``, non-decreasing, 0-based; None = one segment per row): a token attends
+    the slot's cache, every token of its own segment (bidirectionally) and the earlier
+    segments, never a later one. That is block-causal attention, so a row can carry several
+    prompt blocks at once, or a finished block followed by the next, still-masked block.
+
+    ``commit[i]`` is how many of row ``i``'s leading tokens are clean (prompt blocks, or a
+    finished output block) and must join the slot's cache after this forward; the rest (a
+    denoising block with masks) only reads the cache.
     """
 
     slots: list[int]
     input_ids: torch.Tensor
     position_ids: torch.Tensor
     n_valid: list[int]
-    commit: list[bool]
+    commit: list[int]
+    segments: torch.Tensor | None = None
 
 
 @dataclass

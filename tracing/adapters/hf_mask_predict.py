@@ -108,8 +108,9 @@ class HFMaskPredictAdapter(BaseAdapter):
         for row, slot in enumerate(batch.slots):
             pre = self._slots[slot]
             m = batch.n_valid[row]
+            seg = batch.segments[row, :m].tolist() if batch.segments is not None else [0] * m
             seqs.append(pre.tokens + batch.input_ids[row, :m].tolist())
-            chunks.append(pre.chunks + [pre.n_chunks] * m)
+            chunks.append(pre.chunks + [pre.n_chunks + g for g in seg])
             starts.append(len(pre.tokens))
         width = max(len(s) for s in seqs)
         ids = torch.zeros((n, width), dtype=torch.long)
@@ -127,11 +128,13 @@ class HFMaskPredictAdapter(BaseAdapter):
             m, start = batch.n_valid[row], starts[row]
             logits[row, :m] = logits_all[row, start:start + m]
             hidden[row, :m] = hidden_all[row, start:start + m]
-            if batch.commit[row]:
+            c = batch.commit[row]
+            if c:
                 pre = self._slots[slot]
-                pre.tokens.extend(batch.input_ids[row, :m].tolist())
-                pre.chunks.extend([pre.n_chunks] * m)
-                pre.n_chunks += 1
+                seg = batch.segments[row, :c].tolist() if batch.segments is not None else [0] * c
+                pre.tokens.extend(batch.input_ids[row, :c].tolist())
+                pre.chunks.extend([pre.n_chunks + g for g in seg])
+                pre.n_chunks += seg[-1] + 1
         return BlockOutput(logits=logits, hidden=hidden)
 
 

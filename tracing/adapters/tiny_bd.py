@@ -80,12 +80,12 @@ class TinyBDAdapter(BaseAdapter):
             idx = torch.tensor(batch.slots, device=dev)
             past = [(k[:, :, :p].index_select(0, idx), v[:, :, :p].index_select(0, idx))
                     for k, v in zip(self._k, self._v)]
-        mask = block_attention_mask(lengths, batch.n_valid, p, t, dev)
+        mask = block_attention_mask(lengths, batch.n_valid, p, t, dev, batch.segments)
         out = self.model(batch.input_ids.to(dev), batch.position_ids.to(dev), mask, past)
         for row, slot in enumerate(batch.slots):
-            if not batch.commit[row]:
+            m, start = batch.commit[row], self._lengths[slot]
+            if m == 0:
                 continue
-            m, start = batch.n_valid[row], self._lengths[slot]
             if start + m > self._capacity:
                 raise ModelError(f"KV cache of slot {slot} would exceed its capacity {self._capacity}; "
                                  "this is a bug in the engine's capacity planning")
@@ -97,17 +97,20 @@ class TinyBDAdapter(BaseAdapter):
 
 
 def block_attention_mask(cache_lengths: list[int], n_valid: list[int], p: int, t: int,
-                         device: torch.device | None = None) -> torch.Tensor:
-    """``[n, 1, t, p + t]`` bool: row i's real tokens see its cache and its real block tokens.
+                         device: torch.device | None = None, segments: torch.Tensor | None = None) -> torch.Tensor:
+    """``[n, 1, t, p + t]`` bool: row i's real tokens see its cache and its real tokens of the same
+    or an earlier segment (see :class:`~.base.BlockBatch`).
 
-    Padding keys (cache beyond ``cache_lengths[i]``, block tokens beyond ``n_valid[i]``) are
-    hidden. A padding *query* sees only itself, so no softmax row is empty (no NaN); its output
-    is never read.
+    Padding keys (cache beyond ``cache_lengths[i]``, tokens beyond ``n_valid[i]``) are hidden. A
+    padding *query* sees only itself, so no softmax row is empty (no NaN); its output is never read.
     """
     n = len(cache_lengths)
     key_cache = torch.arange(p, device=device)[None, :] < torch.tensor(cache_lengths, device=device)[:, None]  # [n, p]
     valid = torch.arange(t, device=device)[None, :] < torch.tensor(n_valid, device=device)[:, None]  # [n, t]
     new = valid[:, None, :] & valid[:, :, None]  # [n, t(query), t(key)]
+    if segments is not None:
+        seg = segments.to(device)
+        new = new & (seg[:, None, :] <= seg[:, :, None])
     new = new | torch.eye(t, dtype=torch.bool, device=device)[None]
     cache = key_cache[:, None, :] & valid[:, :, None]
     return torch.cat([cache, new], dim=-1).view(n, 1, t, p + t)
