@@ -267,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=TrainConfig.lr)
     ap.add_argument("--batch-tokens", type=int, default=TrainConfig.batch_tokens)
     ap.add_argument("--n-generated", type=int, default=DataConfig.n_generated)
+    ap.add_argument("--real-repeats", type=int, default=DataConfig.real_repeats,
+                    help="how often each real train-split response appears")
     ap.add_argument("--loss-weighting", choices=("none", "inv_t"), default="none")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup-steps", type=int, default=TrainConfig.warmup_steps)
@@ -281,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     train_config = TrainConfig(max_steps=args.max_steps, minutes=args.minutes, lr=args.lr,
                                batch_tokens=args.batch_tokens, loss_weighting=args.loss_weighting,
                                threads=args.threads, seed=args.seed, warmup_steps=args.warmup_steps)
-    data_config = DataConfig(n_generated=args.n_generated)
+    data_config = DataConfig(n_generated=args.n_generated, real_repeats=args.real_repeats)
     log_csv = args.log_csv or Path("runs/tiny-bd-train/train_log.csv")
     t0 = time.monotonic()
     model, result = train(model_config, train_config, data_config, log_csv, snapshot_dir=args.snapshot_dir,
