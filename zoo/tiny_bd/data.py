@@ -237,13 +237,16 @@ def build_training_set(config: DataConfig = DataConfig(), seed: int = 0, splits:
     for family, share in config.mix.items():
         generated += generated_examples(family, int(round(share * config.n_generated)), seed, exclude,
                                         config.long_context_chars)
-    examples = real * config.real_repeats + generated
-    leaked = [e.prompt for e in examples if e.prompt in eval_prompts]
+    leaked = [e.prompt for e in real + generated if e.prompt in eval_prompts]
     if leaked:
         raise TrainingError(f"{len(leaked)} training prompts are in the eval split (first: {leaked[0][:60]!r}); "
                             "the eval split must never be trained on -- check the workload seed and sizes")
-    encoded, dropped = encode_examples(examples, block_size=config.block_size,
-                                       max_new_tokens=config.max_new_tokens, max_len=config.max_len)
+    # encode each distinct example once, then repeat the ids (tokenizer encodings are large)
+    kw = {"block_size": config.block_size, "max_new_tokens": config.max_new_tokens, "max_len": config.max_len}
+    real_enc, real_dropped = encode_examples(real, **kw)
+    gen_enc, gen_dropped = encode_examples(generated, **kw)
+    encoded = real_enc * config.real_repeats + gen_enc
+    dropped = real_dropped * config.real_repeats + gen_dropped
     random.Random(f"tiny-bd-shuffle:{seed}").shuffle(encoded)
     counts = Counter(e.category for e in encoded)
     return TrainingSet(examples=encoded, counts=dict(sorted(counts.items())), dropped_too_long=dropped,

@@ -221,8 +221,9 @@ def load_stats(trace_dir: Path, records_by_id: dict[str, Any]) -> tuple[list[Req
 # ---------------------------------------------------------------- plots and markdown
 
 
-def plot(per_tau: dict[str, list[RequestStats]], img_dir: Path) -> list[str]:
-    """Histogram of total rounds (DWISE Fig. 2 style) and rounds per block by category."""
+def plot(per_tau: dict[str, list[RequestStats]], img_dir: Path, weights_dir: Path | None = None) -> list[str]:
+    """Histogram of total rounds (DWISE Fig. 2 style), rounds per block by category, and the
+    training loss curve when the checkpoint folder carries its ``train_log*.csv``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -265,6 +266,25 @@ def plot(per_tau: dict[str, list[RequestStats]], img_dir: Path) -> list[str]:
     _save(fig, img_dir / "tiny-bd-rounds-per-block.png")
     names.append("tiny-bd-rounds-per-block.png")
     plt.close(fig)
+    logs = sorted(weights_dir.glob("train_log*.csv")) if weights_dir is not None else []
+    if logs:
+        fig, ax = plt.subplots(figsize=(7, 3.4))
+        offset = 0
+        for k, log in enumerate(logs):
+            rows = np.genfromtxt(log, delimiter=",", names=True)
+            steps, loss = np.atleast_1d(rows["step"]), np.atleast_1d(rows["loss"])
+            smooth = np.convolve(loss, np.ones(10) / 10, mode="valid") if len(loss) >= 10 else loss
+            ax.plot(steps + offset, loss, color=f"C{k}", alpha=0.25, lw=0.8)
+            ax.plot(steps[len(steps) - len(smooth):] + offset, smooth, color=f"C{k}", label=log.stem)
+            offset += int(steps.max())
+        ax.set_xlabel("step (stages concatenated)")
+        ax.set_ylabel("masked-token CE (per batch)")
+        ax.set_title("tiny-bd training loss (batches are length-bucketed, so tasks alternate)")
+        ax.legend()
+        fig.tight_layout()
+        _save(fig, img_dir / "tiny-bd-train-loss.png")
+        names.append("tiny-bd-train-loss.png")
+        plt.close(fig)
     return names
 
 
@@ -418,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     out: Path = args.out
     _write_atomic(out / "reference-model.json", json.dumps(report, indent=2, sort_keys=False) + "\n")
-    images = plot(per_tau, out / "img")
+    images = plot(per_tau, out / "img", tb.path)
     write_markdown(out / "reference-model.md", figures_markdown(report, images))
     if args.model == "tiny-bd" and not args.no_card:
         _update_card(tb.path, report)
