@@ -29,7 +29,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check dwise_predict tracing trainers export zoo tests benchmarks
-	$(VENV)/bin/mypy dwise_predict
+	$(VENV)/bin/mypy dwise_predict tracing trainers export zoo
 
 bench: $(STAMP)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

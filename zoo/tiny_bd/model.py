@@ -96,6 +96,8 @@ class Layer(nn.Module):
 class TinyBDModel(nn.Module):
     """A small masked block-diffusion LM. ``hidden`` = output of the final norm."""
 
+    inv_freq: torch.Tensor  # rotary frequencies, a non-persistent buffer
+
     def __init__(self, cfg: TinyBDConfig) -> None:
         super().__init__()
         self.config = cfg

@@ -233,7 +233,7 @@ def plot(per_tau: dict[str, list[RequestStats]], img_dir: Path, weights_dir: Pat
     names = []
     fig, ax = plt.subplots(figsize=(7, 3.6))
     top = max(max(s.total_rounds for s in v) for v in per_tau.values())
-    bins = np.unique(np.round(np.logspace(0, np.log10(top + 1), 40)).astype(int))
+    bins = np.unique(np.round(np.logspace(0, np.log10(top + 1), 40)).astype(int)).tolist()
     for tau, stats in per_tau.items():
         ax.hist([s.total_rounds for s in stats], bins=bins, alpha=0.55, label=f"τ = {tau}")
     ax.set_xscale("log")
