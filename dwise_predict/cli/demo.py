@@ -35,8 +35,8 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
                     "predictors, and compare scheduling policies — offline, in a few minutes on a CPU.")
     p.add_argument("--out", default="demo-output", metavar="DIR", help="output folder, recreated (default: demo-output)")
     p.add_argument("--model", default="tiny-bd", metavar="NAME_OR_PATH", help="dLLM to trace (default: tiny-bd)")
-    p.add_argument("--train-size", type=int, default=240, metavar="N", help="train requests (default: 240)")
-    p.add_argument("--eval-size", type=int, default=120, metavar="N", help="eval requests (default: 120)")
+    p.add_argument("--train-size", type=int, default=160, metavar="N", help="train requests (default: 160)")
+    p.add_argument("--eval-size", type=int, default=80, metavar="N", help="eval requests (default: 80)")
     p.add_argument("--batch-size", type=int, default=16, metavar="N", help="tracing batch size (default: 16)")
     p.add_argument("--slots", type=int, default=16, metavar="B",
                    help="simulated slots per round; small, so a few hundred requests form a backlog (default: 16)")
