@@ -9,11 +9,10 @@ file is one sha256 in the bundle manifest.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from dwise_predict.predictors._files import write_bytes_atomic
 from dwise_predict.predictors.onnx_runtime import FORMAT, FORMAT_VERSION
 
 
@@ -35,16 +34,5 @@ def save_model_atomic(model: Any, path: str | Path) -> Path:
     """Serialize ``model`` into ``path`` through a temporary file in the same folder."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = model.SerializeToString()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_bytes_atomic(path, model.SerializeToString())
     return path

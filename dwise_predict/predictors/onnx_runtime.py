@@ -28,6 +28,7 @@ import numpy as np
 
 from ..errors import BundleError, BundleIntegrityError, PredictorInputError
 from .calibration import IsotonicMap
+from .refinement import check_hidden, per_row
 
 #: metadata written by the exporters (``dwise.*`` keys in the ONNX model's metadata_props)
 FORMAT = "dwise-onnx"
@@ -114,10 +115,10 @@ class OnnxRefinement:
         self.calibration = calibration
 
     def _run(self, names: list[str], hidden: Any, prompt_tokens: Any, output_budget: Any) -> list[np.ndarray]:
-        h = _hidden(hidden, self.hidden_size)
+        h = check_hidden(hidden, self.hidden_size, owner="the exported model")
         n = h.shape[0]
-        p = _per_row(prompt_tokens, n, "prompt_tokens")
-        b = _per_row(output_budget, n, "output_budget")
+        p = per_row(prompt_tokens, n, "prompt_tokens").astype(np.float32)
+        b = per_row(output_budget, n, "output_budget").astype(np.float32)
         if n == 0:
             return [np.zeros((0, self.K)) if name == "survival" else np.zeros(0) for name in names]
         return self.session.run(names, {"hidden": h, "prompt_tokens": p, "output_budget": b})
@@ -171,38 +172,6 @@ def _features(X: Any, n_features: int, names: Sequence[str]) -> np.ndarray:
     if (a > np.finfo(np.float32).max).any():
         raise PredictorInputError("admission features exceed float32 range; counts that large are not prompts")
     return a
-
-
-def _hidden(hidden: Any, hidden_size: int) -> np.ndarray:
-    try:
-        h = np.asarray(hidden, dtype=np.float32)
-    except (TypeError, ValueError) as e:
-        raise PredictorInputError(f"hidden must be a float array (n, {hidden_size}): {e}") from e
-    if h.ndim == 1:
-        h = h[None, :]
-    if h.ndim != 2:
-        raise PredictorInputError(f"hidden must be (n, hidden_size) or (hidden_size,), got shape {h.shape}")
-    if h.shape[1] != hidden_size:
-        raise PredictorInputError(f"hidden size {h.shape[1]} does not match the exported model's hidden size "
-                                  f"{hidden_size}: pass the first-round hidden state of the model it was trained on")
-    finite = np.isfinite(h).all(axis=1)
-    if not finite.all():
-        raise PredictorInputError(f"hidden row {int(np.flatnonzero(~finite)[0])} holds NaN/inf (or overflows float32)")
-    return np.ascontiguousarray(h)
-
-
-def _per_row(v: Any, n: int, name: str) -> np.ndarray:
-    try:
-        a = np.asarray(v, dtype=np.float64)
-    except (TypeError, ValueError) as e:
-        raise PredictorInputError(f"{name} must be numbers, got {type(v).__name__}") from e
-    if a.ndim == 0:
-        a = np.full(n, float(a))
-    if a.shape != (n,):
-        raise PredictorInputError(f"{name} must be a scalar or one value per hidden row ({n}), got shape {a.shape}")
-    if not np.all(np.isfinite(a)) or np.any(a < 0) or np.any(a > np.finfo(np.float32).max):
-        raise PredictorInputError(f"{name} must be finite and >= 0, got {a[~np.isfinite(a) | (a < 0)][:3].tolist()}")
-    return a.astype(np.float32)
 
 
 def onnx_predictors(bundle: Any, *, int8: bool = True,

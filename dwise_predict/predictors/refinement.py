@@ -101,22 +101,10 @@ class RefinementEnsemble:
     # -- inputs -----------------------------------------------------------------------------
     def inputs(self, hidden: Any, prompt_tokens: Any, output_budget: Any) -> np.ndarray:
         """Validated, normalized model input ``(n, H+2)`` float32."""
-        h = np.asarray(hidden, dtype=np.float32)
-        if h.ndim == 1:
-            h = h[None, :]
-        if h.ndim != 2:
-            raise PredictorInputError(f"hidden must be (n, hidden_size) or (hidden_size,), got shape {h.shape}")
+        h = check_hidden(hidden, self.hidden_size)
         n = h.shape[0]
-        if h.shape[1] != self.hidden_size:
-            raise PredictorInputError(
-                f"hidden size {h.shape[1]} does not match the bundle's hidden size {self.hidden_size}: "
-                "pass the first-round hidden state of the model the bundle was trained on"
-            )
-        if not np.all(np.isfinite(h)):
-            bad = int(np.flatnonzero(~np.isfinite(h).all(axis=1))[0])
-            raise PredictorInputError(f"hidden row {bad} holds NaN/inf; run the dLLM in float32/bf16 without overflow")
-        p = _per_row(prompt_tokens, n, "prompt_tokens")
-        b = _per_row(output_budget, n, "output_budget")
+        p = per_row(prompt_tokens, n, "prompt_tokens")
+        b = per_row(output_budget, n, "output_budget")
         return normalized_inputs(h, p, b, self.hidden_mean, self._inv_std, self.prompt_tokens_scale,
                                  self.output_budget_scale)
 
@@ -219,7 +207,30 @@ def normalized_inputs(hidden: np.ndarray, prompt_tokens: np.ndarray, output_budg
     return x
 
 
-def _per_row(v: Any, n: int, name: str) -> np.ndarray:
+def check_hidden(hidden: Any, hidden_size: int, owner: str = "the bundle") -> np.ndarray:
+    """First-round hidden vectors as ``(n, hidden_size)`` float32, refused with the fix when malformed."""
+    try:
+        h = np.asarray(hidden, dtype=np.float32)
+    except (TypeError, ValueError) as e:
+        raise PredictorInputError(f"hidden must be a float array (n, {hidden_size}): {e}") from e
+    if h.ndim == 1:
+        h = h[None, :]
+    if h.ndim != 2:
+        raise PredictorInputError(f"hidden must be (n, hidden_size) or (hidden_size,), got shape {h.shape}")
+    if h.shape[1] != hidden_size:
+        raise PredictorInputError(
+            f"hidden size {h.shape[1]} does not match {owner}'s hidden size {hidden_size}: "
+            f"pass the first-round hidden state of the model {owner} was trained on"
+        )
+    finite = np.isfinite(h).all(axis=1)
+    if not finite.all():
+        raise PredictorInputError(f"hidden row {int(np.flatnonzero(~finite)[0])} holds NaN/inf (or overflows "
+                                  "float32); run the dLLM in float32/bf16 without overflow")
+    return np.ascontiguousarray(h)
+
+
+def per_row(v: Any, n: int, name: str) -> np.ndarray:
+    """A scalar or one value per hidden row, as float64 ``(n,)``; finite, >= 0 and within float32."""
     try:
         a = np.asarray(v, dtype=np.float64)
     except (TypeError, ValueError) as e:
@@ -228,6 +239,6 @@ def _per_row(v: Any, n: int, name: str) -> np.ndarray:
         a = np.full(n, float(a))
     if a.shape != (n,):
         raise PredictorInputError(f"{name} must be a scalar or have one value per hidden row ({n}), got shape {a.shape}")
-    if not np.all(np.isfinite(a)) or np.any(a < 0):
+    if not np.all(np.isfinite(a)) or np.any(a < 0) or np.any(a > np.finfo(np.float32).max):
         raise PredictorInputError(f"{name} must be finite and >= 0, got {a[~np.isfinite(a) | (a < 0)][:3].tolist()}")
     return a
