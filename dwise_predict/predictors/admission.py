@@ -64,7 +64,7 @@ class AdmissionModel:
 
     def predict_features(self, X: np.ndarray) -> np.ndarray:
         """Estimated total denoising rounds, one per row of ``X`` ``(n, n_features)``."""
-        X = _as_features(X, len(self.feature_names))
+        X = check_features(X, len(self.feature_names))
         return np.exp(self.forest.predict_raw(X))
 
     def predict_one(self, x: Sequence[float]) -> float:
@@ -117,16 +117,23 @@ class AdmissionModel:
         return f"AdmissionModel(trees={self.forest.n_trees}, features={list(self.feature_names)})"
 
 
-def _as_features(X: Any, n_features: int) -> np.ndarray:
+def check_features(X: Any, n_features: int, names: Sequence[str] = (), *, float32: bool = False) -> np.ndarray:
+    """Admission feature rows as float64 ``(n, n_features)``: counts, finite and >= 0.
+
+    ``float32=True`` also refuses values an ONNX (float32) model cannot represent.
+    """
+    which = f" {list(names)}" if names else ""
     try:
         X = np.asarray(X, dtype=np.float64)
     except (TypeError, ValueError) as e:
-        raise PredictorInputError(f"admission features must be numbers, got {type(X).__name__}: {e}") from e
+        raise PredictorInputError(f"admission features{which} must be numbers, got {type(X).__name__}: {e}") from e
     if X.ndim == 1 and X.shape[0] == n_features:
         X = X[None, :]
     if X.ndim != 2 or X.shape[1] != n_features:
-        raise PredictorInputError(f"admission features must have shape (n, {n_features}), got {X.shape}")
+        raise PredictorInputError(f"admission features must have shape (n, {n_features}){which}, got {X.shape}")
     if X.size and (not np.all(np.isfinite(X)) or np.any(X < 0)):
         bad = int(np.flatnonzero(~np.isfinite(X).all(axis=1) | (X < 0).any(axis=1))[0])
         raise PredictorInputError(f"admission feature row {bad} is {X[bad].tolist()}: counts must be finite and >= 0")
+    if float32 and (np.finfo(np.float32).max < X).any():
+        raise PredictorInputError("admission features exceed float32 range; counts that large are not prompts")
     return X

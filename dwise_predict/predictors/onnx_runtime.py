@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BundleError, BundleIntegrityError, PredictorInputError
+from ..errors import BundleError, BundleIntegrityError
+from .admission import check_features
 from .calibration import IsotonicMap
 from .refinement import check_hidden, per_row
 
@@ -82,7 +83,7 @@ class OnnxAdmission:
 
     def raw_score(self, X: Any) -> np.ndarray:
         """log(total rounds), one per row of ``(n, n_features)`` features."""
-        X = _features(X, len(self.feature_names), self.feature_names)
+        X = check_features(X, len(self.feature_names), self.feature_names, float32=True)
         if X.shape[0] == 0:
             return np.zeros(0, dtype=np.float64)
         out = self.session.run([ADMISSION_OUTPUT], {ADMISSION_INPUT: X.astype(np.float32)})[0]
@@ -153,25 +154,6 @@ class OnnxRefinement:
     def __repr__(self) -> str:
         return (f"OnnxRefinement({self.path.name}, hidden_size={self.hidden_size}, K={self.K}, {self.precision}, "
                 f"calibrated={self.calibration is not None})")
-
-
-# -- input checks (same rules as the native predictors) -----------------------------------------
-def _features(X: Any, n_features: int, names: Sequence[str]) -> np.ndarray:
-    try:
-        a = np.asarray(X, dtype=np.float64)
-    except (TypeError, ValueError) as e:
-        raise PredictorInputError(f"admission features must be numbers ({list(names)}): {e}") from e
-    if a.ndim == 1 and a.shape[0] == n_features:
-        a = a[None, :]
-    if a.ndim != 2 or a.shape[1] != n_features:
-        raise PredictorInputError(f"admission features must have shape (n, {n_features}) {list(names)}, got {a.shape}")
-    bad = ~np.isfinite(a).all(axis=1) | (a < 0).any(axis=1)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise PredictorInputError(f"admission feature row {i} is {a[i].tolist()}: counts must be finite and >= 0")
-    if (a > np.finfo(np.float32).max).any():
-        raise PredictorInputError("admission features exceed float32 range; counts that large are not prompts")
-    return a
 
 
 def onnx_predictors(bundle: Any, *, int8: bool = True,
