@@ -51,11 +51,9 @@ def workload_records(prompts: list[str] = PROMPTS, category: str = "chat") -> li
 
 def make_diffusion_gemma(out: Path, *, canvas_length: int = 8, max_denoising_steps: int = 6, seed: int = 0) -> Path:
     """A tiny random DiffusionGemma (text + a 1-layer vision tower) with tiny-bd's byte tokenizer."""
-    from dwise_predict.zoo.tiny_bd.tokenizer import CHAT_TEMPLATE, build_tokenizer
     from transformers import (
         DiffusionGemmaConfig,
         DiffusionGemmaForBlockDiffusion,
-        PreTrainedTokenizerFast,
     )
     from transformers.models.diffusion_gemma.configuration_diffusion_gemma import (
         DiffusionGemmaTextConfig,
@@ -75,17 +73,24 @@ def make_diffusion_gemma(out: Path, *, canvas_length: int = 8, max_denoising_ste
     model = DiffusionGemmaForBlockDiffusion(cfg).eval()
     model.generation_config.max_denoising_steps = max_denoising_steps
     model.save_pretrained(str(out))
+    _save_byte_tokenizer(out)
+    return out
+
+
+def _save_byte_tokenizer(out: Path) -> None:
+    """tiny-bd's byte tokenizer and chat template, saved as a transformers tokenizer beside a model."""
+    from dwise_predict.zoo.tiny_bd.tokenizer import CHAT_TEMPLATE, build_tokenizer
+    from transformers import PreTrainedTokenizerFast
+
     tok = PreTrainedTokenizerFast(tokenizer_object=build_tokenizer(), bos_token="<|bos|>", eos_token="<|eos|>",
                                   pad_token="<|pad|>", mask_token="<|mask|>")
     tok.chat_template = CHAT_TEMPLATE
     tok.save_pretrained(str(out))
-    return out
 
 
 def make_bert_mask_predict(out: Path, *, seed: int = 0) -> Path:
     """A tiny random BERT masked LM with tiny-bd's byte tokenizer: a real HF mask-predict model, offline."""
-    from dwise_predict.zoo.tiny_bd.tokenizer import CHAT_TEMPLATE, build_tokenizer
-    from transformers import BertConfig, BertForMaskedLM, PreTrainedTokenizerFast
+    from transformers import BertConfig, BertForMaskedLM
 
     torch.manual_seed(seed)
     cfg = BertConfig(vocab_size=264, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
@@ -94,10 +99,7 @@ def make_bert_mask_predict(out: Path, *, seed: int = 0) -> Path:
     with torch.no_grad():  # peaked predictions, so confidence varies between positions
         model.cls.predictions.transform.LayerNorm.weight.mul_(30.0)
     model.save_pretrained(str(out))
-    tok = PreTrainedTokenizerFast(tokenizer_object=build_tokenizer(), bos_token="<|bos|>", eos_token="<|eos|>",
-                                  pad_token="<|pad|>", mask_token="<|mask|>")
-    tok.chat_template = CHAT_TEMPLATE
-    tok.save_pretrained(str(out))
+    _save_byte_tokenizer(out)
     return out
 
 
