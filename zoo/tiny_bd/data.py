@@ -76,6 +76,8 @@ class DataConfig:
     max_len: int = 1280
     #: haystack length of the training multi-needle prompts (eval ones are 4-12K chars)
     long_context_chars: tuple[int, int] = (700, 1100)
+    #: math knob weights: (1-op 1-2 digit, 1-2 digit up to 3 ops, any difficulty)
+    math_weights: tuple[float, float, float] = (0.35, 0.25, 0.40)
     #: the workload whose train split is used and whose eval split is excluded
     workload_train_size: int = 2048
     workload_eval_size: int = 4096
@@ -164,15 +166,17 @@ def _turn_pairs(conv: Any) -> list[tuple[str, str]]:
 # ---------------------------------------------------------------- generated tasks
 
 
-def _knob_samplers(long_context_chars: tuple[int, int]) -> dict[str, list[tuple[float, Callable[[random.Random],
-                                                                                            dict[str, Any]]]]]:
+def _knob_samplers(long_context_chars: tuple[int, int], math_weights: Sequence[float] = (0.35, 0.25, 0.40),
+                   ) -> dict[str, list[tuple[float, Callable[[random.Random], dict[str, Any]]]]]:
     """Per task family: (weight, knob sampler). Easy problems are over-weighted so the model
     learns content there, while hard ones keep the within-category difficulty range."""
+    if len(math_weights) != 3 or min(math_weights) < 0 or sum(math_weights) <= 0:
+        raise TrainingError(f"math_weights must be 3 non-negative weights (easy, medium, any), got {math_weights}")
     return {
         "math": [
-            (0.35, lambda r: {"digits": r.choice((1, 1, 2)), "ops": 1}),
-            (0.25, lambda r: {"digits": r.choice((1, 2)), "ops": r.randint(1, 3)}),
-            (0.40, lambda r: {}),
+            (math_weights[0], lambda r: {"digits": r.choice((1, 1, 2)), "ops": 1}),
+            (math_weights[1], lambda r: {"digits": r.choice((1, 2)), "ops": r.randint(1, 3)}),
+            (math_weights[2], lambda r: {}),
         ],
         "mcq": [(1.0, lambda r: {})],
         "synthetic": [
@@ -184,7 +188,8 @@ def _knob_samplers(long_context_chars: tuple[int, int]) -> dict[str, list[tuple[
 
 
 def generated_examples(family: str, n: int, seed: int, exclude: set[str],
-                       long_context_chars: tuple[int, int] = (700, 1100)) -> list[TrainingExample]:
+                       long_context_chars: tuple[int, int] = (700, 1100),
+                       math_weights: Sequence[float] = (0.35, 0.25, 0.40)) -> list[TrainingExample]:
     """``n`` fresh examples of one task family, prompts distinct and not in ``exclude``.
 
     Uses the workload's own generators (same formats as the eval split) with a seed namespace
@@ -193,7 +198,7 @@ def generated_examples(family: str, n: int, seed: int, exclude: set[str],
     from dwise_predict.tracing.workload import GENERATORS
 
     make = GENERATORS[family]
-    samplers = _knob_samplers(long_context_chars)[family]
+    samplers = _knob_samplers(long_context_chars, math_weights)[family]
     weights = [w for w, _ in samplers]
     rng = random.Random(f"tiny-bd-train:{seed}:{family}")
     out: list[TrainingExample] = []
@@ -236,7 +241,7 @@ def build_training_set(config: DataConfig = DataConfig(), seed: int = 0, splits:
     generated: list[TrainingExample] = []
     for family, share in config.mix.items():
         generated += generated_examples(family, int(round(share * config.n_generated)), seed, exclude,
-                                        config.long_context_chars)
+                                        config.long_context_chars, config.math_weights)
     leaked = [e.prompt for e in real + generated if e.prompt in eval_prompts]
     if leaked:
         raise TrainingError(f"{len(leaked)} training prompts are in the eval split (first: {leaked[0][:60]!r}); "

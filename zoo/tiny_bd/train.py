@@ -34,7 +34,14 @@ from torch.utils.data import DataLoader, Dataset
 from dwise_predict.errors import TrainingError
 
 from .config import TinyBDConfig
-from .data import DataConfig, EncodedExample, TrainingSet, build_training_set, token_budget_batches
+from .data import (
+    DEFAULT_MIX,
+    DataConfig,
+    EncodedExample,
+    TrainingSet,
+    build_training_set,
+    token_budget_batches,
+)
 from .model import TinyBDModel
 from .two_stream import TwoStreamBatch, collate
 
@@ -45,7 +52,7 @@ class TrainConfig:
 
     max_steps: int = 900
     minutes: float = 60.0
-    lr: float = 3e-3
+    lr: float = 6e-4
     min_lr_ratio: float = 0.05
     warmup_steps: int = 100
     weight_decay: float = 0.1
@@ -53,6 +60,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     batch_tokens: int = 8_000
     loss_weighting: str = "none"  # or "inv_t"
+    #: loss weight of the EOS padding after a response's first EOS (1.0 = plain mean over masked tokens)
+    pad_weight: float = 0.1
     t_min: float = 0.0
     threads: int = 2
     seed: int = 0
@@ -67,17 +76,28 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def diffusion_loss(model: TinyBDModel, batch: TwoStreamBatch, weighting: str = "none") -> torch.Tensor:
-    """Cross-entropy on the masked noisy positions (mean, or 1/t-weighted per token)."""
+def diffusion_loss(model: TinyBDModel, batch: TwoStreamBatch, weighting: str = "none",
+                   pad_weight: float = 0.1) -> torch.Tensor:
+    """Cross-entropy on the masked noisy positions (mean, or 1/t-weighted per token).
+
+    ``pad_weight`` < 1 down-weights the EOS padding after a response's first EOS. Why: a short
+    answer's last block is mostly padding (a multiple-choice answer is 18 tokens and 14 EOS), and
+    padding is trivially predictable; at full weight its gradient drowns the few tokens that must
+    be read from the prompt, and the model learns the format but not the content. The weighted
+    loss is normalised by the sum of the weights, so it stays a mean.
+    """
     noisy = batch.targets != -100
     if not bool(noisy.any()):
         return torch.zeros((), requires_grad=True)
     out = model(batch.input_ids, batch.position_ids, batch.attn_mask)
     logits = out.logits[noisy]
     ce = F.cross_entropy(logits.float(), batch.targets[noisy], reduction="none")
+    weight = torch.ones_like(ce)
+    if pad_weight != 1.0 and batch.eos_padding is not None:
+        weight = torch.where(batch.eos_padding[noisy], torch.full_like(ce, pad_weight), weight)
     if weighting == "inv_t":
-        return (ce / batch.mask_ratio[noisy].clamp_min(1e-3)).sum() / noisy.sum()
-    return ce.mean()
+        return (ce * weight / batch.mask_ratio[noisy].clamp_min(1e-3)).sum() / weight.sum()
+    return (ce * weight).sum() / weight.sum()
 
 
 class BatchListDataset(Dataset):
@@ -144,13 +164,14 @@ class TinyBDLightning(pl.LightningModule):
         self.train_config = train_config
 
     def training_step(self, batch: TwoStreamBatch, batch_idx: int) -> torch.Tensor:
-        loss = diffusion_loss(self.model, batch, self.train_config.loss_weighting)
+        loss = diffusion_loss(self.model, batch, self.train_config.loss_weighting, self.train_config.pad_weight)
         n_masked = int((batch.targets != -100).sum())
         self.log("loss", loss.detach(), prog_bar=True, batch_size=n_masked)
         return loss
 
     def transfer_batch_to_device(self, batch: TwoStreamBatch, device: torch.device, dataloader_idx: int) -> TwoStreamBatch:
-        return TwoStreamBatch(**{k: v.to(device) for k, v in vars(batch).items()})
+        moved: dict[str, Any] = {k: v.to(device) if v is not None else None for k, v in vars(batch).items()}
+        return TwoStreamBatch(**moved)
 
     def configure_optimizers(self) -> Any:
         c = self.train_config
@@ -253,6 +274,23 @@ def train(model_config: TinyBDConfig, train_config: TrainConfig, data_config: Da
     return model, result
 
 
+def parse_mix(text: str) -> dict[str, float]:
+    """``"math=0.45,mcq=0.35"`` -> ``{"math": 0.45, "mcq": 0.35}`` over the known task families."""
+    mix: dict[str, float] = {}
+    for part in text.split(","):
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if not sep or name not in DEFAULT_MIX:
+            raise TrainingError(f"bad --mix entry {part!r}: use FAMILY=SHARE with FAMILY in {', '.join(DEFAULT_MIX)}")
+        try:
+            mix[name] = float(value)
+        except ValueError:
+            raise TrainingError(f"bad --mix share {value!r} for {name}: give a number such as 0.4") from None
+        if mix[name] < 0:
+            raise TrainingError(f"--mix share for {name} is negative")
+    return mix
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dwise_predict.zoo.tiny_bd.train", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -269,7 +307,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-generated", type=int, default=DataConfig.n_generated)
     ap.add_argument("--real-repeats", type=int, default=DataConfig.real_repeats,
                     help="how often each real train-split response appears")
+    default_mix = ",".join(f"{k}={v}" for k, v in DEFAULT_MIX.items())
+    ap.add_argument("--mix", default=None, help=f"generated-task shares, e.g. math=0.45,mcq=0.35,synthetic=0.15,"
+                    f"long_context=0.02 (default: {default_mix})")
+    default_weights = ",".join(map(str, DataConfig.math_weights))
+    ap.add_argument("--math-weights", default=None,
+                    help=f"math difficulty weights easy,medium,any (default: {default_weights})")
     ap.add_argument("--loss-weighting", choices=("none", "inv_t"), default="none")
+    ap.add_argument("--pad-weight", type=float, default=TrainConfig.pad_weight,
+                    help="loss weight of the EOS padding after a response's first EOS (1.0 = plain mean)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup-steps", type=int, default=TrainConfig.warmup_steps)
     ap.add_argument("--init-from", type=Path, default=None,
@@ -282,8 +328,14 @@ def main(argv: list[str] | None = None) -> int:
     model_config = TinyBDConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads, d_ff=args.d_ff)
     train_config = TrainConfig(max_steps=args.max_steps, minutes=args.minutes, lr=args.lr,
                                batch_tokens=args.batch_tokens, loss_weighting=args.loss_weighting,
+                               pad_weight=args.pad_weight,
                                threads=args.threads, seed=args.seed, warmup_steps=args.warmup_steps)
-    data_config = DataConfig(n_generated=args.n_generated, real_repeats=args.real_repeats)
+    data_kw: dict[str, Any] = {}
+    if args.mix:
+        data_kw["mix"] = parse_mix(args.mix)
+    if args.math_weights:
+        data_kw["math_weights"] = tuple(float(w) for w in args.math_weights.split(","))
+    data_config = DataConfig(n_generated=args.n_generated, real_repeats=args.real_repeats, **data_kw)
     log_csv = args.log_csv or Path("runs/tiny-bd-train/train_log.csv")
     t0 = time.monotonic()
     model, result = train(model_config, train_config, data_config, log_csv, snapshot_dir=args.snapshot_dir,

@@ -31,7 +31,7 @@ import torch
 
 from dwise_predict.errors import TrainingError
 
-from .tokenizer import MASK, PAD
+from .tokenizer import EOS, MASK, PAD
 
 #: token kinds inside a two-stream sequence
 PROMPT, CLEAN, NOISY, PADDING = 0, 1, 2, 3
@@ -52,6 +52,8 @@ class TwoStreamBatch:
     targets: torch.Tensor  # [B, T] long, -100 = no loss
     mask_ratio: torch.Tensor  # [B, T] float
     kind: torch.Tensor  # [B, T] long (PROMPT/CLEAN/NOISY/PADDING)
+    #: [B, T] bool: noisy positions after the response's first EOS (the EOS padding of its last block)
+    eos_padding: torch.Tensor | None = None
 
 
 def layout(prompt_len: int, response_len: int, block_size: int, total_len: int) -> tuple[torch.Tensor, ...]:
@@ -110,6 +112,7 @@ def collate(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
     input_ids = torch.full((b, total), PAD, dtype=torch.long)
     targets = torch.full((b, total), -100, dtype=torch.long)
     ratio = torch.zeros(b, total)
+    eos_padding = torch.zeros(b, total, dtype=torch.bool)
     kinds, blks, poss = [], [], []
     for i, (p, r) in enumerate(zip(prompts, responses)):
         lp, lr = len(p), len(r)
@@ -134,7 +137,9 @@ def collate(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
         input_ids[i, lp + lr:lp + 2 * lr] = noisy
         targets[i, lp + lr:lp + 2 * lr] = torch.where(masked, clean, torch.full_like(clean, -100))
         ratio[i, lp + lr:lp + 2 * lr] = t_pos
+        first_eos = list(r).index(EOS) if EOS in r else lr
+        eos_padding[i, lp + lr + first_eos + 1:lp + 2 * lr] = True
     kind = torch.stack(kinds)
     blk = torch.stack(blks)
     return TwoStreamBatch(input_ids=input_ids, position_ids=torch.stack(poss), attn_mask=visibility(kind, blk)[:, None],
-                          targets=targets, mask_ratio=ratio, kind=kind)
+                          targets=targets, mask_ratio=ratio, kind=kind, eos_padding=eos_padding)
