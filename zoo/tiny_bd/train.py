@@ -92,9 +92,11 @@ def diffusion_loss(model: TinyBDModel, batch: TwoStreamBatch, weighting: str = "
     out = model(batch.input_ids, batch.position_ids, batch.attn_mask)
     logits = out.logits[noisy]
     ce = F.cross_entropy(logits.float(), batch.targets[noisy], reduction="none")
-    weight = torch.ones_like(ce)
-    if pad_weight != 1.0 and batch.eos_padding is not None:
-        weight = torch.where(batch.eos_padding[noisy], torch.full_like(ce, pad_weight), weight)
+    if pad_weight == 1.0 or batch.eos_padding is None:  # the plain mean, computed as the shipped stages did
+        if weighting == "inv_t":
+            return (ce / batch.mask_ratio[noisy].clamp_min(1e-3)).sum() / noisy.sum()
+        return ce.mean()
+    weight = torch.where(batch.eos_padding[noisy], torch.full_like(ce, pad_weight), torch.ones_like(ce))
     if weighting == "inv_t":
         return (ce * weight / batch.mask_ratio[noisy].clamp_min(1e-3)).sum() / weight.sum()
     return (ce * weight).sum() / weight.sum()
