@@ -237,3 +237,15 @@ def test_training_learns_to_read_the_prompt_not_only_the_format() -> None:
     from dwise_predict.zoo.tiny_bd.train import TrainConfig
 
     assert read_prompt(TrainConfig.pad_weight, TrainConfig.lr, steps=300) >= 18
+
+
+@pytest.mark.skipif(not (WEIGHTS_DIR / "model.safetensors").exists(), reason="shipped weights not trained yet")
+def test_probe_reports_letter_accuracy_per_kind_and_easy_math_on_eval_requests() -> None:
+    from dwise_predict.zoo.tiny_bd.probe import probe
+
+    out = probe("tiny-bd", n_mcq=36, n_math=3)
+    assert out["mcq_n"] == 36 and out["easy_math_n"] == 3
+    kinds = out["mcq_letter_accuracy_by_kind"]
+    assert len(kinds) >= 3 and all(0.0 <= v <= 1.0 for v in kinds.values())
+    assert 0.2 <= out["mcq_chance"] <= 0.25  # 4 or 5 options
+    assert 0.0 <= out["mcq_letter_accuracy"] <= 1.0 and 0.0 <= out["easy_math_exact_match"] <= 1.0
