@@ -38,6 +38,9 @@ DEFAULT_MIX: dict[str, float] = {
     "long_context": 0.03,
 }
 
+#: default math difficulty weights: (1-op 1-2 digit, 1-2 digit up to 3 ops, any difficulty)
+DEFAULT_MATH_WEIGHTS: tuple[float, float, float] = (0.35, 0.25, 0.40)
+
 
 @dataclass(frozen=True)
 class TrainingExample:
@@ -77,7 +80,7 @@ class DataConfig:
     #: haystack length of the training multi-needle prompts (eval ones are 4-12K chars)
     long_context_chars: tuple[int, int] = (700, 1100)
     #: math knob weights: (1-op 1-2 digit, 1-2 digit up to 3 ops, any difficulty)
-    math_weights: tuple[float, float, float] = (0.35, 0.25, 0.40)
+    math_weights: tuple[float, float, float] = DEFAULT_MATH_WEIGHTS
     #: the workload whose train split is used and whose eval split is excluded
     workload_train_size: int = 2048
     workload_eval_size: int = 4096
@@ -166,7 +169,7 @@ def _turn_pairs(conv: Any) -> list[tuple[str, str]]:
 # ---------------------------------------------------------------- generated tasks
 
 
-def _knob_samplers(long_context_chars: tuple[int, int], math_weights: Sequence[float] = (0.35, 0.25, 0.40),
+def _knob_samplers(long_context_chars: tuple[int, int], math_weights: Sequence[float] = DEFAULT_MATH_WEIGHTS,
                    ) -> dict[str, list[tuple[float, Callable[[random.Random], dict[str, Any]]]]]:
     """Per task family: (weight, knob sampler). Easy problems are over-weighted so the model
     learns content there, while hard ones keep the within-category difficulty range."""
@@ -189,7 +192,7 @@ def _knob_samplers(long_context_chars: tuple[int, int], math_weights: Sequence[f
 
 def generated_examples(family: str, n: int, seed: int, exclude: set[str],
                        long_context_chars: tuple[int, int] = (700, 1100),
-                       math_weights: Sequence[float] = (0.35, 0.25, 0.40)) -> list[TrainingExample]:
+                       math_weights: Sequence[float] = DEFAULT_MATH_WEIGHTS) -> list[TrainingExample]:
     """``n`` fresh examples of one task family, prompts distinct and not in ``exclude``.
 
     Uses the workload's own generators (same formats as the eval split) with a seed namespace
