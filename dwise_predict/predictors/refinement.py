@@ -239,6 +239,7 @@ def per_row(v: Any, n: int, name: str) -> np.ndarray:
         a = np.full(n, float(a))
     if a.shape != (n,):
         raise PredictorInputError(f"{name} must be a scalar or have one value per hidden row ({n}), got shape {a.shape}")
-    if not np.all(np.isfinite(a)) or np.any(a < 0) or np.any(a > np.finfo(np.float32).max):
-        raise PredictorInputError(f"{name} must be finite and >= 0, got {a[~np.isfinite(a) | (a < 0)][:3].tolist()}")
+    bad = ~np.isfinite(a) | (a < 0) | (a > np.finfo(np.float32).max)
+    if bad.any():
+        raise PredictorInputError(f"{name} must be finite and >= 0 (within float32), got {a[bad][:3].tolist()}")
     return a
