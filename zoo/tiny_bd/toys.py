@@ -39,7 +39,7 @@ from .data import (
 from .generate import generate
 from .model import TinyBDModel
 from .tokenizer import MASK, build_tokenizer
-from .train import TrainConfig, diffusion_loss, train
+from .train import TrainConfig, diffusion_loss, make_optimizer, train
 from .two_stream import collate
 
 BLOCK = 32
@@ -95,10 +95,7 @@ def mcq_curve(kind: str, steps: int, d_model: int = 64, n_layers: int = 4, batch
     train_set, test = enc[:-300], enc[-300:]
     model = TinyBDModel(TinyBDConfig(d_model=d_model, n_layers=n_layers, n_heads=max(2, d_model // 32),
                                      d_ff=3 * d_model))
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=lr, betas=(0.9, 0.98))
+    opt = make_optimizer(model, TrainConfig(lr=lr))
     gen = torch.Generator().manual_seed(seed)
     curve: list[dict[str, Any]] = []
     t0 = time.monotonic()

@@ -29,6 +29,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from dwise_predict.errors import TrainingError
@@ -74,6 +75,14 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
         return (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def make_optimizer(model: nn.Module, c: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (norm gains are left undecayed)."""
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": c.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=c.lr, betas=c.betas)
 
 
 def diffusion_loss(model: TinyBDModel, batch: TwoStreamBatch, weighting: str = "none",
@@ -177,10 +186,7 @@ class TinyBDLightning(pl.LightningModule):
 
     def configure_optimizers(self) -> Any:
         c = self.train_config
-        decay = [p for n, p in self.model.named_parameters() if p.ndim >= 2]
-        no_decay = [p for n, p in self.model.named_parameters() if p.ndim < 2]
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": c.weight_decay},
-                                 {"params": no_decay, "weight_decay": 0.0}], lr=c.lr, betas=c.betas)
+        opt = make_optimizer(self.model, c)
         sched = torch.optim.lr_scheduler.LambdaLR(
             opt, lambda s: lr_factor(s, c.warmup_steps, c.max_steps, c.min_lr_ratio))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
