@@ -249,3 +249,23 @@ def test_probe_reports_letter_accuracy_per_kind_and_easy_math_on_eval_requests()
     assert len(kinds) >= 3 and all(0.0 <= v <= 1.0 for v in kinds.values())
     assert 0.2 <= out["mcq_chance"] <= 0.25  # 4 or 5 options
     assert 0.0 <= out["mcq_letter_accuracy"] <= 1.0 and 0.0 <= out["easy_math_exact_match"] <= 1.0
+
+
+def test_model_card_lists_every_stage_of_a_continued_checkpoint() -> None:
+    """A checkpoint continued twice nests its history two deep in training.json; the card must
+    show all three commands in order, with the settings that moved since (lr, padding weight)."""
+    from dwise_predict.zoo.tiny_bd.card import model_card, training_stages
+
+    def stage(cmd: str, steps: int, lr: float, prev: dict | None, **extra: float) -> dict:
+        return {"command": cmd, "train_config": {"lr": lr, **extra}, "previous_stage": prev,
+                "result": {"steps": steps, "seconds": 1.0, "final_loss": 0.5, "stopped_by_time": False}}
+
+    s1 = stage("train --seed 0", 900, 3e-3, None)
+    s2 = stage("train --seed 1 --init-from s1", 2000, 2e-3, s1)
+    s3 = stage("train --seed 4 --init-from s2", 11000, 6e-4, s2, pad_weight=0.1)
+    assert [s["result"]["steps"] for s in training_stages(s3)] == [900, 2000, 11000]
+    card = model_card(TinyBDConfig(), s3)
+    assert card.index("train --seed 0") < card.index("train --seed 1") < card.index("train --seed 4")
+    assert "- stage 1: steps: 900" in card and "peak lr 0.003, EOS-padding loss weight 1.0" in card
+    assert "- stage 3: steps: 11000" in card and "peak lr 0.0006, EOS-padding loss weight 0.1" in card
+    assert "stage 2" not in model_card(TinyBDConfig(), s1)  # a single stage is not numbered

@@ -19,13 +19,30 @@ def n_params(config: TinyBDConfig) -> int:
     return v * d + n * per_layer + d
 
 
+def training_stages(training: dict[str, Any]) -> list[dict[str, Any]]:
+    """The stages of a ``training.json``, oldest first: each stage nests its predecessor under
+    ``previous_stage``, so a checkpoint continued N times carries its whole history."""
+    stages: list[dict[str, Any]] = []
+    stage: dict[str, Any] | None = training
+    while stage:
+        stages.append(stage)
+        stage = stage.get("previous_stage")
+    return stages[::-1]
+
+
+def _stage_line(i: int, stage: dict[str, Any], numbered: bool) -> str:
+    """One stage's result and the settings its command line does not show when the defaults moved
+    since (stages 1-2 ran when lr defaulted to 3e-3 and the loss was the plain mean)."""
+    r, c = stage.get("result", {}), stage.get("train_config", {})
+    return (f"- {f'stage {i}: ' if numbered else ''}steps: {r.get('steps')}, seconds: {r.get('seconds')}, "
+            f"final loss: {r.get('final_loss')}, stopped by the time budget: {r.get('stopped_by_time')}; "
+            f"peak lr {c.get('lr')}, EOS-padding loss weight {c.get('pad_weight', 1.0)}")
+
+
 def model_card(config: TinyBDConfig, training: dict[str, Any], figures: dict[str, Any] | None = None) -> str:
     """Markdown card; ``figures`` (the report's JSON headline) is added when known."""
-    result = training.get("result", {})
-    counts = result.get("counts", {})
-    prev = (training.get("previous_stage") or {}).get("result", {})
-    stage1 = (f"- stage 1: steps {prev.get('steps')}, seconds {prev.get('seconds')}, final loss "
-              f"{prev.get('final_loss')}" if prev else "")
+    stages = training_stages(training)
+    counts = training.get("result", {}).get("counts", {})
     lines = [
         "---",
         "license: mit",
@@ -66,18 +83,14 @@ def model_card(config: TinyBDConfig, training: dict[str, Any], figures: dict[str
         f"{training.get('train_config', {}).get('pad_weight', 1.0)} (1.0 = plain mean).",
         "",
         "```",
-        *([training["previous_stage"].get("command", "")] if training.get("previous_stage") else []),
-        training.get("command", ""),
+        *(stage.get("command", "") for stage in stages),
         "```",
         "",
-        *(["The first command trains stage 1 (its output folder is what the second command's",
-           "`--init-from` names); the second continues it with a fresh schedule and other data draws."]
-          if training.get("previous_stage") else []),
+        *(["Each command continues the previous one's output (its `--init-from`; the folders are",
+           "where each stage ran) with a fresh schedule and other data draws."] if len(stages) > 1 else []),
         "",
-        *([stage1] if stage1 else []),
-        f"- {'stage 2: ' if stage1 else ''}steps: {result.get('steps')}, seconds: {result.get('seconds')}, "
-        f"final loss: {result.get('final_loss')}, stopped by the time budget: {result.get('stopped_by_time')}",
-        "- data (examples per category; real ones only from the workload's TRAIN split, repeated;",
+        *(_stage_line(i, stage, numbered=len(stages) > 1) for i, stage in enumerate(stages, 1)),
+        "- data of the last stage (examples per category; real ones only from the workload's TRAIN split, repeated;",
         "  generated ones fresh and checked absent from the eval split): "
         + ", ".join(f"{k} {v}" for k, v in counts.items()),
         "",
