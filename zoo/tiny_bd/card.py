@@ -78,9 +78,8 @@ def model_card(config: TinyBDConfig, training: dict[str, Any], figures: dict[str
         "",
         "Masked block-diffusion loss (each output block its own mask ratio t ~ U(0,1], CE on masked",
         "positions) with the BD3-LM two-stream layout, AdamW, warmup + cosine, fp32 on CPU, Lightning,",
-        "`seed_everything(seed, workers=True)`, `Trainer(deterministic=True)`; last stage: peak lr "
-        f"{training.get('train_config', {}).get('lr')}, EOS-padding loss weight "
-        f"{training.get('train_config', {}).get('pad_weight', 1.0)} (1.0 = plain mean).",
+        "`seed_everything(seed, workers=True)`, `Trainer(deterministic=True)`; each stage's peak lr and",
+        "EOS-padding loss weight (1.0 = plain mean) are listed with its result below.",
         "",
         "```",
         *(stage.get("command", "") for stage in stages),
