@@ -6,7 +6,6 @@ parameter count, data, the exact training command, and the figures measured on i
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from .config import TinyBDConfig
@@ -39,8 +38,12 @@ def _stage_line(i: int, stage: dict[str, Any], numbered: bool) -> str:
             f"peak lr {c.get('lr')}, EOS-padding loss weight {c.get('pad_weight', 1.0)}")
 
 
-def model_card(config: TinyBDConfig, training: dict[str, Any], figures: dict[str, Any] | None = None) -> str:
-    """Markdown card; ``figures`` (the report's JSON headline) is added when known."""
+MEASURED_HEADING = "## Measured (docs/reference-model.md)"
+"""The card section the report (``report.py``) rewrites with its headline figures."""
+
+
+def model_card(config: TinyBDConfig, training: dict[str, Any]) -> str:
+    """Markdown card as training writes it; the report appends the measured figures later."""
     stages = training_stages(training)
     counts = training.get("result", {}).get("counts", {})
     lines = [
@@ -94,6 +97,4 @@ def model_card(config: TinyBDConfig, training: dict[str, Any], figures: dict[str
         + ", ".join(f"{k} {v}" for k, v in counts.items()),
         "",
     ]
-    if figures:
-        lines += ["## Measured (docs/reference-model.md)", "", "```json", json.dumps(figures, indent=2), "```", ""]
     return "\n".join(lines)

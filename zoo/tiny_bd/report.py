@@ -35,6 +35,8 @@ import numpy as np
 
 from dwise_predict.errors import ConfigError
 
+from .card import MEASURED_HEADING
+
 DEFAULT_THRESHOLDS = (0.95, 0.8)
 BUDGET = 256
 FIGURES_BEGIN = "<!-- figures:begin (written by python -m dwise_predict.zoo.tiny_bd.report) -->"
@@ -452,15 +454,14 @@ def _update_card(weights_dir: Path | None, report: dict[str, Any]) -> None:
     if weights_dir is None or not (weights_dir / "README.md").exists():
         return
     card = (weights_dir / "README.md").read_text(encoding="utf-8")
-    marker = "## Measured (docs/reference-model.md)"
-    card = card.split(marker, 1)[0].rstrip("\n") + "\n\n"
+    card = card.split(MEASURED_HEADING, 1)[0].rstrip("\n") + "\n\n"
     tau0 = next(iter(report["thresholds"]))
     t = report["thresholds"][tau0]
     headline = {"command": report["command"], "threshold": tau0, "requests": report["requests"],
                 "overall": t["overall"], "accuracy": {k: {"exact_match": v["exact_match"], "chance": v["chance"]}
                                                        for k, v in t["accuracy"].items()},
                 "median_rounds_per_block": {c: v["median_rounds_per_block"] for c, v in t["per_category"].items()}}
-    card += marker + "\n\n```json\n" + json.dumps(headline, indent=2) + "\n```\n"
+    card += MEASURED_HEADING + "\n\n```json\n" + json.dumps(headline, indent=2) + "\n```\n"
     _write_atomic(weights_dir / "README.md", card)
 
 
