@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -269,3 +270,20 @@ def test_model_card_lists_every_stage_of_a_continued_checkpoint() -> None:
     assert "- stage 1: steps: 900" in card and "peak lr 0.003, EOS-padding loss weight 1.0" in card
     assert "- stage 3: steps: 11000" in card and "peak lr 0.0006, EOS-padding loss weight 0.1" in card
     assert "stage 2" not in model_card(TinyBDConfig(), s1)  # a single stage is not numbered
+
+
+def test_report_rewrites_the_shipped_cards_measured_section_in_place(tmp_path) -> None:
+    """The report, rerun on its recorded figures, must reproduce the shipped card byte for byte:
+    one measured section, replaced rather than appended, under the heading card.py owns."""
+    import json
+    import shutil
+
+    from dwise_predict.zoo.tiny_bd.card import MEASURED_HEADING
+    from dwise_predict.zoo.tiny_bd.report import _update_card
+
+    shutil.copy(WEIGHTS_DIR / "README.md", tmp_path / "README.md")
+    recorded = json.loads((Path(__file__).parents[1] / "docs" / "reference-model.json").read_text())
+    _update_card(tmp_path, recorded)
+    card = (tmp_path / "README.md").read_text()
+    assert card.count(MEASURED_HEADING) == 1
+    assert card == (WEIGHTS_DIR / "README.md").read_text()
