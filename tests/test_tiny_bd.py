@@ -287,3 +287,32 @@ def test_report_rewrites_the_shipped_cards_measured_section_in_place(tmp_path) -
     card = (tmp_path / "README.md").read_text()
     assert card.count(MEASURED_HEADING) == 1
     assert card == (WEIGHTS_DIR / "README.md").read_text()
+
+
+def test_math_skills_score_each_step_of_a_worked_answer():
+    import random
+
+    from dwise_predict.tracing.workload.generators import make_math
+    from dwise_predict.zoo.tiny_bd.probe import MATH_SKILLS, score_math_steps
+
+    rec = make_math(random.Random(3), digits=1, ops=2)
+    ref = rec.reference
+    assert score_math_steps(ref, ref) == dict.fromkeys(MATH_SKILLS, True)
+    assert score_math_steps("8 + 9 = 17. The answer is 17.", "no numbers here") is None
+    # a copy error in the second operand, arithmetic right on what was copied, answer copied
+    wrong = score_math_steps("8 + 9 = 17. The answer is 17.", "8 + 5 = 13. The answer is 13.")
+    assert wrong == {"first_operand": True, "operator": True, "second_operand": False, "own_arithmetic": True,
+                     "step_count": True, "answer_copies_last_step": True}
+    # everything copied, the sum wrong, the answer not the step's result, one step too many
+    sloppy = score_math_steps("8 + 9 = 17. The answer is 17.", "8 + 9 = 16. 16 - 1 = 15. The answer is 10.")
+    assert {k for k, ok in sloppy.items() if not ok} == {"own_arithmetic", "step_count", "answer_copies_last_step"}
+
+
+def test_math_skills_run_on_the_shipped_model_over_the_reports_problems():
+    from dwise_predict.zoo.tiny_bd.probe import MATH_SKILLS, math_skills
+
+    out = math_skills("tiny-bd", n_requests=40)
+    assert out["problems"] >= 3 and out["max_digits"] == 2
+    assert set(out["share_right"]) == set(MATH_SKILLS)
+    assert all(0.0 <= v <= 1.0 for v in out["share_right"].values())
+    assert out["no_parseable_step"] <= out["problems"]

@@ -11,12 +11,19 @@ prompt? -- on eval-split requests (never trained on):
   decoding picks last; chance is 1/options), per kind;
 * math: exact match of the decoded answer on one-step problems with 1-2 digit operands
   (threshold 0.95), the easiest arithmetic the eval split holds.
+
+``--math-skills`` adds where arithmetic goes wrong (two minutes): on the 1-2 digit problems among
+the report's first 1,000 eval requests, how often the first worked step copies the first operand,
+picks the operator, copies the second operand, and computes its own operands right, and how often
+"The answer is N" copies the last step's result. Exact match needs all of them, so this shows
+which skill a run is still missing long before exact match moves.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections import defaultdict
 from typing import Any
@@ -63,16 +70,74 @@ def probe(checkpoint: str, n_mcq: int = 300, n_math: int = 60, threshold: float 
             "easy_math_exact_match": round(right / max(1, len(easy)), 3), "easy_math_n": len(easy)}
 
 
+_STEP = re.compile(r"(\d+) ([-+*/]) (\d+) = (\d+)\.")
+_ANSWER = re.compile(r"answer is (\d+)")
+_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+        "/": lambda a, b: a // b if b else None}
+
+#: the sub-skills of a worked arithmetic answer, in the order a reference answer uses them
+MATH_SKILLS = ("first_operand", "operator", "second_operand", "own_arithmetic", "step_count",
+               "answer_copies_last_step")
+
+
+def score_math_steps(reference: str, output: str) -> dict[str, bool] | None:
+    """Which sub-skills ``output`` gets right against ``reference`` (both "a + b = c. ... The
+    answer is N."); ``None`` when the output has no parseable step. ``own_arithmetic`` judges the
+    output's first step on its own operands, so a copy error does not also count as an arithmetic
+    error."""
+    ref, got = _STEP.findall(reference), _STEP.findall(output)
+    if not ref or not got:
+        return None
+    (ra, rop, rb, _), (a, op, b, c) = ref[0], got[0]
+    answer = _ANSWER.search(output)
+    return {"first_operand": a == ra, "operator": op == rop, "second_operand": b == rb,
+            "own_arithmetic": _OPS[op](int(a), int(b)) == int(c), "step_count": len(got) == len(ref),
+            "answer_copies_last_step": answer is not None and answer.group(1) == got[-1][3]}
+
+
+def math_skills(checkpoint: str, n_requests: int = 1000, max_digits: int = 2,
+                threshold: float = 0.95) -> dict[str, Any]:
+    """Sub-skill shares on the ``max_digits``-digit math problems among the first ``n_requests``
+    eval requests (the report's set), decoded with up to 128 new tokens."""
+    from dwise_predict.tracing.workload import build_workload
+
+    dc = DataConfig()
+    splits = build_workload(dc.workload_train_size, dc.workload_eval_size, dc.workload_seed)
+    tb = from_pretrained(checkpoint)
+    model = tb.model.eval()
+    recs = [r for r in splits.eval[:n_requests] if r.category == "math" and r.meta["digits"] <= max_digits]
+    counts = dict.fromkeys(MATH_SKILLS, 0)
+    unparsed = 0
+    for r in recs:
+        ids = tb.tokenizer.encode(render_prompt(r.prompt)).ids
+        with torch.inference_mode():
+            g = generate(model, ids, threshold=threshold, max_new_tokens=128)
+        scored = score_math_steps(r.reference or "", tb.tokenizer.decode(g.tokens[:g.output_tokens]))
+        if scored is None:
+            unparsed += 1
+            continue
+        for k, ok in scored.items():
+            counts[k] += ok
+    n = max(1, len(recs))
+    return {"checkpoint": checkpoint, "revision": tb.revision, "problems": len(recs), "max_digits": max_digits,
+            "no_parseable_step": unparsed, "share_right": {k: round(v / n, 3) for k, v in counts.items()}}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dwise_predict.zoo.tiny_bd.probe", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkpoint", help="'tiny-bd' or a checkpoint folder (a training snapshot works)")
     ap.add_argument("--mcq", type=int, default=300, help="eval-split mcq questions")
     ap.add_argument("--math", type=int, default=60, help="eval-split one-step 1-2 digit math problems")
+    ap.add_argument("--math-skills", action="store_true",
+                    help="also break arithmetic into sub-skills on the report's 1-2 digit problems (2 min)")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    print(json.dumps(probe(args.checkpoint, args.mcq, args.math), indent=2))
+    out = probe(args.checkpoint, args.mcq, args.math)
+    if args.math_skills:
+        out["math_skills"] = math_skills(args.checkpoint)
+    print(json.dumps(out, indent=2))
     return 0
 
 
