@@ -290,8 +290,6 @@ def test_report_rewrites_the_shipped_cards_measured_section_in_place(tmp_path) -
 
 
 def test_math_skills_score_each_step_of_a_worked_answer():
-    import random
-
     from dwise_predict.tracing.workload.generators import make_math
     from dwise_predict.zoo.tiny_bd.probe import MATH_SKILLS, score_math_steps
 

@@ -36,17 +36,30 @@ from .io import from_pretrained
 from .toys import letter_accuracy
 
 
-def probe(checkpoint: str, n_mcq: int = 300, n_math: int = 60, threshold: float = 0.95) -> dict[str, Any]:
-    """Letter accuracy per mcq kind and easy-math exact match of ``checkpoint`` on eval requests."""
+def _eval_split_and_model(checkpoint: str) -> tuple[list[Any], Any]:
+    """The eval split the model was trained to never see, and the checkpoint loaded for decoding."""
     from dwise_predict.tracing.workload import build_workload
-
-    from .report import math_correct
 
     dc = DataConfig()
     splits = build_workload(dc.workload_train_size, dc.workload_eval_size, dc.workload_seed)
-    tb = from_pretrained(checkpoint)
+    return splits.eval, from_pretrained(checkpoint)
+
+
+def _decode(tb: Any, prompt: str, threshold: float, max_new_tokens: int) -> str:
+    """The model's answer to ``prompt``, decoded as the tracer does (up to the first EOS)."""
+    ids = tb.tokenizer.encode(render_prompt(prompt)).ids
+    with torch.inference_mode():
+        g = generate(tb.model.eval(), ids, threshold=threshold, max_new_tokens=max_new_tokens)
+    return str(tb.tokenizer.decode(g.tokens[:g.output_tokens]))
+
+
+def probe(checkpoint: str, n_mcq: int = 300, n_math: int = 60, threshold: float = 0.95) -> dict[str, Any]:
+    """Letter accuracy per mcq kind and easy-math exact match of ``checkpoint`` on eval requests."""
+    from .report import math_correct
+
+    eval_records, tb = _eval_split_and_model(checkpoint)
     model = tb.model.eval()
-    mcq = [r for r in splits.eval if r.category == "mcq"][:n_mcq]
+    mcq = [r for r in eval_records if r.category == "mcq"][:n_mcq]
     by_kind: dict[str, list[Any]] = defaultdict(list)
     for r in mcq:
         by_kind[r.meta["kind"]].append(r)
@@ -57,13 +70,8 @@ def probe(checkpoint: str, n_mcq: int = 300, n_math: int = 60, threshold: float 
         letters[kind] = round(letter_accuracy(model, enc), 3)
         chance += [1.0 / r.meta["n_options"] for r in recs]
     overall = sum(letters[k] * len(v) for k, v in by_kind.items()) / max(1, len(mcq))
-    easy = [r for r in splits.eval if r.category == "math" and r.meta["ops"] == 1 and r.meta["digits"] <= 2][:n_math]
-    right = 0
-    for r in easy:
-        ids = tb.tokenizer.encode(render_prompt(r.prompt)).ids
-        with torch.inference_mode():
-            g = generate(model, ids, threshold=threshold, max_new_tokens=64)
-        right += math_correct(tb.tokenizer.decode(g.tokens[:g.output_tokens]), r.meta["answer"])
+    easy = [r for r in eval_records if r.category == "math" and r.meta["ops"] == 1 and r.meta["digits"] <= 2][:n_math]
+    right = sum(math_correct(_decode(tb, r.prompt, threshold, 64), r.meta["answer"]) for r in easy)
     return {"checkpoint": checkpoint, "revision": tb.revision,
             "mcq_letter_accuracy": round(overall, 3), "mcq_chance": round(sum(chance) / max(1, len(chance)), 3),
             "mcq_letter_accuracy_by_kind": letters, "mcq_n": len(mcq),
@@ -71,7 +79,6 @@ def probe(checkpoint: str, n_mcq: int = 300, n_math: int = 60, threshold: float 
 
 
 _STEP = re.compile(r"(\d+) ([-+*/]) (\d+) = (\d+)\.")
-_ANSWER = re.compile(r"answer is (\d+)")
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
         "/": lambda a, b: a // b if b else None}
 
@@ -88,31 +95,24 @@ def score_math_steps(reference: str, output: str) -> dict[str, bool] | None:
     ref, got = _STEP.findall(reference), _STEP.findall(output)
     if not ref or not got:
         return None
+    from .report import answer_number
+
     (ra, rop, rb, _), (a, op, b, c) = ref[0], got[0]
-    answer = _ANSWER.search(output)
     return {"first_operand": a == ra, "operator": op == rop, "second_operand": b == rb,
             "own_arithmetic": _OPS[op](int(a), int(b)) == int(c), "step_count": len(got) == len(ref),
-            "answer_copies_last_step": answer is not None and answer.group(1) == got[-1][3]}
+            "answer_copies_last_step": answer_number(output) == got[-1][3]}
 
 
 def math_skills(checkpoint: str, n_requests: int = 1000, max_digits: int = 2,
                 threshold: float = 0.95) -> dict[str, Any]:
     """Sub-skill shares on the ``max_digits``-digit math problems among the first ``n_requests``
     eval requests (the report's set), decoded with up to 128 new tokens."""
-    from dwise_predict.tracing.workload import build_workload
-
-    dc = DataConfig()
-    splits = build_workload(dc.workload_train_size, dc.workload_eval_size, dc.workload_seed)
-    tb = from_pretrained(checkpoint)
-    model = tb.model.eval()
-    recs = [r for r in splits.eval[:n_requests] if r.category == "math" and r.meta["digits"] <= max_digits]
+    eval_records, tb = _eval_split_and_model(checkpoint)
+    recs = [r for r in eval_records[:n_requests] if r.category == "math" and r.meta["digits"] <= max_digits]
     counts = dict.fromkeys(MATH_SKILLS, 0)
     unparsed = 0
     for r in recs:
-        ids = tb.tokenizer.encode(render_prompt(r.prompt)).ids
-        with torch.inference_mode():
-            g = generate(model, ids, threshold=threshold, max_new_tokens=128)
-        scored = score_math_steps(r.reference or "", tb.tokenizer.decode(g.tokens[:g.output_tokens]))
+        scored = score_math_steps(r.reference or "", _decode(tb, r.prompt, threshold, 128))
         if scored is None:
             unparsed += 1
             continue

@@ -75,9 +75,14 @@ def spread(values: Sequence[float]) -> float:
     return float(_pct(values, 90) / p10) if p10 > 0 else float("inf")
 
 
-def math_correct(text: str, answer: Any) -> bool:
+def answer_number(text: str) -> str | None:
+    """The number after "The answer is" in ``text`` (thousands commas dropped), if any."""
     m = _ANSWER_NUM.search(text)
-    return m is not None and m.group(1).replace(",", "") == str(answer)
+    return None if m is None else m.group(1).replace(",", "")
+
+
+def math_correct(text: str, answer: Any) -> bool:
+    return answer_number(text) == str(answer)
 
 
 def mcq_correct(text: str, letter: Any) -> bool:
