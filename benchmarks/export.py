@@ -32,17 +32,17 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-from dwise_predict.export.onnx_admission import admission_to_onnx  # noqa: E402
-from dwise_predict.export.onnx_refinement import refinement_to_onnx  # noqa: E402
-from dwise_predict.export.parity import (  # noqa: E402
-    check_admission,
+from dwise_predict.export.onnx_admission import admission_to_onnx, check_admission  # noqa: E402
+from dwise_predict.export.onnx_refinement import (  # noqa: E402
     check_refinement,
-    gate_int8,
     refinement_probes,
+    refinement_to_onnx,
 )
+from dwise_predict.export.parity import gate_int8  # noqa: E402
 from dwise_predict.export.quantize import NotQuantizable, quantize_int8  # noqa: E402
 
 from dwise_predict.atomic import write_json  # noqa: E402
+from dwise_predict.bundle import load_bundle  # noqa: E402
 from dwise_predict.cli._common import format_table  # noqa: E402
 from dwise_predict.predictors import AdmissionModel, IsotonicMap, MLPWeights, RefinementEnsemble  # noqa: E402
 from dwise_predict.predictors.onnx_runtime import OnnxRefinement  # noqa: E402
@@ -98,7 +98,8 @@ def main() -> None:
     args = ap.parse_args()
 
     if args.bundle is not None:
-        admission, refinement = AdmissionModel.load(args.bundle), RefinementEnsemble.load(args.bundle)
+        bundle = load_bundle(args.bundle)
+        admission, refinement = bundle.need(AdmissionModel), bundle.need(RefinementEnsemble)
         source = str(args.bundle)
     else:
         admission, refinement = synthetic_admission(), synthetic_refinement()

@@ -97,7 +97,7 @@ def holdout_evaluation(bundle: Bundle, train_traces: str | Path | pa.Table, eval
 
     from dwise_predict.bundle import load_bundle
 
-    from .pipeline import train_bundle
+    from .pipeline import TRAINERS, train_bundle
 
     train = trace_arrays(train_traces, need_hidden=bundle.refinement is not None)
     evals = trace_arrays(eval_traces, need_hidden=bundle.refinement is not None)
@@ -109,7 +109,7 @@ def holdout_evaluation(bundle: Bundle, train_traces: str | Path | pa.Table, eval
     in_cat = evals.category == category
     if not in_cat.any():
         raise ConfigError(f"category {category!r} is not in the evaluation traces; pass traces that contain it")
-    only = [n for n, p in (("admission", bundle.admission), ("refine", bundle.refinement)) if p is not None]
+    only = [kind for kind in bundle.modules if kind in TRAINERS]
     cfg_r = refinement_config
     if cfg_r is None and bundle.refinement is not None:
         saved = dict(bundle.refinement.info.get("config", {}))

@@ -1,0 +1,8 @@
+"""The predictor kinds this library ships: one :func:`register` line per kind, in card order."""
+
+from ..predictors.admission import AdmissionModel
+from ..predictors.refinement import RefinementEnsemble
+from .modules import register
+
+register(AdmissionModel)
+register(RefinementEnsemble)
