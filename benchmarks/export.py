@@ -46,6 +46,7 @@ from dwise_predict.bundle import load_bundle  # noqa: E402
 from dwise_predict.cli._common import format_table  # noqa: E402
 from dwise_predict.predictors import AdmissionModel, IsotonicMap, MLPWeights, RefinementEnsemble  # noqa: E402
 from dwise_predict.predictors.onnx_runtime import OnnxRefinement  # noqa: E402
+from dwise_predict.ranking import spearman  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "export.json"
 
@@ -82,12 +83,6 @@ def synthetic_refinement(seed: int = 0, hidden: int = 2048, width: int = 256, k:
     iso = IsotonicMap(x, np.log1p(0.85 * x), "log1p")
     return RefinementEnsemble(ms, rng.normal(0, 1, hidden).astype(np.float32),
                               rng.uniform(0.5, 2.0, hidden).astype(np.float32), 1024.0, 256.0, iso)
-
-
-def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    ra = np.argsort(np.argsort(a)).astype(np.float64)
-    rb = np.argsort(np.argsort(b)).astype(np.float64)
-    return float(np.corrcoef(ra, rb)[0, 1])
 
 
 def main() -> None:

@@ -64,11 +64,6 @@ class HubRef:
         return f"{HF_SCHEME}{self.repo_id}" + (f"@{self.revision}" if self.revision else "")
 
 
-def is_hub_ref(ref: Any) -> bool:
-    """True for strings that name a Hub bundle explicitly (``hf://...``)."""
-    return isinstance(ref, str) and ref.startswith(HF_SCHEME)
-
-
 def parse_hub_ref(ref: str) -> HubRef:
     """``"hf://ORG/NAME@REV"`` or ``"ORG/NAME@REV"`` (``@REV`` optional) -> :class:`HubRef`.
 

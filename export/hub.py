@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from dwise_predict.bundle.format import MANIFEST
 from dwise_predict.errors import BundleError
 from dwise_predict.hub import (
     DEFAULT_REVISION,
@@ -25,8 +26,6 @@ from dwise_predict.hub import (
     HubRevisionNotFoundError,
     parse_hub_ref,
 )
-
-MANIFEST = "manifest.json"
 
 
 @dataclass(frozen=True)

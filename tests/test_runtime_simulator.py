@@ -206,3 +206,14 @@ def test_spearman_matches_definition():
     assert spearman(x, x**3) == pytest.approx(1.0)
     assert spearman(x, -x) == pytest.approx(-1.0)
     assert spearman(np.array([1.0, 1.0, 2.0]), np.array([1.0, 2.0, 3.0])) == pytest.approx(0.8660254)
+
+
+def test_spearman_agrees_with_scipy_on_ties_and_is_none_when_undefined():
+    from scipy.stats import spearmanr
+
+    rng = np.random.default_rng(3)
+    a, b = rng.integers(0, 6, 200), rng.integers(0, 9, 200) + rng.integers(0, 6, 200)
+    assert spearman(a, b) == pytest.approx(float(spearmanr(a, b).statistic), abs=1e-12)
+    assert spearman([4.0, 4.0, 4.0, 4.0], [1.0, 2.0, 3.0, 4.0]) is None  # a constant side
+    assert spearman([1.0, 2.0], [2.0, 1.0]) is None  # two points always give ±1
+    assert spearman([1.0, float("nan"), 3.0], [1.0, 2.0, 3.0]) is None

@@ -9,8 +9,6 @@ Held-out mode (DWISE Table 7) retrains both predictors without category C and ev
 
 from __future__ import annotations
 
-import math
-import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ import pyarrow as pa
 
 from dwise_predict.bundle import Bundle
 from dwise_predict.errors import ConfigError, TrainingError
+from dwise_predict.ranking import spearman
 from dwise_predict.runtime.plots import save_figure
 
 from .admission import AdmissionConfig
@@ -27,19 +26,6 @@ from .dataset import TraceArrays, category_counts, trace_arrays
 from .refinement import RefinementConfig
 
 ESTIMATES = ("admission", "refined_raw", "refined")
-
-
-def spearman(pred: np.ndarray, actual: np.ndarray) -> float | None:
-    """Spearman ρ, or None when undefined (fewer than 3 requests or a constant side)."""
-    from scipy.stats import spearmanr
-
-    pred, actual = np.asarray(pred, dtype=np.float64), np.asarray(actual, dtype=np.float64)
-    if len(pred) < 3 or np.all(pred == pred[0]) or np.all(actual == actual[0]):
-        return None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        rho = float(spearmanr(pred, actual).statistic)
-    return None if math.isnan(rho) else rho
 
 
 def median_ratio(pred: np.ndarray, actual: np.ndarray) -> float | None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from dwise_predict.bundle.format import MANIFEST
 from dwise_predict.errors import ConfigError
 from dwise_predict.fingerprint import ModelFingerprint
 from dwise_predict.hub import HF_SCHEME, parse_hub_ref
@@ -28,7 +29,6 @@ INDEX_FORMAT = "dwise-predict-zoo"
 INDEX_FORMAT_VERSION = 1
 #: the index shipped with the package; ``local_path`` entries are relative to its folder
 INDEX_PATH = Path(__file__).with_name("index.json")
-MANIFEST = "manifest.json"
 
 
 @dataclass(frozen=True)

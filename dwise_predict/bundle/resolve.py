@@ -20,9 +20,8 @@ from pathlib import Path
 
 from ..errors import BundleError
 from ..fingerprint import ModelFingerprint
+from ..hub import HF_SCHEME
 from .format import MANIFEST
-
-HF_SCHEME = "hf://"
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ the paper-matched synthetic workload with :func:`simulate` or :func:`compare_pol
 See docs/runtime.md and docs/simulator.md.
 """
 
+from ..ranking import spearman
 from .arrivals import Arrivals, ArrivalSpec, make_arrivals
 from .kv import KVPool
 from .metrics import per_category, summarize
@@ -14,7 +15,7 @@ from .request import RoundPlan, RoundResult, SimRequest
 from .roundtime import RoundTimeModel
 from .scheduler import Scheduler
 from .simulator import SimulationRun, simulate
-from .synthetic import describe, spearman, synthetic_workload
+from .synthetic import describe, synthetic_workload
 from .workload import Workload, estimates_from_bundle, requests_from_traces
 
 __all__ = [

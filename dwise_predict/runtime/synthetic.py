@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError
+from ..ranking import spearman
 from .workload import Workload
 
 PRESETS = ("paper-llada2.1-mini",)
@@ -63,26 +64,6 @@ SOURCES = (
 )
 
 
-def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman rank correlation with average ranks for ties (no scipy in the core)."""
-    ra, rb = _avg_rank(np.asarray(a, dtype=np.float64)), _avg_rank(np.asarray(b, dtype=np.float64))
-    ra -= ra.mean()
-    rb -= rb.mean()
-    den = np.sqrt((ra * ra).sum() * (rb * rb).sum())
-    return float((ra * rb).sum() / den) if den > 0 else 0.0
-
-
-def _avg_rank(x: np.ndarray) -> np.ndarray:
-    order = np.argsort(x, kind="mergesort")
-    xs = x[order]
-    starts = np.r_[0, np.flatnonzero(np.diff(xs)) + 1]
-    ends = np.r_[starts[1:], xs.size]
-    avg = (starts + ends - 1) / 2.0
-    ranks = np.empty(x.size)
-    ranks[order] = np.repeat(avg, ends - starts)
-    return ranks
-
-
 def noisy_estimate(truth: np.ndarray, target_rho: float, rng: np.random.Generator, name: str) -> np.ndarray:
     """``(truth + 1) · exp(σ z) − 1`` clipped at 0, with σ solved so Spearman ρ(estimate, truth) ≈ target."""
     if not 0.0 < target_rho <= 1.0:
@@ -99,7 +80,7 @@ def noisy_estimate(truth: np.ndarray, target_rho: float, rng: np.random.Generato
     lo, hi = 0.0, 8.0
     for _ in range(40):
         mid = 0.5 * (lo + hi)
-        if spearman(est(mid), t) > target_rho:
+        if (spearman(est(mid), t) or 0.0) > target_rho:
             lo = mid
         else:
             hi = mid
