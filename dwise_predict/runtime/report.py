@@ -67,7 +67,7 @@ class SimulationReport:
     round_time: RoundTimeModel
     runs: dict[str, SimulationRun]
     summary: dict[str, dict[str, float]]
-    workload: dict[str, float] = field(default_factory=dict)
+    workload: dict[str, float | None] = field(default_factory=dict)
 
     def gain(self, num: str = "fcfs", den: str = "dwise", metric: str = "mean_latency") -> float:
         """``summary[num][metric] / summary[den][metric]`` (NaN when either policy is absent)."""

@@ -173,7 +173,7 @@ def synthetic_workload(preset: str = "paper-llada2.1-mini", *, n: int = 4096, se
         admission=admission, refined=refined, cost=cost)
 
 
-def describe(w: Workload) -> dict[str, float]:
+def describe(w: Workload) -> dict[str, float | None]:
     """The figures the paper quotes, measured on a workload (for tests, docs and the CLI)."""
     t = w.total_rounds
     cat = w.category
@@ -181,7 +181,7 @@ def describe(w: Workload) -> dict[str, float]:
     chat = np.isin(cat, ("chat", "instruction"))
     code = np.isin(cat, ("code", "math"))
     long_ = cat == "long_context"
-    out = {
+    out: dict[str, float | None] = {
         "requests": float(w.n),
         "rounds_p25": float(np.percentile(t, 25)), "rounds_p50": float(np.percentile(t, 50)),
         "rounds_p90": float(np.percentile(t, 90)), "rounds_max": float(t.max()), "rounds_mean": float(t.mean()),
