@@ -35,6 +35,10 @@ class ModelError(DwisePredictError):
     """A dLLM cannot be found, loaded or run by the tracer."""
 
 
+class PredictorError(DwisePredictError, ValueError):
+    """A predictor's model is malformed or unsupported (LightGBM text, weight shapes, isotonic map)."""
+
+
 class PredictorInputError(DwisePredictError, ValueError):
     """Inputs given to a predictor are malformed (NaN, wrong shape, wrong hidden size...)."""
 
@@ -62,8 +66,3 @@ class FingerprintMismatchError(BundleError):
 class SchedulerError(DwisePredictError):
     """The scheduler runtime was driven with inconsistent requests or results."""
 
-
-class NotBuiltYetError(DwisePredictError):
-    """A CLI subcommand whose feature has not been built yet."""
-
-    exit_code = 2

@@ -142,7 +142,7 @@ def test_bad_inputs_and_references(bundle_dir, traces, tmp_path):
     adm_only = load_bundle(train_bundle(one_cat, tmp_path / "y", only="admission", allow_single_category=True))
     with pytest.raises(BundleError, match="no refinement predictor"):
         adm_only.predict_refined(np.zeros((1, H)), 1, 1)
-    with pytest.raises(BundleError, match="no tokenizer"):
+    with pytest.raises(PredictorInputError, match="no tokenizer"):
         adm_only.predict_admission(["hi"])
 
 

@@ -8,7 +8,7 @@ from dwise_predict.trainers.dataset import trace_arrays
 from synthetic_traces import make_traces, synthetic_featurizer
 
 from dwise_predict.bundle.modules import BundleFolder
-from dwise_predict.errors import ModelError, PredictorInputError, TrainingError
+from dwise_predict.errors import PredictorError, PredictorInputError, TrainingError
 from dwise_predict.predictors import AdmissionModel
 from dwise_predict.predictors.trees import CompiledForest, parse_lightgbm_text
 
@@ -114,7 +114,7 @@ def test_bad_inputs(model, traces):
     assert model.predict([]).shape == (0,)
     with pytest.raises(TrainingError, match="too few"):
         train_admission(traces.slice(0, 10))
-    with pytest.raises(ModelError, match="not a LightGBM text model"):
+    with pytest.raises(PredictorError, match="not a LightGBM text model"):
         AdmissionModel("hello")
     no_tok = AdmissionModel(model.model_text)
     with pytest.raises(Exception, match="no tokenizer"):

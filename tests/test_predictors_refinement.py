@@ -11,6 +11,7 @@ from dwise_predict.trainers.evaluate import estimate_metrics
 from dwise_predict.trainers.refinement import (
     RefinementConfig,
     ensemble_to_torch,
+    fit_isotonic,
     survival_nll,
     train_refinement,
 )
@@ -18,7 +19,8 @@ from synthetic_traces import make_traces
 
 from dwise_predict.bundle.modules import BundleFolder
 from dwise_predict.errors import PredictorInputError, TrainingError
-from dwise_predict.predictors import RefinementEnsemble
+from dwise_predict.predictors import IsotonicMap, RefinementEnsemble
+from dwise_predict.predictors.calibration import DEFAULT_TRANSFORM, TRANSFORMS
 
 H = 64
 CFG = RefinementConfig(epochs=12, seed=0)
@@ -88,6 +90,31 @@ def test_torch_path_matches_numpy(ensemble, data):
                          torch.from_numpy(ev.output_budget), raw=raw).numpy()
             want = ensemble.predict(ev.hidden, ev.prompt_tokens, ev.output_budget, raw=raw)
             assert np.max(np.abs(got - want) / np.maximum(want, 1.0)) < 1e-4
+
+
+@pytest.mark.parametrize("transform", TRANSFORMS)
+def test_every_calibration_transform_agrees_on_the_numpy_and_torch_paths(ensemble, data, transform):
+    ev = data[1]
+    raw = ensemble.predict(ev.hidden, ev.prompt_tokens, ev.output_budget, raw=True)
+    cal = fit_isotonic(raw, ev.remaining, transform)
+    assert cal.target_transform == transform
+    with_map = dataclasses.replace(ensemble, calibration=cal)
+    want = with_map.predict(ev.hidden, ev.prompt_tokens, ev.output_budget)
+    # the map is on the scale of remaining rounds whatever it was fitted to (not log rounds)
+    assert abs(np.median(want) / max(np.median(ev.remaining), 1.0) - 1.0) < 0.6
+    with torch.no_grad():
+        got = ensemble_to_torch(with_map)(torch.from_numpy(ev.hidden), torch.from_numpy(ev.prompt_tokens),
+                                          torch.from_numpy(ev.output_budget)).numpy()
+    assert np.max(np.abs(got - want) / np.maximum(want, 1.0)) < 1e-4  # float32 torch path
+
+
+def test_one_calibration_default_everywhere():
+    assert RefinementConfig().calibration == DEFAULT_TRANSFORM
+    assert IsotonicMap(np.zeros(1), np.zeros(1)).target_transform == DEFAULT_TRANSFORM
+    stored = IsotonicMap.from_dict({"x_thresholds": [0.0], "y_thresholds": [1.0]})
+    assert stored.target_transform == DEFAULT_TRANSFORM
+    raw, remaining = np.arange(20.0), np.arange(20)
+    assert fit_isotonic(raw, remaining).target_transform == DEFAULT_TRANSFORM
 
 
 def test_survival_nll_matches_hand_computation():

@@ -105,6 +105,20 @@ def test_plan_update_follows_algorithm_1_and_refines_once():
     assert t.r_hat[rows["mid"]] == 4.0
 
 
+def test_a_plan_stays_true_after_update_frees_and_reuses_its_rows():
+    s = _sched()
+    _add(s, "a", 1, 0.0)
+    _add(s, "b", 1, 0.0)
+    plan = s.plan_round()
+    s.update(RoundResult(plan.rows, np.zeros(2, bool)))
+    done = s.plan_round()  # first denoising round of a and b
+    s.update(RoundResult(done.rows, np.ones(2, bool)))  # both finish: their rows are freed
+    reused = [_add(s, rid, 1, 1.0) for rid in ("c", "d")]
+    assert sorted(reused) == sorted(done.rows.tolist())  # the table reused exactly those rows
+    assert done.request_ids == ["a", "b"]  # the old plan still names the requests it ran
+    assert s.plan_round().request_ids == ["c", "d"]
+
+
 def test_displaced_resident_is_paused_and_counted_as_preempted():
     s = _sched(k=4)
     _add(s, "a", 1, 10.0)

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from dwise_predict.errors import ConfigError, WorkloadError
+from dwise_predict.errors import ConfigError, ModelError, WorkloadError
 from dwise_predict.traces import prompt_blocks
 
 from .adapters.base import BlockBatch, StepAdapter
@@ -53,6 +53,8 @@ LOW_CONFIDENCE = "low_confidence"
 
 #: prompt tokens computed per prefill forward (rounded down to whole blocks, at least one block)
 PREFILL_CHUNK_TOKENS = 512
+#: raised where the engine finds an empty slot it had just filled: a bug, never a user error
+_LOST_SEAT = "decode engine bug: an active slot has no request or block; please report it"
 
 
 @dataclass(frozen=True)
@@ -192,7 +194,8 @@ def decode(adapter: StepAdapter, requests: Iterable[DecodeRequest], config: Deco
             finished: list[int] = []
             for slot in done_blocks:
                 seat = seats[slot]
-                assert seat is not None and seat.block is not None
+                if seat is None or seat.block is None:
+                    raise ModelError(_LOST_SEAT)
                 tokens = seat.block.tolist()
                 seat.output.extend(tokens)
                 seat.block = None
@@ -210,7 +213,8 @@ def decode(adapter: StepAdapter, requests: Iterable[DecodeRequest], config: Deco
                 on_round(len(active), wall)
             for slot in finished:
                 seat = seats[slot]
-                assert seat is not None
+                if seat is None:
+                    raise ModelError(_LOST_SEAT)
                 seats[slot] = None
                 yield _result(seat, config)
 
@@ -222,7 +226,8 @@ def _prefill(adapter: StepAdapter, seats: list[_Seat | None], slots: list[int], 
     ids, pos, segs = [], [], []
     for slot in slots:
         seat = seats[slot]
-        assert seat is not None
+        if seat is None:
+            raise ModelError(_LOST_SEAT)
         start = seat.prefilled
         part = seat.req.prompt_ids[start:start + chunk]
         ids.append(part)
@@ -234,7 +239,8 @@ def _prefill(adapter: StepAdapter, seats: list[_Seat | None], slots: list[int], 
     per_block = (time.perf_counter() - t0) * 1e3 / max(segs[i][-1] + 1 for i in range(len(slots)))
     for row, slot in enumerate(slots):
         seat = seats[slot]
-        assert seat is not None
+        if seat is None:
+            raise ModelError(_LOST_SEAT)
         seat.prefilled += len(ids[row])
         seat.wall.extend([per_block] * (segs[row][-1] + 1))
 
@@ -253,7 +259,8 @@ def _round(adapter: StepAdapter, seats: list[_Seat | None], active: list[int], c
     commit: list[int] = []
     for slot in active:
         seat = seats[slot]
-        assert seat is not None
+        if seat is None:
+            raise ModelError(_LOST_SEAT)
         if seat.block is None:  # start a new output block, fully masked, cut to the budget
             length = min(bs, config.max_new_tokens - len(seat.output))
             seat.block = torch.full((length,), mask_id, dtype=torch.long)
@@ -270,7 +277,8 @@ def _round(adapter: StepAdapter, seats: list[_Seat | None], active: list[int], c
     done: list[int] = []
     for row, slot in enumerate(active):
         seat = seats[slot]
-        assert seat is not None and seat.block is not None
+        if seat is None or seat.block is None:
+            raise ModelError(_LOST_SEAT)
         c, n = commit[row], len(seat.block)
         seat.pending = []
         if seat.hidden is None and len(seat.rounds) == 1 and seat.rounds[0] == 0:

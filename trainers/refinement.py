@@ -10,8 +10,8 @@ remaining rounds (``y = total_rounds - 1``; hazard index ``j`` stands for round 
 
 Members differ only in seed (``seed_everything(seed + i, workers=True)``); their survival
 curves are averaged at inference. The isotonic map (scikit-learn) is fitted on the training
-split, from the raw ensemble mean to ``log1p`` of the actual remaining rounds, and exported as
-plain arrays. Weights are exported to numpy (safetensors in the bundle), never as a checkpoint.
+split, from the raw ensemble mean to the actual remaining rounds (or their log / log1p:
+``RefinementConfig.calibration``), and exported as plain arrays. Weights are exported to numpy (safetensors in the bundle), never as a checkpoint.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 
 from dwise_predict.errors import ConfigError, PredictorInputError, TrainingError
 from dwise_predict.predictors import IsotonicMap, MLPWeights, RefinementEnsemble
+from dwise_predict.predictors.calibration import DEFAULT_TRANSFORM, TRANSFORMS
 from dwise_predict.predictors.refinement import normalized_inputs
 
 from .dataset import TraceArrays, trace_arrays
@@ -55,9 +56,9 @@ class RefinementConfig:
     #: in-sample survival curves of an MLP with H ~ n inputs are overconfident and would fit a
     #: map that underestimates the scale on new requests
     cross_fit_calibration: bool = True
-    #: "log1p": isotonic fit to log1p(remaining) (a conditional geometric mean, the admission
-    #: model's kind of estimate); "identity": fit to remaining rounds directly
-    calibration: str = "identity"
+    #: what the isotonic map is fitted to: "identity" = remaining rounds; "log1p" / "log" = their
+    #: log (a conditional geometric mean, the admission model's kind of estimate); "none" = no map
+    calibration: str = DEFAULT_TRANSFORM
     num_threads: int = 1
     accelerator: str = "cpu"
     min_samples: int = 32
@@ -67,8 +68,9 @@ class RefinementConfig:
             raise ConfigError(f"invalid refinement config {self}: members, width, epochs, batch_size must be >= 1")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout must lie in [0, 1), got {self.dropout}")
-        if self.calibration not in ("log", "log1p", "identity", "none"):
-            raise ConfigError(f"calibration must be 'log1p', 'identity' or 'none', got {self.calibration!r}")
+        if self.calibration not in (*TRANSFORMS, "none"):
+            raise ConfigError(f"calibration must be one of {[*TRANSFORMS, 'none']}, "
+                              f"got {self.calibration!r}")
 
 
 def survival_nll(logits: torch.Tensor, remaining: torch.Tensor, censored: torch.Tensor) -> torch.Tensor:
@@ -134,6 +136,13 @@ class _BatchDataset(Dataset):
         return tuple(t[idx] for t in self.tensors)
 
 
+def _hidden(arrays: TraceArrays) -> np.ndarray:
+    if arrays.hidden is None:
+        raise TrainingError("refinement training needs first_round_hidden in the traces; re-trace "
+                            "with hidden-state capture")
+    return arrays.hidden
+
+
 @dataclass(frozen=True)
 class Normalization:
     """Input normalization fitted on the training split (recorded in the bundle)."""
@@ -145,15 +154,13 @@ class Normalization:
 
     @classmethod
     def fit(cls, arrays: TraceArrays) -> Normalization:
-        h = arrays.hidden
-        assert h is not None
+        h = _hidden(arrays)
         mean = h.mean(axis=0, dtype=np.float64).astype(np.float32)
         std = np.maximum(h.std(axis=0, dtype=np.float64), 1e-6).astype(np.float32)
         return cls(mean, std, float(max(arrays.prompt_tokens.max(), 1.0)), float(max(arrays.output_budget.max(), 1.0)))
 
     def apply(self, arrays: TraceArrays) -> np.ndarray:
-        assert arrays.hidden is not None
-        return normalized_inputs(arrays.hidden, arrays.prompt_tokens, arrays.output_budget, self.hidden_mean,
+        return normalized_inputs(_hidden(arrays), arrays.prompt_tokens, arrays.output_budget, self.hidden_mean,
                                  (1.0 / self.hidden_std).astype(np.float32), self.prompt_tokens_scale,
                                  self.output_budget_scale)
 
@@ -183,16 +190,21 @@ class TraceDataModule(pl.LightningDataModule):
         self._tensors = (torch.from_numpy(x), torch.from_numpy(arrays.remaining.astype(np.int64)),
                          torch.from_numpy(censored.copy()))
 
+    def loaded(self) -> TraceArrays:
+        """The arrays ``setup`` read; refused before ``setup`` ran."""
+        if self.arrays is None:
+            raise TrainingError("the trace data module is not set up; call setup() first")
+        return self.arrays
+
     @property
     def K(self) -> int:  # noqa: N802 - SPEC's name
-        assert self.arrays is not None
-        return int(self._K if self._K is not None else self.arrays.remaining.max())
+        return int(self._K if self._K is not None else self.loaded().remaining.max())
 
     def marginal_hazard(self) -> np.ndarray:
         """Kaplan-Meier-style hazards per remaining round index (censoring-aware)."""
-        assert self.arrays is not None
-        y = self.arrays.remaining
-        cens = self.arrays.hit_budget if self.censor_hit_budget else np.zeros(len(y), dtype=bool)
+        arrays = self.loaded()
+        y = arrays.remaining
+        cens = arrays.hit_budget if self.censor_hit_budget else np.zeros(len(y), dtype=bool)
         at_risk = np.array([(y >= j).sum() for j in range(self.K)], dtype=np.float64)
         events = np.bincount(y[~cens], minlength=self.K + 1)[: self.K].astype(np.float64)
         return (events + 0.5) / (at_risk + 1.0)
@@ -231,9 +243,8 @@ def train_refinement(traces: str | Path | pa.Table | TraceArrays, config: Refine
     config = config or RefinementConfig()
     dm = TraceDataModule(traces, config.batch_size, config.censor_hit_budget)
     dm.setup("fit")
-    arrays = dm.arrays
-    assert arrays is not None and dm.normalization is not None
-    if arrays.hidden is None:
+    arrays = dm.loaded()
+    if arrays.hidden is None or dm.normalization is None:
         raise TrainingError("the traces have no first_round_hidden; re-trace with hidden-state capture, or train "
                             "with --only admission")
     d_in = arrays.hidden.shape[1] + 2  # hidden vector + normalized prompt length + normalized output budget
@@ -301,7 +312,8 @@ def fold_ids(categories: np.ndarray, n_folds: int, seed: int) -> np.ndarray:
 LOG_FLOOR = 0.5
 
 
-def fit_isotonic(raw: np.ndarray, remaining: np.ndarray, transform: str = "log1p") -> IsotonicMap:
+def fit_isotonic(raw: np.ndarray, remaining: np.ndarray,
+                 transform: str = DEFAULT_TRANSFORM) -> IsotonicMap:
     """Fit scikit-learn's IsotonicRegression and keep only its two threshold arrays."""
     from sklearn.isotonic import IsotonicRegression
 
@@ -345,7 +357,7 @@ class TorchRefinement(nn.Module):
         self.prompt_tokens_scale = float(ensemble.prompt_tokens_scale)
         self.output_budget_scale = float(ensemble.output_budget_scale)
         cal = ensemble.calibration
-        self.log1p = cal is not None and cal.target_transform == "log1p"
+        self.transform = cal.target_transform if cal is not None else "identity"
         self.register_buffer("iso_x", torch.as_tensor(cal.x_thresholds if cal else np.zeros(0), dtype=torch.float64))
         self.register_buffer("iso_y", torch.as_tensor(cal.y_thresholds if cal else np.zeros(0), dtype=torch.float64))
 
@@ -364,7 +376,13 @@ class TorchRefinement(nn.Module):
         if raw or self.iso_x.numel() == 0:
             return mean
         y = _interp(mean, self.iso_x, self.iso_y)
-        return torch.clamp(torch.expm1(y) if self.log1p else y, min=0.0)
+        return torch.clamp(_TORCH_INVERSES[self.transform](y), min=0.0)
+
+
+#: the torch twin of dwise_predict.predictors.calibration.INVERSES (same keys: every transform)
+_TORCH_INVERSES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "identity": lambda y: y, "log": torch.exp, "log1p": torch.expm1,
+}
 
 
 def _interp(x: torch.Tensor, xp: torch.Tensor, fp: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ import numpy as np
 
 from .._version import __version__
 from ..atomic import staged_folder, write_json, write_text
-from ..errors import BundleError, BundleIntegrityError, FingerprintMismatchError
+from ..errors import BundleError, BundleIntegrityError, FingerprintMismatchError, PredictorError
 from ..fingerprint import ModelFingerprint
 from ..predictors import AdmissionModel, RefinementEnsemble
 from .card import CARD_FILE, render_card
@@ -187,7 +187,11 @@ def load_bundle(ref: str | Path) -> Bundle:
         cls = module_class(kind, str(path))
         for f in entry.get("files", []):
             folder.path(f)  # every file a module declares must be listed (and so verified)
-        module = cls.load(folder, entry)
+        try:
+            module = cls.load(folder, entry)
+        except PredictorError as e:
+            raise BundleIntegrityError(f"{path}: the {kind} predictor is corrupt ({e}); "
+                                       "re-save the bundle") from e
         module.check_fingerprint(fingerprint, str(path))
         modules[kind] = module
     if resolved.expected_fingerprint is not None:

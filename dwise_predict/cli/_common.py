@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
-
-from ..errors import NotBuiltYetError
 
 T = TypeVar("T")
 
@@ -48,13 +45,3 @@ def _numeric(s: str) -> bool:
     except ValueError:
         return False
 
-
-def add_stub(subparsers: Any, name: str, common: argparse.ArgumentParser, help: str, issue: str) -> argparse.ArgumentParser:
-    """Register a subcommand that is not built yet: it says so in one line and exits 2."""
-    p = subparsers.add_parser(name, parents=[common], help=f"{help} (not built yet)", description=help)
-
-    def run(args: argparse.Namespace) -> int:
-        raise NotBuiltYetError(f"`dwise-predict {name}` is not built yet ({issue}); see docs/index.md for what exists")
-
-    p.set_defaults(func=run)
-    return p

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from ..atomic import write_text
-from ..errors import BundleError, BundleIntegrityError, ModelError, PredictorInputError
+from ..errors import BundleIntegrityError, PredictorError, PredictorInputError
 from ..features import FEATURE_NAMES, PromptFeaturizer
 from .trees import DEFAULT_GRID_LIMIT, CompiledForest, parse_lightgbm_text
 
@@ -56,7 +56,7 @@ class AdmissionModel:
         header, trees = parse_lightgbm_text(model_text)
         n_model = int(header["max_feature_idx"]) + 1
         if n_model != len(self.feature_names):
-            raise ModelError(
+            raise PredictorError(
                 f"the LightGBM model has {n_model} features but {len(self.feature_names)} names were given "
                 f"({list(self.feature_names)}); retrain with `dwise-predict train`"
             )
@@ -86,7 +86,7 @@ class AdmissionModel:
     def predict(self, prompts: str | Sequence[str]) -> np.ndarray:
         """Estimated total denoising rounds for raw prompts (tokenized with the served model's template)."""
         if self.featurizer is None:
-            raise BundleError("this admission model has no tokenizer/chat template; use predict_features, or "
+            raise PredictorInputError("this admission model has no tokenizer/chat template; use predict_features, or "
                               "retrain with `dwise-predict train --tokenizer FILE --chat-template FILE`")
         return self.predict_features(self.featurizer(prompts))
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from ..atomic import write_bytes, write_json
-from ..errors import BundleError, BundleIntegrityError, PredictorInputError
+from ..errors import BundleIntegrityError, PredictorError, PredictorInputError
 from .calibration import IsotonicMap
 
 if TYPE_CHECKING:
@@ -77,15 +77,15 @@ class RefinementEnsemble:
 
     def __post_init__(self) -> None:
         if not self.members:
-            raise BundleError("a refinement ensemble needs at least one member")
+            raise PredictorError("a refinement ensemble needs at least one member")
         self.hidden_mean = np.asarray(self.hidden_mean, dtype=np.float32)
         self.hidden_std = np.asarray(self.hidden_std, dtype=np.float32)
         d_in, k = self.hidden_size + 2, self.K
         for i, m in enumerate(self.members):
             if m.w1.shape[0] != d_in or m.w2.shape[1] != k or m.w1.shape[1] != m.w2.shape[0]:
-                raise BundleError(f"refinement member {i} has shapes {m.w1.shape}/{m.w2.shape}, expected ({d_in}, w)/(w, {k})")
+                raise PredictorError(f"refinement member {i} has shapes {m.w1.shape}/{m.w2.shape}, expected ({d_in}, w)/(w, {k})")
         if self.prompt_tokens_scale <= 0 or self.output_budget_scale <= 0:
-            raise BundleError("normalization scales must be > 0; retrain with `dwise-predict train`")
+            raise PredictorError("normalization scales must be > 0; retrain with `dwise-predict train`")
         # one matmul for all members' first layers: (H+2, members*width)
         self._w1 = np.ascontiguousarray(np.concatenate([m.w1 for m in self.members], axis=1), dtype=np.float32)
         self._b1 = np.concatenate([m.b1 for m in self.members]).astype(np.float32)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ModelError, PredictorInputError
+from ..errors import PredictorError, PredictorInputError
 
 #: LightGBM's kZeroThreshold
 ZERO_THRESHOLD = 1e-35
@@ -96,16 +96,16 @@ def parse_lightgbm_text(text: str) -> tuple[dict[str, str], list[Tree]]:
             k, v = line.split("=", 1)
             current[k] = v
     if header.get("version") is None or "max_feature_idx" not in header:
-        raise ModelError("not a LightGBM text model (no version/max_feature_idx header); save it with Booster.save_model")
+        raise PredictorError("not a LightGBM text model (no version/max_feature_idx header); save it with Booster.save_model")
     objective = header.get("objective", "").split(" ")[0]
     if objective not in IDENTITY_OBJECTIVES:
-        raise ModelError(f"LightGBM objective {objective!r} has an output transform; only {IDENTITY_OBJECTIVES} compile")
+        raise PredictorError(f"LightGBM objective {objective!r} has an output transform; only {IDENTITY_OBJECTIVES} compile")
     if "average_output" in header:
-        raise ModelError("LightGBM random-forest mode (average_output) is not supported; train with boosting=gbdt")
+        raise PredictorError("LightGBM random-forest mode (average_output) is not supported; train with boosting=gbdt")
     if int(header.get("num_tree_per_iteration", "1")) != 1:
-        raise ModelError("multi-output LightGBM models are not supported; the admission model is one regressor")
+        raise PredictorError("multi-output LightGBM models are not supported; the admission model is one regressor")
     if not blocks:
-        raise ModelError("the LightGBM model has no trees")
+        raise PredictorError("the LightGBM model has no trees")
     trees = [_parse_tree(i, b) for i, b in enumerate(blocks)]
     return header, trees
 
@@ -119,9 +119,9 @@ def _parse_tree(i: int, b: dict[str, str]) -> Tree:
     try:
         n_leaves = int(b["num_leaves"])
         if int(b.get("num_cat", "0")) != 0:
-            raise ModelError(f"tree {i} has categorical splits; the admission model compiles numerical splits only")
+            raise PredictorError(f"tree {i} has categorical splits; the admission model compiles numerical splits only")
         if int(b.get("is_linear", "0")) != 0:
-            raise ModelError(f"tree {i} is a linear tree; train without linear_tree")
+            raise PredictorError(f"tree {i} is a linear tree; train without linear_tree")
         leaf_value = arr("leaf_value", np.float64)
         if n_leaves == 1:
             z = np.zeros(0, dtype=np.int64)
@@ -137,14 +137,14 @@ def _parse_tree(i: int, b: dict[str, str]) -> Tree:
             leaf_value=leaf_value,
         )
     except (KeyError, ValueError) as e:
-        raise ModelError(f"LightGBM tree {i} is malformed ({e}); the model text is truncated or edited") from e
+        raise PredictorError(f"LightGBM tree {i} is malformed ({e}); the model text is truncated or edited") from e
     if np.any(decision & 1):
-        raise ModelError(f"tree {i} has categorical splits; the admission model compiles numerical splits only")
+        raise PredictorError(f"tree {i} has categorical splits; the admission model compiles numerical splits only")
     n_int = n_leaves - 1
     if any(len(a) != n_int for a in (tree.split_feature, tree.threshold, tree.left_child, tree.right_child)) or len(
         leaf_value
     ) != n_leaves:
-        raise ModelError(f"LightGBM tree {i} has inconsistent array lengths; the model text is truncated or edited")
+        raise PredictorError(f"LightGBM tree {i} has inconsistent array lengths; the model text is truncated or edited")
     return tree
 
 
@@ -156,7 +156,7 @@ class CompiledForest:
         self.n_features = int(n_features)
         for t in self.trees:
             if len(t.split_feature) and int(t.split_feature.max()) >= self.n_features:
-                raise ModelError(f"a tree splits on feature {int(t.split_feature.max())} but the model has {n_features}")
+                raise PredictorError(f"a tree splits on feature {int(t.split_feature.max())} but the model has {n_features}")
         #: per feature: the sorted unique thresholds of the whole forest
         self.cuts: list[np.ndarray] = []
         for f in range(self.n_features):

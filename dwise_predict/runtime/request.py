@@ -39,13 +39,15 @@ class RoundPlan:
     admitted: np.ndarray
     preempted: np.ndarray
     resident_rows: np.ndarray
+    #: the caller's ids of ``rows`` at planning time (a copy: ``update`` frees rows and the
+    #: table reuses them for new requests, so the live id column would go stale)
     ids: np.ndarray = field(repr=False)
     plan_seconds: float = 0.0
 
     @property
     def request_ids(self) -> list:
-        """The caller's ids of ``rows``, in the same order."""
-        return self.ids[self.rows].tolist()
+        """The caller's ids of ``rows``, in the same order; still true after ``update``."""
+        return self.ids.tolist()
 
     @property
     def paused(self) -> np.ndarray:

@@ -246,7 +246,7 @@ class Scheduler:
                 self.preemptions += int(preempted.size)
         prompt = t.prompt_blocks[rows] > 0
         first = ~prompt & (t.done_rounds[rows] == 0)
-        plan = RoundPlan(ri, rows, prompt, first, admitted, preempted, resident, t.ids,
+        plan = RoundPlan(ri, rows, prompt, first, admitted, preempted, resident, t.ids[rows],
                          time.perf_counter() - t0)
         self._plan = plan
         return plan

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
+from dwise_predict.errors import ModelError
+
 #: special tokens, in id order (ids 0..7); bytes follow at ids 8..263
 SPECIAL_TOKENS: tuple[str, ...] = (
     "<|pad|>",
@@ -36,7 +38,9 @@ def build_tokenizer() -> Tokenizer:
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     # ByteLevel.alphabet() is a set: order bytes canonically by their byte value
     byte_chars = _bytes_to_unicode()
-    assert set(byte_chars.values()) == set(alphabet)
+    if set(byte_chars.values()) != set(alphabet):
+        raise ModelError("this tokenizers release changed the byte-level alphabet; tiny-bd's "
+                         "vocabulary cannot be rebuilt: install the pinned tokenizers version")
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for b in range(256):
         vocab[byte_chars[b]] = len(SPECIAL_TOKENS) + b

@@ -147,9 +147,14 @@ class TinyBDDataModule(pl.LightningDataModule):
             raise TrainingError("the training set is empty: every example was longer than the budget")
         self.batches = token_budget_batches(self.training_set.examples, self.batch_tokens, self.seed)
 
+    def loaded(self) -> TrainingSet:
+        """The training set ``setup`` built; refused before ``setup`` ran."""
+        if self.training_set is None:
+            raise TrainingError("the tiny-bd data module is not set up; call setup() first")
+        return self.training_set
+
     def train_dataloader(self) -> DataLoader:
-        assert self.training_set is not None
-        ds = BatchListDataset(self.training_set.examples, self.batches, self.data_config.block_size, self.t_min,
+        ds = BatchListDataset(self.loaded().examples, self.batches, self.data_config.block_size, self.t_min,
                               self.seed)
         # batches are already shuffled with the seed; epochs repeat the order (noise differs per index only)
         return DataLoader(ds, batch_size=None, shuffle=False, num_workers=0, collate_fn=lambda b: b)
@@ -274,11 +279,11 @@ def train(model_config: TinyBDConfig, train_config: TrainConfig, data_config: Da
     trainer.fit(module, datamodule=dm)
     seconds = time.monotonic() - t0
     model = module.model.eval()
-    assert dm.training_set is not None
+    training_set = dm.loaded()
     result = TrainResult(steps=trainer.global_step, seconds=round(seconds, 1),
                          final_loss=cb.rows[-1]["loss"] if cb.rows else float("nan"),
                          stopped_by_time=cb.stopped_by_time, n_params=sum(p.numel() for p in model.parameters()),
-                         counts=dm.training_set.counts, loss_curve=cb.rows)
+                         counts=training_set.counts, loss_curve=cb.rows)
     return model, result
 
 
