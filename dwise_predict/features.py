@@ -1,6 +1,6 @@
 """Prompt features for the admission predictor: word count, newline count, chat-template token count.
 
-These three numbers are all the admission predictor sees (SPEC §4). The token count must be
+These three numbers are all the admission predictor sees (docs/concepts.md, "The predictors"). The token count must be
 the one the *served* model sees, i.e. after its chat template, so the featurizer carries the
 model's tokenizer (a Hugging Face ``tokenizers`` file: no torch, no transformers) and its chat
 template (Jinja, rendered like ``transformers`` does). A bundle ships both, which is how a

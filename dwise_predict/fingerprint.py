@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: Fields that change what the predictors learn. A difference in any of them makes a
-#: bundle invalid for a server. (dtype and revision are recorded but only warned about.)
+#: bundle invalid for a server. (dtype and revision are recorded but not compared.)
 CRITICAL_FIELDS: tuple[str, ...] = (
     "model_id",
     "block_size",

@@ -1,4 +1,4 @@
-"""``dwise-predict export BUNDLE [--onnx] [--int8]``: add gated ONNX / INT8 files to a bundle.
+"""``dwise-predict export BUNDLE [--int8]``: add gated ONNX / INT8 files to a bundle.
 
 The bundle is loaded (so every hash, the format version and the library requirement are checked
 first), each declared predictor whose kind names an exporter (its ``onnx_exporter``) is
@@ -81,7 +81,7 @@ def exporter_for(cls: Any) -> OnnxExporter | None:
     return exporter
 
 
-def export_bundle(ref: str | Path, *, onnx: bool = True, int8: bool = False, out: str | Path | None = None,
+def export_bundle(ref: str | Path, *, int8: bool = False, out: str | Path | None = None,
                   repeats: int = 20, min_speedup: float = 1.05, threads: int = 1) -> ExportReport:
     """Export the predictors of bundle ``ref`` (in place, or into a new folder ``out``).
 
@@ -91,8 +91,6 @@ def export_bundle(ref: str | Path, *, onnx: bool = True, int8: bool = False, out
     """
     from dwise_predict.bundle import update_bundle
 
-    if not (onnx or int8):
-        raise BundleError("nothing to export: pass --onnx and/or --int8")
     with update_bundle(ref, out=out) as draft:
         for name in (draft.manifest.get(EXPORTS_KEY) or {}):  # a re-export replaces the previous files
             draft.remove_file(name)

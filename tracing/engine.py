@@ -1,6 +1,6 @@
 """Batched block-diffusion decoding with LowConfidence unmasking and first-round hidden-state capture.
 
-This is the decoding a DWISE server runs (SPEC §1), made exact and observable:
+This is the decoding a DWISE server runs (docs/concepts.md), made exact and observable:
 
 * **Prefill.** The chat-templated prompt is split into blocks of ``block_size`` tokens from
   position 0 (the last may be shorter); block ``c`` attends the blocks before it and itself

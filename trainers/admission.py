@@ -1,6 +1,6 @@
 """Train the admission predictor: LightGBM on three prompt features, target log(total rounds).
 
-SPEC §4: 100 trees, at most 15 leaves, features = word count, newline count, chat-template token
+docs/concepts.md, "The predictors": 100 trees, at most 15 leaves, features = word count, newline count, chat-template token
 count. Deterministic: ``deterministic=True``, ``force_row_wise=True``, a fixed thread count and
 seed, so the same traces and seed give the same model text byte for byte.
 """

@@ -1,6 +1,6 @@
 """Evaluate a bundle on traces: Spearman ρ overall and per category, median predicted/actual.
 
-Targets (SPEC §7, stated once here): ``admission`` is compared with TOTAL denoising rounds;
+Targets (stated once here; metrics in docs/concepts.md): ``admission`` is compared with TOTAL denoising rounds;
 ``refined_raw`` and ``refined`` with rounds still to go after the first denoising round
 (``total_rounds - 1``). ``median_ratio`` is the median of predicted / actual over requests whose
 actual is > 0 (a request done in its first round has nothing left; it is counted in ρ only).

@@ -1,6 +1,6 @@
 """Train the refinement predictor: a 3-seed survival-MLP ensemble with Lightning, then an isotonic map.
 
-SPEC §4. Each member is ``Linear(H+2, 256) -> GELU(tanh) -> Dropout(0.2) -> Linear(256, K)``
+docs/concepts.md, "The predictors". Each member is ``Linear(H+2, 256) -> GELU(tanh) -> Dropout(0.2) -> Linear(256, K)``
 emitting one hazard logit per future round (K = largest remaining-round count in training).
 Loss: negative log-likelihood of the discrete-time logistic hazards. For a request with ``y``
 remaining rounds (``y = total_rounds - 1``; hazard index ``j`` stands for round ``k = j + 1``):
@@ -197,7 +197,7 @@ class TraceDataModule(pl.LightningDataModule):
         return self.arrays
 
     @property
-    def K(self) -> int:  # noqa: N802 - SPEC's name
+    def K(self) -> int:  # noqa: N802 - the name in docs/concepts.md
         return int(self._K if self._K is not None else self.loaded().remaining.max())
 
     def marginal_hazard(self) -> np.ndarray:

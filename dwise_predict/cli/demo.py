@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         ("eval", "each estimate against the truth on the eval split",
          [["eval", "--bundle", str(b), "--traces", str(te), "--out", str(out / "eval" / "metrics.json"), "--record"]]),
         ("export", "ONNX and INT8 files, kept only where parity holds",
-         [["export", str(b), "--onnx", "--int8", "--repeats", "10", "--report", str(out / "export.json")]]),
+         [["export", str(b), "--int8", "--repeats", "10", "--report", str(out / "export.json")]]),
         ("simulate", "scheduling policies on the eval traces, with the bundle's estimates",
          [["simulate", "--traces", str(te), "--bundle", str(b), "--policies", args.policies, "--arrival", "burst",
            "--slots", str(args.slots), "--out", str(out / "simulate")]]),

@@ -20,8 +20,8 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
                                           "file is gated on parity with the native predictor and timed against it; "
                                           "an INT8 file is kept only if it passes and is faster than FP32.")
     p.add_argument("bundle", metavar="BUNDLE", help="bundle folder")
-    p.add_argument("--onnx", action="store_true", help="export FP32 ONNX files (the default)")
-    p.add_argument("--int8", action="store_true", help="also try INT8 dynamic quantization (implies --onnx)")
+    p.add_argument("--int8", action="store_true",
+                   help="also try INT8 dynamic quantization (FP32 ONNX files are always exported)")
     p.add_argument("--out", default=None, metavar="DIR", help="write the exported bundle to a new folder "
                    "(default: update BUNDLE in place, atomically)")
     p.add_argument("--repeats", type=int, default=20, help="timed repetitions per latency median (default 20)")
@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise MissingDependencyError(f"`dwise-predict export` needs torch, onnx and onnxmltools ({e}); "
                                      "pip install 'dwise-predict[train]'") from e
-    report = export_bundle(args.bundle, onnx=True, int8=args.int8, out=args.out, repeats=args.repeats)
+    report = export_bundle(args.bundle, int8=args.int8, out=args.out, repeats=args.repeats)
     print(format_table(["file", "precision", "max abs err", "tolerance", "native µs b=1", "onnx µs b=1",
                         "native µs b=128", "onnx µs b=128", "kept"], report.rows()))
     for c in report.checks:

@@ -56,12 +56,9 @@ def _workload(args: argparse.Namespace) -> Any:
     table = read_traces(args.traces)
     admission = refined = None
     if args.bundle:
-        import dwise_predict
+        from ..bundle import load_bundle
 
-        loader = getattr(dwise_predict, "load_bundle", None)
-        if loader is None:
-            raise ConfigError("this dwise-predict has no load_bundle yet; simulate without --bundle (fcfs, mlfq, oracle)")
-        admission, refined = estimates_from_bundle(loader(args.bundle), table)
+        admission, refined = estimates_from_bundle(load_bundle(args.bundle), table)
     return Workload.from_requests(requests_from_traces(table, admission, refined))
 
 

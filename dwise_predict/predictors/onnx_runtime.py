@@ -48,7 +48,7 @@ def open_session(path: str | Path, expected: str, *, threads: int = 1) -> tuple[
 
     path = Path(path)
     if not path.is_file():
-        raise BundleError(f"ONNX file {path} does not exist; export it with `dwise-predict export BUNDLE --onnx`")
+        raise BundleError(f"ONNX file {path} does not exist; export it with `dwise-predict export BUNDLE`")
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = max(1, int(threads))
     opts.inter_op_num_threads = 1
@@ -57,11 +57,11 @@ def open_session(path: str | Path, expected: str, *, threads: int = 1) -> tuple[
         session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
     except Exception as e:  # onnxruntime raises its own Fail/InvalidProtobuf types
         raise BundleIntegrityError(f"{path} is not a loadable ONNX model ({str(e).splitlines()[0]}); "
-                                   "re-export it with `dwise-predict export BUNDLE --onnx`") from e
+                                   "re-export it with `dwise-predict export BUNDLE`") from e
     meta = dict(session.get_modelmeta().custom_metadata_map)
     if meta.get("dwise.format") != FORMAT:
         raise BundleError(f"{path} was not written by dwise-predict's exporter (no dwise.format metadata); "
-                          "re-export it with `dwise-predict export BUNDLE --onnx`")
+                          "re-export it with `dwise-predict export BUNDLE`")
     version = int(meta.get("dwise.format_version", "0"))
     if version > FORMAT_VERSION:
         raise BundleError(f"{path} uses dwise ONNX format v{version}; this dwise-predict reads up to "
@@ -111,7 +111,7 @@ class OnnxRefinement:
                                                threads=threads)
         try:
             self.hidden_size = int(self.meta["dwise.hidden_size"])
-            self.K = int(self.meta["dwise.K"])  # noqa: N815 - SPEC's name
+            self.K = int(self.meta["dwise.K"])  # noqa: N815 - the name in docs/concepts.md
         except (KeyError, ValueError) as e:
             raise BundleError(f"{self.path} lacks dwise.hidden_size/dwise.K metadata; re-export it") from e
         self.precision = self.meta.get("dwise.precision", "fp32")
@@ -188,5 +188,5 @@ def onnx_predictors(bundle: Any, *, int8: bool = True,
                                                threads=threads)
     if admission is None and refinement is None:
         raise BundleError(f"bundle '{bundle.path}' carries no ONNX predictor; run `dwise-predict export "
-                          f"{bundle.path} --onnx` first")
+                          f"{bundle.path}` first")
     return admission, refinement

@@ -1,6 +1,6 @@
 """The refinement predictor: rounds STILL TO GO after the first denoising round, in numpy.
 
-Input (SPEC §4): the first-round hidden vector (final layer, mean-pooled; ``(n, H)``), the
+Input (docs/concepts.md, "The predictors"): the first-round hidden vector (final layer, mean-pooled; ``(n, H)``), the
 prompt token count and the output budget, the last two normalized by the training maxima
 (``prompt_tokens_scale``, ``output_budget_scale``); the hidden vector is standardized with the
 training mean and standard deviation. Model: a discrete-time survival ensemble: each of the
@@ -97,7 +97,7 @@ class RefinementEnsemble:
         return int(self.hidden_mean.shape[0])
 
     @property
-    def K(self) -> int:  # noqa: N802 - SPEC's name
+    def K(self) -> int:  # noqa: N802 - the name in docs/concepts.md
         return int(self.members[0].w2.shape[1])
 
     @property

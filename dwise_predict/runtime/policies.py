@@ -104,7 +104,7 @@ class OracleSRPT:
         _check_former(self.batch_former)
 
     def key(self, table: RequestTable, rows: np.ndarray, round_index: int) -> np.ndarray:
-        return table.prompt_blocks[rows] + table.true_left[rows]
+        return table.prompt_blocks[rows] + table.r_true[rows]
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The records the runtime exchanges: a round's plan, a round's result, a replayable request.
 
-The scheduler is "a plan and an update" (STYLE.md, after vLLM v1): ``plan_round()`` returns a
+The scheduler is "a plan and an update" (after vLLM v1): ``plan_round()`` returns a
 :class:`RoundPlan` saying which requests advance which kind of block, the driver (the simulator
 or a serving framework) runs the forward pass, and hands back a :class:`RoundResult`. Both
 records carry numpy arrays aligned with ``RoundPlan.rows`` so a round costs no per-request
@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import SchedulerError
 
-# Residency states of a row of the request table (SPEC §5: waiting, running or paused are
+# Residency states of a row of the request table (docs/concepts.md: waiting, running or paused are
 # the last two: a resident either runs in a round or is paused with its KV kept).
 FREE = 0
 WAITING = 1

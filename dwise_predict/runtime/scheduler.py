@@ -10,7 +10,7 @@ Round protocol (paper Algorithm 1 for preemptive policies; see :mod:`.policies` 
     ... run one forward pass over plan.rows (prompt block if plan.prompt[j]) ...
     sched.update(RoundResult(plan.rows, finished, refined))
 
-``update`` applies SPEC §5: prompt block done → P −= 1; first denoising round done → r̂ := the
+``update`` applies the DWISE update (docs/concepts.md): prompt block done → P −= 1; first denoising round done → r̂ := the
 refined estimate if the driver gave one (once, never again), else r̂ := max(r̂ − 1, 0);
 finished requests free their KV and their row.
 """
@@ -112,7 +112,7 @@ class Scheduler:
         t.prompt_blocks[row] = int(prompt_blocks)
         t.prompt_total[row] = int(prompt_blocks)
         t.r_hat[row] = est
-        t.true_left[row] = truth
+        t.r_true[row] = truth
         t.score[row] = sc
         t.seq[row] = self._seq
         t.kv_tokens[row] = kv_tokens
@@ -298,7 +298,7 @@ class Scheduler:
             else:
                 t.r_hat[dec] = new
             t.done_rounds[dec] += 1
-            t.true_left[dec] -= 1.0
+            t.r_true[dec] -= 1.0
         t.attained[rows] += 1
         # last_ran is used only transiently by plan_round; remember this round's rows instead
         self._prev_rows = rows

@@ -49,7 +49,7 @@ class _Source:
 
 
 # Table 1 of the paper; round and prompt shapes chosen so the remapped workload reproduces the
-# category figures quoted in the module docstring (tests/test_runtime_synthetic.py checks them).
+# category figures quoted in the module docstring (tests/test_runtime_simulator.py checks them).
 SOURCES = (
     _Source("sharegpt", "chat", 1085, 124.0, 0.60, 90.0, 0.9, 0.60),
     _Source("ifeval", "instruction", 296, 118.0, 0.55, 70.0, 0.5, 0.70),

@@ -14,14 +14,14 @@ import numpy as np
 from .request import FREE, RESIDENT, WAITING
 
 _INT_FIELDS = ("prompt_blocks", "prompt_total", "seq", "kv_tokens", "done_rounds", "attained", "arrival_round", "refined_n")
-_FLOAT_FIELDS = ("r_hat", "true_left", "score", "arrival_time")
+_FLOAT_FIELDS = ("r_hat", "r_true", "score", "arrival_time")
 
 
 class RequestTable:
     """Structure-of-arrays request state. Public arrays are indexed by row.
 
     ``prompt_blocks`` = P (prompt blocks left), ``r_hat`` = estimated denoising rounds left,
-    ``true_left`` = true rounds left when a driver knows them (oracle), ``score`` = an SJF score,
+    ``r_true`` = true rounds left when a driver knows them (oracle), ``score`` = an SJF score,
     ``seq`` = arrival sequence number (the tie-break everywhere: earlier first),
     ``done_rounds`` = denoising rounds run, ``attained`` = rounds run of either kind (MLFQ),
     ``refined_n`` = how many times a refined estimate was applied (0 or 1).
@@ -36,7 +36,7 @@ class RequestTable:
     arrival_round: np.ndarray
     refined_n: np.ndarray
     r_hat: np.ndarray
-    true_left: np.ndarray
+    r_true: np.ndarray
     score: np.ndarray
     arrival_time: np.ndarray
 
