@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from dwise_predict.errors import ConfigError, ModelError, WorkloadError
+from dwise_predict.rounds import RoundsPerBlock
 from dwise_predict.traces import prompt_blocks
 
 from .adapters.base import BlockBatch, StepAdapter
@@ -83,7 +84,7 @@ class DecodeRequest:
 
 
 @dataclass
-class RequestResult:
+class RequestResult(RoundsPerBlock):
     """What the dLLM did with one request."""
 
     request_id: str
@@ -98,14 +99,6 @@ class RequestResult:
     first_round_hidden: np.ndarray | None
     #: wall time (ms) of every round this request took part in: prefill rounds, then denoising rounds
     round_wall_ms: list[float] = field(default_factory=list)
-
-    @property
-    def total_rounds(self) -> int:
-        return int(sum(self.rounds_per_block))
-
-    @property
-    def output_blocks(self) -> int:
-        return len(self.rounds_per_block)
 
     def content_ids(self, eos_ids: Iterable[int]) -> list[int]:
         """Output tokens before the first end-of-sequence token (the response proper)."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import SchedulerError
+from ..rounds import RoundsPerBlock
 
 # Residency states of a row of the request table (docs/concepts.md: waiting, running or paused are
 # the last two: a resident either runs in a round or is paused with its KV kept).
@@ -79,7 +80,7 @@ class RoundResult:
 
 
 @dataclass(frozen=True)
-class SimRequest:
+class SimRequest(RoundsPerBlock):
     """One request as the simulator replays it: its true shape plus optional estimates.
 
     ``rounds_per_block[b]`` is how many denoising rounds output block ``b`` took (the truth).
@@ -120,14 +121,6 @@ class SimRequest:
             v = getattr(self, name)
             if v is not None and (not math.isfinite(v) or v < 0):
                 raise SchedulerError(f"{where}: {name}={v} must be a finite number >= 0; drop the request or re-run the predictor")
-
-    @property
-    def total_rounds(self) -> int:
-        return int(sum(self.rounds_per_block))
-
-    @property
-    def output_blocks(self) -> int:
-        return len(self.rounds_per_block)
 
     @property
     def work(self) -> int:
