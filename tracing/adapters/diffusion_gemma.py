@@ -80,11 +80,8 @@ class DiffusionGemmaAdapter(BaseAdapter):
         defaults = model.generation_config._get_default_generation_params()
         gc = model.generation_config
         self.max_denoising_steps = int(max_denoising_steps or gc.max_denoising_steps or defaults["max_denoising_steps"])
-        if self.max_denoising_steps > self.canvas_length:
-            raise ConfigError(
-                f"max_denoising_steps={self.max_denoising_steps} exceeds the canvas length {self.canvas_length}: "
-                "traces bound rounds per block by the block size; pass max_denoising_steps <= canvas_length"
-            )
+        if self.max_denoising_steps < 1:
+            raise ConfigError(f"max_denoising_steps must be >= 1, got {self.max_denoising_steps}")
         self.gen_params = {k: (getattr(gc, k, None) if getattr(gc, k, None) is not None else defaults[k])
                            for k in ("t_min", "t_max", "stability_threshold", "confidence_threshold")}
         self.default_entropy_bound = float((gc.sampler_config or defaults["sampler_config"]).entropy_bound)
@@ -111,6 +108,11 @@ class DiffusionGemmaAdapter(BaseAdapter):
             raise ConfigError(f"DiffusionGemma decodes canvases of {self.canvas_length} tokens (config canvas_length); "
                               f"--block-size {block_size} cannot change that: drop --block-size")
         return self.canvas_length
+
+    def max_steps_per_block(self) -> int:
+        """``S``: a canvas takes at most ``max_denoising_steps`` steps (it renoises, so it
+        may take more steps than it has tokens)."""
+        return self.max_denoising_steps
 
     def decoding_threshold(self, threshold: float | None) -> float:
         """DiffusionGemma's acceptance parameter is the sampler's entropy bound (> 0)."""
