@@ -173,10 +173,11 @@ def test_bad_inputs_fail_clearly_and_write_nothing(traced, tmp_path, model_dir, 
     _fails(capsys, [*base, "--model", str(model_dir), "--workload", str(tmp_path / "nope.jsonl")], "does not exist")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "category": "chat", "source": "x", "prompt": "hi", "reference": null, "meta": {}}\n{oops\n')
-    _fails(capsys, [*base, "--model", str(model_dir), "--workload", str(bad)], "malformed JSON")
+    _fails(capsys, [*base, "--model", str(model_dir), "--workload", str(bad)], "bad.jsonl line 2: not valid JSON")
     empty = tmp_path / "empty.jsonl"
     empty.write_text("".join(json.dumps(r) + "\n" for r in workload_records(["fine", "   \n "])))
-    _fails(capsys, [*base, "--model", str(model_dir), "--workload", str(empty)], "'req-001' has an empty prompt")
+    _fails(capsys, [*base, "--model", str(model_dir), "--workload", str(empty)],
+           "empty.jsonl line 2: field 'prompt' is empty")
     small = make_tiny_bd(tmp_path / "small", block_size=8, max_position=64)
     long = tmp_path / "long.jsonl"
     long.write_text("".join(json.dumps(r) + "\n" for r in workload_records(["short", "y" * 80])))
