@@ -122,10 +122,11 @@ def trace_workload(adapter: Any, records: Iterable[Any], out_dir: str | Path, *,
         recs = recs[:limit]
     native = bool(getattr(adapter, "native_loop", False))
     bs = adapter.resolve_block_size(block_size)
-    if native:
-        if decoding not in (None, adapter.info.decoding):
-            raise ConfigError(f"{adapter.info.model_id} decodes with its own sampler "
-                              f"({adapter.info.decoding}); drop --decoding {decoding}")
+    own_sampler = native and decoding in (None, adapter.info.decoding)
+    if native and not own_sampler and not hasattr(adapter, "generate_decoded"):
+        raise ConfigError(f"{adapter.info.model_id} decodes with its own sampler "
+                          f"({adapter.info.decoding}); drop --decoding {decoding}")
+    if own_sampler:
         thr = float(adapter.decoding_threshold(threshold))
         config = DecodeConfig(block_size=bs, threshold=thr, max_new_tokens=max_new_tokens)
         fingerprint = adapter.fingerprint(block_size=bs, threshold=thr, max_new_tokens=max_new_tokens,
@@ -137,8 +138,11 @@ def trace_workload(adapter: Any, records: Iterable[Any], out_dir: str | Path, *,
         thr = DEFAULT_THRESHOLDS[name] if threshold is None else float(threshold)
         config = DecodeConfig(block_size=bs, threshold=thr, max_new_tokens=max_new_tokens, decoding=name,
                               edit_threshold=edit_threshold, max_post_edit_steps=max_post_edit_steps)
+        extra = dict(config.decoder.params())
+        if native:  # a native-loop model driven by an engine decoder starts canvases from its mask
+            extra["decoder_mask_token_id"] = adapter.decoder_mask_id()
         fingerprint = adapter.fingerprint(block_size=bs, threshold=thr, max_new_tokens=max_new_tokens,
-                                          decoding=name, extra=config.decoder.params(),
+                                          decoding=name, extra=extra,
                                           max_steps_per_block=config.max_steps_per_block)
 
     # 1. every prompt checked and tokenized before anything is written
@@ -167,7 +171,11 @@ def trace_workload(adapter: Any, records: Iterable[Any], out_dir: str | Path, *,
             summary.request_rounds += n_rows
 
         results: Iterable[RequestResult]
-        if native:
+        if native and not own_sampler:
+            results = (adapter.generate_decoded(q.prompt_ids, decoder=config.decoder,
+                                                max_new_tokens=max_new_tokens, request_id=q.request_id)
+                       for q in todo)
+        elif native:
             results = (adapter.generate_traced(q.prompt_ids, max_new_tokens=max_new_tokens, threshold=thr,
                                                seed=request_seed(seed, q.request_id), request_id=q.request_id)
                        for q in todo)
