@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=24, help="prompts (same ones for every model/decoder)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the 2 shared cores here)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (1: the 2 shared cores here)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -98,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="decoders-") as d:
         tmp = Path(d)
+        dg = tiny_diffusion_gemma(tmp / "dg")
         models = [("tiny-bd (shipped weights)", load_adapter("tiny-bd")),
-                  ("tiny random DiffusionGemma", load_adapter(str(tiny_diffusion_gemma(tmp / "dg"))))]
+                  ("tiny random DiffusionGemma", load_adapter(str(dg)))]
         for label, adapter in models:
             runs: list[str | None] = list(DECODERS)
             if getattr(adapter, "native_loop", False):

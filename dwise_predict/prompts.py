@@ -149,7 +149,8 @@ def _format_of(path: Path) -> str:
                         f"name it with one of {known}")
 
 
-def _record(obj: Any, cols: PromptColumns, where: str, default_id: str, file_name: str) -> PromptRecord:
+def _record(obj: Any, cols: PromptColumns, where: str, default_id: str,
+            file_name: str) -> PromptRecord:
     if not isinstance(obj, dict):
         raise WorkloadError(f"{where}: expected an object with a {cols.prompt!r} field, got "
                             f"{type(obj).__name__}")
@@ -215,5 +216,4 @@ def _parquet_rows(path: Path) -> Iterator[tuple[int, Any]]:
         table = pq.read_table(path)
     except (OSError, pa.ArrowInvalid) as e:
         raise WorkloadError(f"cannot read {path}: {e}; the file is corrupt or not Parquet") from e
-    for i, row in enumerate(table.to_pylist(), start=1):
-        yield i, row
+    yield from enumerate(table.to_pylist(), start=1)

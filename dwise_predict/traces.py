@@ -236,10 +236,10 @@ def validate_table(table: pa.Table, where: str = "traces") -> None:
     if table.num_rows == 0:
         raise TraceError(f"{where} holds no requests")
     names = set(table.column_names)
-    if "request_id" in names:
-        if pc.count_distinct(table.column("request_id")).as_py() != table.num_rows:
-            raise TraceError(f"{where} repeats request ids; each request must be traced once")
-    if {"rounds_per_block", "total_rounds"} <= names and names & {"max_steps_per_block", "block_size"}:
+    if "request_id" in names and len(pc.unique(table.column("request_id"))) != table.num_rows:
+        raise TraceError(f"{where} repeats request ids; each request must be traced once")
+    bound = names & {"max_steps_per_block", "block_size"}
+    if {"rounds_per_block", "total_rounds"} <= names and bound:
         _check_rounds(table, where)
     if "first_round_hidden" in names:
         col = table.column("first_round_hidden")

@@ -25,7 +25,8 @@ def _row(i: int, rounds: list[int]) -> dict:
         "schema_version": TRACE_SCHEMA_VERSION, "request_id": f"r{i}", "category": "chat", "source": "test",
         "prompt": "hi there", "prompt_sha256": "x", "prompt_tokens": 9, "word_count": 2, "newline_count": 0,
         "prompt_blocks": 3, "output_budget": 16, "block_size": 4, "decoding": "low_confidence",
-        "threshold": 0.9, "max_steps_per_block": 4, "seed": 0, "output_tokens": 4 * len(rounds), "output_text": "....",
+        "threshold": 0.9, "max_steps_per_block": 4, "seed": 0, "output_tokens": 4 * len(rounds),
+        "output_text": "....",
         "output_blocks": len(rounds), "rounds_per_block": rounds, "total_rounds": sum(rounds),
         "finished_eos": True, "hit_budget": False, "first_round_hidden": [0.1 * i, 0.2, 0.3],
         "round_wall_ms": [1.0] * (3 + sum(rounds)), "model_id": "m", "model_revision": None,
@@ -110,7 +111,8 @@ def test_rounds_beyond_block_size_read_back_as_an_activity_matrix_of_width_s(tmp
     with pytest.raises(TraceError, match=r"\[1, 4\]"):  # block_size is not the bound any more
         activity_matrix(row["rounds_per_block"], row["block_size"])
     _write(tmp_path / "over.parquet", [_editing_row(0, [3]), _editing_row(1, [2, 22])])
-    with pytest.raises(TraceError, match=r"request #1 .*rounds_per_block=\[2, 22\].*max_steps_per_block=21"):
+    with pytest.raises(TraceError,
+                       match=r"request #1 .*rounds_per_block=\[2, 22\].*max_steps_per_block=21"):
         read_traces(tmp_path / "over.parquet")
 
 

@@ -173,7 +173,8 @@ def test_bad_inputs_fail_clearly_and_write_nothing(traced, tmp_path, model_dir, 
     _fails(capsys, [*base, "--model", str(model_dir), "--workload", str(tmp_path / "nope.jsonl")], "does not exist")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "category": "chat", "source": "x", "prompt": "hi", "reference": null, "meta": {}}\n{oops\n')
-    _fails(capsys, [*base, "--model", str(model_dir), "--workload", str(bad)], "bad.jsonl line 2: not valid JSON")
+    _fails(capsys, [*base, "--model", str(model_dir), "--workload", str(bad)],
+           "bad.jsonl line 2: not valid JSON")
     empty = tmp_path / "empty.jsonl"
     empty.write_text("".join(json.dumps(r) + "\n" for r in workload_records(["fine", "   \n "])))
     _fails(capsys, [*base, "--model", str(model_dir), "--workload", str(empty)],
@@ -243,7 +244,8 @@ def test_parquet_with_other_column_names_traces_without_edits(tmp_path, model_di
     })
     pq.write_table(table, tmp_path / "traffic.parquet")
     out = tmp_path / "o"
-    assert main(["trace", "--model", str(model_dir), "--workload", str(tmp_path / "traffic.parquet"),
+    traffic = str(tmp_path / "traffic.parquet")
+    assert main(["trace", "--model", str(model_dir), "--workload", traffic,
                  "--prompt-column", "conversation", "--id-column", "uid", "--category-column",
                  "intent", "--out", str(out), *ARGS]) == 0
     rows = {r["request_id"]: r for r in read_traces(out).to_pylist()}

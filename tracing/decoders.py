@@ -56,8 +56,10 @@ class Decoder:
 
     def __post_init__(self) -> None:
         if self.name not in DECODERS:
-            raise ConfigError(f"unknown decoding {self.name!r}; choose one of {', '.join(DECODERS)}")
-        for label, value in (("threshold", self.threshold), ("edit_threshold", self.edit_threshold)):
+            raise ConfigError(f"unknown decoding {self.name!r}; choose one of "
+                              f"{', '.join(DECODERS)}")
+        for label, value in (("threshold", self.threshold),
+                             ("edit_threshold", self.edit_threshold)):
             if not math.isfinite(value):
                 raise ConfigError(f"{label} must be a finite number, got {value}")
         if self.max_post_edit_steps < 0:
@@ -70,7 +72,7 @@ class Decoder:
         return block_size
 
     def params(self) -> dict[str, float | int]:
-        """The parameters beyond the threshold, recorded in the fingerprint (none for LowConfidence)."""
+        """Parameters beyond the threshold, recorded in the fingerprint (LowConfidence: none)."""
         if self.name == JOINT_THRESHOLD:
             return {"edit_threshold": float(self.edit_threshold),
                     "max_post_edit_steps": int(self.max_post_edit_steps)}
@@ -96,8 +98,9 @@ def _confidence(logits: torch.Tensor, mask_id: int) -> tuple[torch.Tensor, torch
     return conf, pred
 
 
-def unmask_step(logits: torch.Tensor, block: torch.Tensor, threshold: float, mask_id: int) -> torch.Tensor:
-    """One LowConfidence round on one block: unmask masked positions with top-1 prob >= τ, at least one.
+def unmask_step(logits: torch.Tensor, block: torch.Tensor, threshold: float,
+                mask_id: int) -> torch.Tensor:
+    """One LowConfidence round on one block: unmask positions with top-1 prob >= τ, at least one.
 
     ``logits`` ``[L, V]``, ``block`` ``[L]`` (``mask_id`` where undecided). Returns the new block.
     """

@@ -1,4 +1,4 @@
-"""Batched block-diffusion decoding (LowConfidence or JointThreshold) with first-round hidden-state capture.
+"""Batched block-diffusion decoding (LowConfidence or JointThreshold), first-round hidden capture.
 
 This is the decoding a DWISE server runs (SPEC §1), made exact and observable:
 
@@ -196,8 +196,8 @@ def decode(adapter: StepAdapter, requests: Iterable[DecodeRequest], config: Deco
     if not pending:
         return
     if info.mask_token_id is None:
-        raise ConfigError(f"{info.model_id} has no mask token; it cannot be decoded by a mask-predict "
-                          f"decoder ({config.decoding})")
+        raise ConfigError(f"{info.model_id} has no mask token; it cannot be decoded by a "
+                          f"mask-predict decoder ({config.decoding})")
     n_slots = min(batch_size, len(pending))
     capacity = max(len(r.prompt_ids) for r in pending) + config.max_new_tokens
     adapter.open_slots(n_slots, capacity)

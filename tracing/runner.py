@@ -129,20 +129,23 @@ def trace_workload(adapter: Any, records: Iterable[Any], out_dir: str | Path, *,
     if own_sampler:
         thr = float(adapter.decoding_threshold(threshold))
         config = DecodeConfig(block_size=bs, threshold=thr, max_new_tokens=max_new_tokens)
-        fingerprint = adapter.fingerprint(block_size=bs, threshold=thr, max_new_tokens=max_new_tokens,
+        fingerprint = adapter.fingerprint(block_size=bs, threshold=thr,
+                                          max_new_tokens=max_new_tokens,
                                           max_steps_per_block=adapter.max_steps_per_block())
     else:
         name = decoding or LOW_CONFIDENCE
         if name not in DEFAULT_THRESHOLDS:
-            raise ConfigError(f"unknown decoding {name!r}; choose one of {', '.join(DEFAULT_THRESHOLDS)}")
+            raise ConfigError(f"unknown decoding {name!r}; choose one of "
+                              f"{', '.join(DEFAULT_THRESHOLDS)}")
         thr = DEFAULT_THRESHOLDS[name] if threshold is None else float(threshold)
-        config = DecodeConfig(block_size=bs, threshold=thr, max_new_tokens=max_new_tokens, decoding=name,
-                              edit_threshold=edit_threshold, max_post_edit_steps=max_post_edit_steps)
+        config = DecodeConfig(block_size=bs, threshold=thr, max_new_tokens=max_new_tokens,
+                              decoding=name, edit_threshold=edit_threshold,
+                              max_post_edit_steps=max_post_edit_steps)
         extra = dict(config.decoder.params())
         if native:  # a native-loop model driven by an engine decoder starts canvases from its mask
             extra["decoder_mask_token_id"] = adapter.decoder_mask_id()
-        fingerprint = adapter.fingerprint(block_size=bs, threshold=thr, max_new_tokens=max_new_tokens,
-                                          decoding=name, extra=extra,
+        fingerprint = adapter.fingerprint(block_size=bs, threshold=thr,
+                                          max_new_tokens=max_new_tokens, decoding=name, extra=extra,
                                           max_steps_per_block=config.max_steps_per_block)
 
     # 1. every prompt checked and tokenized before anything is written
@@ -173,7 +176,8 @@ def trace_workload(adapter: Any, records: Iterable[Any], out_dir: str | Path, *,
         results: Iterable[RequestResult]
         if native and not own_sampler:
             results = (adapter.generate_decoded(q.prompt_ids, decoder=config.decoder,
-                                                max_new_tokens=max_new_tokens, request_id=q.request_id)
+                                                max_new_tokens=max_new_tokens,
+                                                request_id=q.request_id)
                        for q in todo)
         elif native:
             results = (adapter.generate_traced(q.prompt_ids, max_new_tokens=max_new_tokens, threshold=thr,

@@ -42,16 +42,18 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
                    help="which file of a workload folder to trace (default: eval)")
     p.add_argument("--block-size", type=int, default=None, help="block size (default: the model's own)")
     p.add_argument("--decoding", default=None, choices=("low_confidence", "joint_threshold"),
-                   help="decoder for mask-predict models (default: low_confidence); joint_threshold "
-                        "also edits decoded tokens, as SGLang's JointThreshold (LLaDA2.1's default)")
+                   help="decoder for mask-predict models (default: low_confidence); "
+                        "joint_threshold also edits decoded tokens, as SGLang's JointThreshold "
+                        "(LLaDA2.1's default)")
     p.add_argument("--threshold", type=float, default=None,
-                   help="LowConfidence τ (default 0.95) or JointThreshold's mask-to-token threshold "
-                        "(default 0.5); DiffusionGemma: its entropy bound")
+                   help="LowConfidence τ (default 0.95) or JointThreshold's mask-to-token "
+                        "threshold (default 0.5); DiffusionGemma: its entropy bound")
     p.add_argument("--edit-threshold", type=float, default=0.0,
                    help="joint_threshold: re-write a decoded token when the model prefers another "
                         "with probability above this (default: 0.0)")
     p.add_argument("--max-post-edit-steps", type=int, default=16,
-                   help="joint_threshold: edit steps allowed once a block has no mask (default: 16)")
+                   help="joint_threshold: edit steps allowed once a block has no mask "
+                        "(default: 16)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="output budget in tokens (default: 256)")
     p.add_argument("--batch-size", type=int, default=8, help="requests decoded together (default: 8)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
@@ -83,7 +85,7 @@ def workload_file(path: Path, split: str) -> Path:
 
 def read_records(path: Path, split: str = "eval",
                  columns: PromptColumns | None = None) -> list[PromptRecord]:
-    """The prompts a --workload argument stands for (see :func:`dwise_predict.prompts.read_prompts`)."""
+    """The prompts a --workload argument stands for (:func:`dwise_predict.prompts.read_prompts`)."""
     return read_prompts(workload_file(path, split), columns)
 
 

@@ -163,8 +163,9 @@ class RoundLog:
 
     def check_room(self, unfinished: int) -> None:
         if self.rounds >= self.capacity:
-            raise SchedulerError(f"simulation exceeded {self.capacity} rounds with {unfinished} requests "
-                                 "unfinished; the policy starves requests or max_rounds is too small")
+            raise SchedulerError(f"simulation exceeded {self.capacity} rounds with {unfinished} "
+                                 "requests unfinished; the policy starves requests or max_rounds "
+                                 "is too small")
 
     def charge(self, filled: int, context_tokens: float) -> float:
         """Advance the clock by the round-time model's time for this round; returns it (ms)."""

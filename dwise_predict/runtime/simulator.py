@@ -129,7 +129,8 @@ def simulate(workload: Workload, policy: Policy, *, arrivals: Arrivals | Arrival
         upd_s = sched.update(RoundResult(plan.rows, finished, refined))
         if check_invariants:
             sched.check_invariants()
-        log.record(dt_ms, plan.rows.size, int(plan.prompt.sum()), context, plan.plan_seconds + upd_s)
+        log.record(dt_ms, plan.rows.size, int(plan.prompt.sum()), context,
+                   plan.plan_seconds + upd_s)
     return SimulationRun(
         policy=policy.name, arrival=str(arrivals) if not isinstance(arrivals, Arrivals) else "custom",
         slots=slots, k=k, arrival_time=feed.arrival_times(), finish_time=progress.finish_time,
@@ -137,7 +138,8 @@ def simulate(workload: Workload, policy: Policy, *, arrivals: Arrivals | Arrival
         round_ms=log.ms[:log.rounds], round_filled=log.filled[:log.rounds],
         round_prompt=log.prompt[:log.rounds], round_context=log.context[:log.rounds],
         round_sched_s=log.sched_s[:log.rounds], preemptions=sched.preemptions,
-        refinements=sched.refinements, wall_s=time.perf_counter() - t_wall, categories=workload.category)
+        refinements=sched.refinements, wall_s=time.perf_counter() - t_wall,
+        categories=workload.category)
 
 
 def _jump_when_idle(log: RoundLog, feed: ArrivalFeed, sched: Scheduler) -> None:
@@ -150,11 +152,13 @@ def _jump_when_idle(log: RoundLog, feed: ArrivalFeed, sched: Scheduler) -> None:
 def _check_nonempty(plan: RoundPlan, sched: Scheduler, unfinished: int) -> None:
     """An empty round cannot happen with live requests (a lone request always fits the pool)."""
     if plan.rows.size == 0:
-        raise SchedulerError(f"the scheduler planned an empty round with {unfinished} requests unfinished "
-                             f"({sched.n_waiting} waiting, {sched.n_resident} resident); check the KV pool size")
+        raise SchedulerError(f"the scheduler planned an empty round with {unfinished} requests "
+                             f"unfinished ({sched.n_waiting} waiting, {sched.n_resident} "
+                             "resident); check the KV pool size")
 
 
-def _refined_estimates(plan: RoundPlan, req: np.ndarray, refined: np.ndarray | None) -> np.ndarray | None:
+def _refined_estimates(plan: RoundPlan, req: np.ndarray,
+                       refined: np.ndarray | None) -> np.ndarray | None:
     """The refined estimate of each slot that ran its first denoising round (NaN elsewhere)."""
     if refined is None or bool(plan.prompt.all()) or not plan.first_denoise.any():
         return None

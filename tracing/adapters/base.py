@@ -105,7 +105,7 @@ class BaseAdapter:
     def fingerprint(self, *, block_size: int, threshold: float, max_new_tokens: int,
                     extra: dict[str, Any] | None = None, decoding: str | None = None,
                     max_steps_per_block: int | None = None) -> ModelFingerprint:
-        """The fingerprint of traces this adapter makes; ``decoding`` defaults to the model's own."""
+        """The fingerprint of traces this adapter makes (``decoding`` defaults to the model's)."""
         i = self.info
         return ModelFingerprint(
             model_id=i.model_id, block_size=block_size, threshold=float(threshold),

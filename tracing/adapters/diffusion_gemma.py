@@ -127,8 +127,8 @@ class DiffusionGemmaAdapter(BaseAdapter):
         """The token a mask-predict decoder starts each canvas from: the tokenizer's mask token."""
         mask = getattr(self.tokenizer, "mask_token_id", None)
         if mask is None:
-            raise ConfigError(f"{self.info.model_id}'s tokenizer has no mask token, so it can only be "
-                              f"traced with its own sampler ({DECODING}); drop --decoding")
+            raise ConfigError(f"{self.info.model_id}'s tokenizer has no mask token, so it can "
+                              f"only be traced with its own sampler ({DECODING}); drop --decoding")
         return int(mask)
 
     def generate_decoded(self, prompt_ids: list[int], *, decoder: Decoder, max_new_tokens: int,
@@ -234,9 +234,10 @@ class _DecoderLoop:
                     input_ids = torch.cat([input_ids, canvas], dim=-1)
                     if any(t in eos for t in canvas[0].tolist()):
                         break
-                    cur, dec_attention, attention, enc_pos, dec_pos = model._prepare_kwargs_for_next_canvas(
+                    nxt = model._prepare_kwargs_for_next_canvas(
                         attention_mask=attention, decoder_attention_mask=dec_attention,
                         decoder_position_ids=dec_pos, canvas_length=length, cur_len=cur)
+                    cur, dec_attention, attention, enc_pos, dec_pos = nxt
         finally:
             handle.remove()
         output = output[:max_new_tokens]
@@ -260,7 +261,8 @@ class _DecoderLoop:
         post_edit, steps, done = 0, 0, False
         while not done:
             out = model(decoder_input_ids=canvas, self_conditioning_logits=self_conditioning,
-                        decoder_attention_mask=mask_mapping, cache=cache, decoder_position_ids=dec_pos)
+                        decoder_attention_mask=mask_mapping, cache=cache,
+                        decoder_position_ids=dec_pos)
             block, post_edit, done = self.decoder.step(out.logits[0], canvas[0].cpu(), post_edit,
                                                        self.mask_id)
             canvas = block[None].to(self.adapter.device)
