@@ -17,7 +17,6 @@ Prints a table and writes benchmarks/results/decoders.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -30,6 +29,7 @@ import numpy as np
 import torch
 
 from dwise_predict.cli._common import format_table
+from dwise_predict.predictors._files import write_json_atomic
 from dwise_predict.traces import read_trace_fingerprint, read_traces
 
 RESULTS = Path(__file__).parent / "results" / "decoders.json"
@@ -123,9 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                "torch": torch.__version__, "python": platform.python_version(),
                "cpu_count": os.cpu_count(), "results": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = args.out.with_name(f".{args.out.name}.tmp")
-    tmp_out.write_text(json.dumps(payload, indent=2) + "\n")
-    os.replace(tmp_out, args.out)
+    write_json_atomic(args.out, payload)
     print(f"wrote {args.out}")
     return 0
 

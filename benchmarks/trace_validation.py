@@ -15,7 +15,6 @@ Prints a table and writes benchmarks/results/trace_validation.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -26,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from dwise_predict.cli._common import format_table
+from dwise_predict.predictors._files import write_json_atomic
 from dwise_predict.traces import validate_table
 
 RESULTS = Path(__file__).parent / "results" / "trace_validation.json"
@@ -89,9 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                "speedup": peer / ours, "python": platform.python_version(),
                "pyarrow": pa.__version__, "cpu_count": os.cpu_count()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(f".{args.out.name}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2) + "\n")
-    os.replace(tmp, args.out)
+    write_json_atomic(args.out, payload)
     print(f"wrote {args.out}")
     return 0
 
