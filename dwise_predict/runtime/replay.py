@@ -37,27 +37,32 @@ class ArrivalFeed:
     #: workload index of the request in each scheduler row (rows are reused, so it is rewritten)
     request_of_row: np.ndarray = field(init=False)
     next: int = 0
+    n: int = field(init=False)
 
     def __post_init__(self) -> None:
-        self.request_of_row = np.zeros(self.workload.n + 1, dtype=np.int64)
+        self.n = self.workload.n
+        self.request_of_row = np.zeros(self.n + 1, dtype=np.int64)
 
     def arrival_times(self) -> np.ndarray:
         """Arrival time of every request, by workload index."""
-        out = np.zeros(self.workload.n)
+        out = np.zeros(self.n)
         out[self.arrivals.order] = self.arrivals.times
         return out
 
     def next_arrival(self) -> float | None:
         """When the next request arrives (None once all have)."""
-        if self.next >= self.workload.n:
+        if self.next >= self.n:
             return None
         return float(self.arrivals.times[self.next])
 
     def admit_until(self, sched: Scheduler, now: float) -> None:
         """Add every request that has arrived by ``now`` to the scheduler's waiting queue."""
-        w, times, inputs = self.workload, self.arrivals.times, self.inputs
+        times = self.arrivals.times
+        if self.next >= self.n or times[self.next] > now:
+            return
+        w, inputs = self.workload, self.inputs
         adm, truth, score = inputs["admission"], inputs["true_rounds"], inputs["score"]
-        while self.next < w.n and times[self.next] <= now:
+        while self.next < self.n and times[self.next] <= now:
             i = int(self.arrivals.order[self.next])
             row = sched.add_request(
                 w.request_ids[i], int(w.prompt_blocks[i]), None if adm is None else float(adm[i]),
@@ -81,10 +86,12 @@ class RequestProgress:
     first_block_time: np.ndarray = field(init=False)
     finish_time: np.ndarray = field(init=False)
     finished: int = 0
+    n: int = field(init=False)
     _order: list[np.ndarray] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         w = self.workload
+        self.n = w.n
         self.prompt_done = np.zeros(w.n, dtype=np.int64)
         self.block = np.zeros(w.n, dtype=np.int64)
         self.left = w.rounds_flat[w.block_offsets[:-1]].copy()
@@ -93,7 +100,7 @@ class RequestProgress:
 
     @property
     def all_finished(self) -> bool:
-        return self.finished >= self.workload.n
+        return self.finished >= self.n
 
     def completion_order(self) -> np.ndarray:
         return np.concatenate(self._order) if self._order else np.zeros(0, dtype=np.int64)
