@@ -18,10 +18,11 @@ decoder and the same number of steps per block:
   counts as a step (its input is the final block, so its keys/values are the block's own).
   So a block takes 2 to ``block_size + max_post_edit_steps + 1`` steps: the decoder's ``S``.
 
-Where this differs from SGLang, on purpose: the mask token is never a prediction (a model
-that predicts its own mask token would re-mask a position and could loop forever), and ties
-break at the first index. Neither changes anything for a model that does not predict its
-mask token.
+Where this differs from SGLang: the mask token is never a prediction (a model that predicts
+its own mask token would re-mask a position and could loop forever), ties break at the first
+index, and LowConfidence unmasks at ``>= τ`` where SGLang's uses ``> τ`` (kept, so traces
+made before stay reproducible). None of these changes a step unless the model predicts its
+mask token or a probability equals the threshold exactly.
 """
 
 from __future__ import annotations
