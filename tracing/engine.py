@@ -17,10 +17,12 @@ This is the decoding a DWISE server runs (SPEC §1), made exact and observable:
   ``threshold > 1``: one position per round). JointThreshold also re-writes decoded tokens
   and finishes a block on a step that changes nothing, so a block takes up to
   ``block_size + max_post_edit_steps + 1`` rounds (``DecodeConfig.max_steps_per_block``).
-* **Commit.** A block with no mask left is done; its clean tokens must join the cache with
-  keys/values computed from clean inputs (like a prompt block). They ride in front of the
-  request's next block in the next round's forward (the next block sees them, they do not see
-  it), so committing costs no extra forward and is not a denoising round.
+* **Commit.** A block is done when the decoder says so (LowConfidence: no mask left;
+  JointThreshold: a step that changed nothing, or the edit budget spent); its clean tokens
+  must join the cache with keys/values computed from clean inputs (like a prompt block). They
+  ride in front of the request's next block in the next round's forward (the next block sees
+  them, they do not see it), so committing costs no extra forward and is not a denoising
+  round.
 * **Stop.** A request is done when a finished block contains an end-of-sequence token, or
   when its output budget is spent (the last block is shortened to fit the budget exactly).
 
