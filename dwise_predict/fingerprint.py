@@ -22,6 +22,7 @@ CRITICAL_FIELDS: tuple[str, ...] = (
     "block_size",
     "decoding",
     "threshold",
+    "max_steps_per_block",
     "mask_token_id",
     "hidden_size",
 )
@@ -37,6 +38,10 @@ class ModelFingerprint:
     decoding: str = "low_confidence"
     mask_token_id: int | None = None
     hidden_size: int | None = None
+    #: ``S``, the most denoising steps the decoder may spend on one block: ``block_size`` for
+    #: LowConfidence, more for a decoder that edits committed tokens (JointThreshold). None
+    #: in fingerprints written before it was recorded (then it was ``block_size``).
+    max_steps_per_block: int | None = None
     max_new_tokens: int | None = None
     revision: str | None = None
     dtype: str | None = None
@@ -63,7 +68,10 @@ class ModelFingerprint:
     def short(self) -> str:
         """One human line: ``tiny-bd@abc123 (block 32, low_confidence τ=0.95)``."""
         rev = f"@{self.revision[:12]}" if self.revision else ""
-        return f"{self.model_id}{rev} (block {self.block_size}, {self.decoding} threshold {self.threshold:g})"
+        steps = self.max_steps_per_block
+        most = f", up to {steps} steps per block" if steps and steps != self.block_size else ""
+        return (f"{self.model_id}{rev} (block {self.block_size}, {self.decoding} "
+                f"threshold {self.threshold:g}{most})")
 
     def mismatches(self, other: ModelFingerprint, fields: tuple[str, ...] = CRITICAL_FIELDS) -> list[str]:
         """Names of the ``fields`` where two fingerprints disagree (None on either side = unknown, skipped)."""

@@ -10,6 +10,13 @@ scheduler process can load traces with pyarrow alone.
 The schema is versioned (``TRACE_SCHEMA_VERSION``): the version is stored both as a column
 and in the Parquet key-value metadata, and :func:`read_traces` refuses files it does not
 understand. ``docs/traces.md`` documents every column.
+
+Version 2 added ``max_steps_per_block`` (``S``): the most denoising steps the decoder may
+spend on one block. It equals ``block_size`` for LowConfidence, but an editing decoder
+(JointThreshold) re-writes committed tokens and may spend ``block_size + 17`` steps, so the
+bound on rounds per block and the width of the activity matrix come from ``S``, never from
+``block_size``. Version-1 files still read: every decoder they could record was bounded by
+the block size, so :func:`read_traces` fills ``S = block_size`` (:func:`migrate_table`).
 """
 
 from __future__ import annotations
@@ -27,13 +34,13 @@ import pyarrow.parquet as pq
 from .errors import TraceError
 from .fingerprint import ModelFingerprint
 
-TRACE_SCHEMA_VERSION = 1
+TRACE_SCHEMA_VERSION = 2
 
 #: Parquet key-value metadata keys.
 META_SCHEMA_VERSION = b"dwise.schema_version"
 META_FINGERPRINT = b"dwise.fingerprint"
 
-#: The columns of schema version 1, in file order. Nullable columns may hold nulls;
+#: The columns of schema version 2, in file order. Nullable columns may hold nulls;
 #: ``prompt`` is null when the trace was written with prompts redacted (the hash stays).
 TRACE_SCHEMA = pa.schema(
     [
@@ -53,6 +60,7 @@ TRACE_SCHEMA = pa.schema(
         pa.field("block_size", pa.int32(), nullable=False),
         pa.field("decoding", pa.string(), nullable=False),
         pa.field("threshold", pa.float32(), nullable=False),
+        pa.field("max_steps_per_block", pa.int32(), nullable=False),
         pa.field("seed", pa.int64(), nullable=False),
         # -- what the dLLM did
         pa.field("output_tokens", pa.int32(), nullable=False),
@@ -74,22 +82,29 @@ TRACE_SCHEMA = pa.schema(
 )
 
 REQUIRED_COLUMNS: tuple[str, ...] = tuple(f.name for f in TRACE_SCHEMA if not f.nullable)
+#: columns a file of an older schema version may lack; :func:`migrate_table` derives them
+_ADDED_IN: dict[str, int] = {"max_steps_per_block": 2}
 
 
-def activity_matrix(rounds_per_block: Sequence[int], block_size: int, n_blocks: int | None = None) -> np.ndarray:
+def activity_matrix(rounds_per_block: Sequence[int], max_steps: int,
+                    n_blocks: int | None = None) -> np.ndarray:
     """The activity matrix ``A[b, s] = 1`` iff output block ``b`` needed a step ``s``.
 
     Derived, never stored: block ``b`` ran ``rounds_per_block[b]`` denoising steps, so
-    ``A[b, :r_b] = 1``. ``n_blocks`` pads (with zero rows) or must cover all blocks.
+    ``A[b, :r_b] = 1``. ``max_steps`` is ``S``, the decoder's most steps per block (a trace's
+    ``max_steps_per_block``; larger than the block size for an editing decoder), and gives
+    the matrix its width. ``n_blocks`` pads (with zero rows) or must cover all blocks.
     """
     rounds = np.asarray(rounds_per_block, dtype=np.int64)
     n = len(rounds) if n_blocks is None else n_blocks
     if n < len(rounds):
-        raise TraceError(f"n_blocks={n} is smaller than the {len(rounds)} blocks traced; pass n_blocks >= {len(rounds)}")
-    if np.any(rounds < 1) or np.any(rounds > block_size):
-        raise TraceError(f"rounds per block must lie in [1, {block_size}], got {rounds.tolist()}")
-    steps = np.arange(block_size)
-    out = np.zeros((n, block_size), dtype=np.uint8)
+        raise TraceError(f"n_blocks={n} is smaller than the {len(rounds)} blocks traced; "
+                         f"pass n_blocks >= {len(rounds)}")
+    if np.any(rounds < 1) or np.any(rounds > max_steps):
+        raise TraceError(f"rounds per block must lie in [1, {max_steps}] (the decoder's most "
+                         f"steps per block), got {rounds.tolist()}")
+    steps = np.arange(max_steps)
+    out = np.zeros((n, max_steps), dtype=np.uint8)
     out[: len(rounds)] = steps[None, :] < rounds[:, None]
     return out
 
@@ -107,25 +122,49 @@ def trace_files(path: str | Path) -> list[Path]:
     raise TraceError(f"trace path {p} does not exist; pass a trace file or the folder `dwise-predict trace` wrote")
 
 
-def _check_schema(schema: pa.Schema, where: Path) -> None:
+def _check_schema(schema: pa.Schema, where: Path) -> int:
+    """Refuse a file this reader cannot understand; return its schema version."""
     meta = schema.metadata or {}
     raw = meta.get(META_SCHEMA_VERSION)
     if raw is None:
-        raise TraceError(f"{where} is not a dwise-predict trace (no {META_SCHEMA_VERSION.decode()} metadata); write it with `dwise-predict trace`")
+        raise TraceError(f"{where} is not a dwise-predict trace (no {META_SCHEMA_VERSION.decode()} "
+                         "metadata); write it with `dwise-predict trace`")
     try:
         version = int(raw)
     except ValueError as e:
         raise TraceError(f"{where} has a malformed schema version {raw!r}") from e
     if version > TRACE_SCHEMA_VERSION:
         raise TraceError(
-            f"{where} uses trace schema v{version} but this dwise-predict reads up to v{TRACE_SCHEMA_VERSION}; "
-            "upgrade dwise-predict"
+            f"{where} uses trace schema v{version} but this dwise-predict reads up to "
+            f"v{TRACE_SCHEMA_VERSION}; upgrade dwise-predict"
         )
     if version < 1:
         raise TraceError(f"{where} has an invalid trace schema version {version}")
-    missing = [c for c in REQUIRED_COLUMNS if c not in schema.names]
+    missing = [c for c in REQUIRED_COLUMNS
+               if c not in schema.names and _ADDED_IN.get(c, 0) <= version]
     if missing:
-        raise TraceError(f"{where} lacks required trace columns {missing}; re-trace with `dwise-predict trace`")
+        raise TraceError(f"{where} lacks required trace columns {missing}; "
+                         "re-trace with `dwise-predict trace`")
+    return version
+
+
+def migrate_table(table: pa.Table) -> pa.Table:
+    """Bring a table of an older schema version up to the current one, in place of columns.
+
+    v1 -> v2: ``max_steps_per_block = block_size``. Every decoder a v1 trace could record
+    (LowConfidence, DiffusionGemma with at most ``canvas_length`` steps) was bounded by the
+    block size, which is exactly what the v1 reader enforced.
+    """
+    names = table.column_names
+    if "max_steps_per_block" not in names and "block_size" in names:  # v1 -> v2
+        at = names.index("threshold") + 1 if "threshold" in names else len(names)
+        table = table.add_column(at, TRACE_SCHEMA.field("max_steps_per_block"),
+                                 table.column("block_size").cast(pa.int32()))
+    if "schema_version" in table.column_names:
+        i = table.column_names.index("schema_version")
+        version = pa.array(np.full(table.num_rows, TRACE_SCHEMA_VERSION, dtype=np.int16))
+        table = table.set_column(i, TRACE_SCHEMA.field("schema_version"), version)
+    return table
 
 
 def read_trace_fingerprint(path: str | Path) -> ModelFingerprint:
@@ -139,16 +178,30 @@ def read_trace_fingerprint(path: str | Path) -> ModelFingerprint:
     return ModelFingerprint.from_dict(json.loads(raw))
 
 
-def read_traces(path: str | Path, columns: Iterable[str] | None = None, *, validate: bool = True) -> pa.Table:
+def _read_one(f: Path, columns: list[str] | None, schema: pa.Schema) -> pa.Table:
+    """One shard, migrated to the current schema; ``columns`` may name derived columns."""
+    if columns is None:
+        return migrate_table(pq.read_table(f))
+    on_disk = [c for c in columns if c in schema.names]
+    derived = [c for c in columns if c not in schema.names and c in _ADDED_IN]
+    helpers = ["block_size"] if derived and "block_size" not in on_disk else []
+    table = migrate_table(pq.read_table(f, columns=on_disk + helpers))
+    return table.select([c for c in columns if c in table.column_names])
+
+
+def read_traces(path: str | Path, columns: Iterable[str] | None = None, *,
+                validate: bool = True) -> pa.Table:
     """Read a trace file or a folder of shards into one Arrow table, validating the schema.
 
-    Raises :class:`TraceError` naming the file and the fix when a file is not a trace,
-    was written by a newer schema, lacks required columns, or shards disagree on the
-    model fingerprint.
+    Files of an older schema version are migrated on read (:func:`migrate_table`), so the
+    table always has the current columns. Raises :class:`TraceError` naming the file and
+    the fix when a file is not a trace, was written by a newer schema, lacks required
+    columns, or shards disagree on the model fingerprint.
     """
     files = trace_files(path)
     tables = []
     fingerprint: bytes | None = None
+    cols = list(columns) if columns is not None else None
     for f in files:
         try:
             schema = pq.read_schema(f)
@@ -160,11 +213,10 @@ def read_traces(path: str | Path, columns: Iterable[str] | None = None, *, valid
             fingerprint = fp
         elif fp != fingerprint:
             raise TraceError(
-                f"trace shards in {path} come from different models or decoding settings ({files[0].name} vs {f.name}); "
-                "keep one model's traces per folder"
+                f"trace shards in {path} come from different models or decoding settings "
+                f"({files[0].name} vs {f.name}); keep one model's traces per folder"
             )
-        cols = list(columns) if columns is not None else None
-        tables.append(pq.read_table(f, columns=cols))
+        tables.append(_read_one(f, cols, schema))
     table = pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
     if validate:
         validate_table(table, str(path))
@@ -176,30 +228,52 @@ def read_traces(path: str | Path, columns: Iterable[str] | None = None, *, valid
 
 
 def validate_table(table: pa.Table, where: str = "traces") -> None:
-    """Value checks a predictor or the simulator relies on: ids unique, rounds consistent, no NaN."""
+    """Value checks a predictor or the simulator relies on: ids unique, rounds consistent, no NaN.
+
+    Column-wise (numpy over the flattened lists), never a Python loop over rows: a trace set
+    of a million requests is normal and validates in about a second (docs/traces.md).
+    """
     if table.num_rows == 0:
         raise TraceError(f"{where} holds no requests")
     names = set(table.column_names)
-    if "request_id" in names:
-        ids = table.column("request_id").to_pylist()
-        if len(set(ids)) != len(ids):
-            raise TraceError(f"{where} repeats request ids; each request must be traced once")
-    if {"rounds_per_block", "total_rounds", "block_size"} <= names:
-        rpb = table.column("rounds_per_block").to_pylist()
-        tot = table.column("total_rounds").to_pylist()
-        bs = table.column("block_size").to_pylist()
-        for i, (r, t, b) in enumerate(zip(rpb, tot, bs)):
-            if not r or sum(r) != t or min(r) < 1 or max(r) > b:
-                raise TraceError(
-                    f"{where}: request #{i} has inconsistent rounds (rounds_per_block={r}, total_rounds={t}, block_size={b})"
-                )
+    if "request_id" in names and len(pc.unique(table.column("request_id"))) != table.num_rows:
+        raise TraceError(f"{where} repeats request ids; each request must be traced once")
+    bound = names & {"max_steps_per_block", "block_size"}
+    if {"rounds_per_block", "total_rounds"} <= names and bound:
+        _check_rounds(table, where)
     if "first_round_hidden" in names:
         col = table.column("first_round_hidden")
         flat = pc.list_flatten(col) if col.null_count < len(col) else None
         if flat is not None and len(flat):
             arr = flat.to_numpy(zero_copy_only=False)
             if not np.all(np.isfinite(arr)):
-                raise TraceError(f"{where} has NaN/inf in first_round_hidden; the model diverged — re-trace in float32")
+                raise TraceError(f"{where} has NaN/inf in first_round_hidden; the model diverged "
+                                 "— re-trace in float32")
+
+
+def _check_rounds(table: pa.Table, where: str) -> None:
+    """Every request has >= 1 block, each block 1..S rounds, and the rounds sum to the total."""
+    rpb = table.column("rounds_per_block")
+    lengths = pc.fill_null(pc.list_value_length(rpb), 0).to_numpy(zero_copy_only=False)
+    flat = pc.list_flatten(rpb).to_numpy(zero_copy_only=False).astype(np.int64)
+    bound = "max_steps_per_block" if "max_steps_per_block" in table.column_names else "block_size"
+    limit = table.column(bound).to_numpy().astype(np.int64)
+    total = table.column("total_rounds").to_numpy().astype(np.int64)
+    ends = np.cumsum(lengths)
+    csum = np.concatenate([[0], np.cumsum(flat)])
+    sums = csum[ends] - csum[ends - lengths]
+    out_of_range = (flat < 1) | (flat > np.repeat(limit, lengths))
+    bad_rows = np.repeat(np.arange(len(lengths)), lengths)[out_of_range]
+    bad = (lengths == 0) | (sums != total)
+    bad[bad_rows] = True
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise TraceError(
+            f"{where}: request #{i} has inconsistent rounds "
+            f"(rounds_per_block={rpb[i].as_py()}, total_rounds={int(total[i])}, "
+            f"{bound}={int(limit[i])}); each block takes 1..{bound} rounds and they sum to "
+            "total_rounds"
+        )
 
 
 def hidden_matrix(table: pa.Table) -> np.ndarray:

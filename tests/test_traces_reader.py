@@ -25,7 +25,8 @@ def _row(i: int, rounds: list[int]) -> dict:
         "schema_version": TRACE_SCHEMA_VERSION, "request_id": f"r{i}", "category": "chat", "source": "test",
         "prompt": "hi there", "prompt_sha256": "x", "prompt_tokens": 9, "word_count": 2, "newline_count": 0,
         "prompt_blocks": 3, "output_budget": 16, "block_size": 4, "decoding": "low_confidence",
-        "threshold": 0.9, "seed": 0, "output_tokens": 4 * len(rounds), "output_text": "....",
+        "threshold": 0.9, "max_steps_per_block": 4, "seed": 0, "output_tokens": 4 * len(rounds),
+        "output_text": "....",
         "output_blocks": len(rounds), "rounds_per_block": rounds, "total_rounds": sum(rounds),
         "finished_eos": True, "hit_budget": False, "first_round_hidden": [0.1 * i, 0.2, 0.3],
         "round_wall_ms": [1.0] * (3 + sum(rounds)), "model_id": "m", "model_revision": None,
@@ -83,10 +84,66 @@ def test_inconsistent_rounds_duplicates_and_nan_are_refused(tmp_path):
 
 
 def test_activity_matrix_follows_rounds_per_block():
-    a = activity_matrix([1, 4, 2], block_size=4, n_blocks=4)
+    a = activity_matrix([1, 4, 2], max_steps=4, n_blocks=4)
     assert a.tolist() == [[1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0], [0, 0, 0, 0]]
     assert int(a.sum()) == 7
     with pytest.raises(TraceError, match=r"\[1, 4\]"):
-        activity_matrix([5], block_size=4)
+        activity_matrix([5], max_steps=4)
     np.testing.assert_array_equal(activity_matrix([], 4, 1), np.zeros((1, 4)))
     json.dumps(FP.to_dict())
+
+
+def _editing_row(i: int, rounds: list[int], steps: int = 21) -> dict:
+    """A JointThreshold row: block 4 + 16 post-edit steps + 1 finishing step = S of 21."""
+    row = _row(i, rounds)
+    row.update(decoding="joint_threshold", threshold=0.5, max_steps_per_block=steps)
+    return row
+
+
+def test_rounds_beyond_block_size_read_back_as_an_activity_matrix_of_width_s(tmp_path):
+    _write(tmp_path / "jt.parquet", [_editing_row(0, [7, 2, 21]), _editing_row(1, [5])])
+    t = read_traces(tmp_path / "jt.parquet")
+    row = t.slice(0, 1).to_pylist()[0]
+    assert row["block_size"] == 4 and row["max_steps_per_block"] == 21
+    a = activity_matrix(row["rounds_per_block"], row["max_steps_per_block"])
+    assert a.shape == (3, 21)
+    assert a.sum(axis=1).tolist() == [7, 2, 21] and int(a.sum()) == row["total_rounds"] == 30
+    with pytest.raises(TraceError, match=r"\[1, 4\]"):  # block_size is not the bound any more
+        activity_matrix(row["rounds_per_block"], row["block_size"])
+    _write(tmp_path / "over.parquet", [_editing_row(0, [3]), _editing_row(1, [2, 22])])
+    with pytest.raises(TraceError,
+                       match=r"request #1 .*rounds_per_block=\[2, 22\].*max_steps_per_block=21"):
+        read_traces(tmp_path / "over.parquet")
+
+
+def test_a_version_1_trace_still_reads_with_s_equal_to_block_size(tmp_path):
+    v1 = pa.schema([f for f in TRACE_SCHEMA if f.name != "max_steps_per_block"])
+    rows = [{k: v for k, v in _row(i, r).items() if k != "max_steps_per_block"}
+            for i, r in enumerate([[1, 4], [2]])]
+    for r in rows:
+        r["schema_version"] = 1
+    _write(tmp_path / "shard-00000.parquet", rows, version=1, schema=v1)
+    t = read_traces(tmp_path)
+    assert t.column("max_steps_per_block").to_pylist() == [4, 4]
+    assert t.column("schema_version").to_pylist() == [TRACE_SCHEMA_VERSION] * 2
+    assert t.schema.remove_metadata().equals(TRACE_SCHEMA)
+    some = read_traces(tmp_path, columns=["request_id", "max_steps_per_block"], validate=False)
+    assert some.column_names == ["request_id", "max_steps_per_block"]
+    assert some.column("max_steps_per_block").to_pylist() == [4, 4]
+    bad = [{k: v for k, v in _row(0, [5]).items() if k != "max_steps_per_block"}]
+    _write(tmp_path / "bad.parquet", bad, version=1, schema=v1)  # v1 never allowed > block_size
+    with pytest.raises(TraceError, match="block_size=4|max_steps_per_block=4"):
+        read_traces(tmp_path / "bad.parquet")
+
+
+def test_validation_names_the_first_bad_request_among_many(tmp_path):
+    rows = [_row(i, [1 + i % 4, 2]) for i in range(500)]
+    rows[321]["rounds_per_block"] = []
+    rows[321]["total_rounds"] = 0
+    _write(tmp_path / "a.parquet", rows)
+    with pytest.raises(TraceError, match=r"request #321 .*rounds_per_block=\[\]"):
+        read_traces(tmp_path / "a.parquet")
+    rows[321] = _row(321, [0, 3])
+    _write(tmp_path / "b.parquet", rows)
+    with pytest.raises(TraceError, match=r"request #321"):
+        read_traces(tmp_path / "b.parquet")

@@ -112,3 +112,53 @@ def test_hf_mask_predict_needs_a_block_size(bert_path):
     with pytest.raises(ConfigError, match="--block-size"):
         ad.resolve_block_size(None)
     assert ad.info.mask_token_id == 1 and ad.info.eos_token_ids == (2,)
+
+
+def test_diffusion_gemma_under_low_confidence_and_joint_threshold(dg, tmp_path):
+    """The engine's decoders drive DiffusionGemma's encoder and decoder from all-mask canvases."""
+    from dwise_predict.tracing.runner import trace_workload
+
+    from dwise_predict.traces import activity_matrix, read_trace_fingerprint, read_traces
+
+    records = [{"id": f"r{i}", "category": "chat", "source": "t", "prompt": p}
+               for i, p in enumerate(PROMPTS[:3])]
+    rounds = {}
+    for decoding in ("low_confidence", "joint_threshold"):
+        out = tmp_path / decoding
+        trace_workload(dg, records, out, max_new_tokens=16, decoding=decoding)
+        fp = read_trace_fingerprint(out)
+        assert fp.decoding == decoding
+        assert fp.extra["decoder_mask_token_id"] == dg.tokenizer.mask_token_id
+        table = read_traces(out)
+        assert set(table.column("max_steps_per_block").to_pylist()) == {fp.max_steps_per_block}
+        rows = table.to_pylist()
+        for r in rows:
+            assert r["output_blocks"] == 2 and len(r["first_round_hidden"]) == 32
+            assert len(r["round_wall_ms"]) == r["total_rounds"]
+            a = activity_matrix(r["rounds_per_block"], fp.max_steps_per_block)
+            assert a.sum() == r["total_rounds"]
+        rounds[decoding] = [k for r in rows for k in r["rounds_per_block"]]
+    assert read_trace_fingerprint(tmp_path / "low_confidence").max_steps_per_block == 8
+    assert read_trace_fingerprint(tmp_path / "joint_threshold").max_steps_per_block == 8 + 16 + 1
+    assert all(1 <= k <= 8 for k in rounds["low_confidence"])
+    assert all(2 <= k <= 25 for k in rounds["joint_threshold"])
+    assert max(rounds["joint_threshold"]) > 8
+    again = tmp_path / "again"
+    trace_workload(dg, records, again, max_new_tokens=16, decoding="joint_threshold")
+    assert read_traces(again).column("rounds_per_block").to_pylist() == read_traces(
+        tmp_path / "joint_threshold").column("rounds_per_block").to_pylist()
+
+
+def test_diffusion_gemma_may_take_more_steps_than_its_canvas(tmp_path):
+    """Its sampler renoises, so S = max_denoising_steps, which may exceed the canvas length."""
+    from dwise_predict.tracing.runner import trace_workload
+
+    from dwise_predict.traces import read_traces
+
+    dg12 = load_adapter(make_diffusion_gemma(tmp_path / "dg12", canvas_length=4,
+                                             max_denoising_steps=12))
+    records = [{"id": "a", "category": "chat", "source": "t", "prompt": "hello"}]
+    trace_workload(dg12, records, tmp_path / "o", max_new_tokens=8, seed=1)
+    row = read_traces(tmp_path / "o").to_pylist()[0]
+    assert row["block_size"] == 4 and row["max_steps_per_block"] == 12
+    assert all(1 <= k <= 12 for k in row["rounds_per_block"])

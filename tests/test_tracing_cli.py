@@ -173,10 +173,12 @@ def test_bad_inputs_fail_clearly_and_write_nothing(traced, tmp_path, model_dir, 
     _fails(capsys, [*base, "--model", str(model_dir), "--workload", str(tmp_path / "nope.jsonl")], "does not exist")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "category": "chat", "source": "x", "prompt": "hi", "reference": null, "meta": {}}\n{oops\n')
-    _fails(capsys, [*base, "--model", str(model_dir), "--workload", str(bad)], "malformed JSON")
+    _fails(capsys, [*base, "--model", str(model_dir), "--workload", str(bad)],
+           "bad.jsonl line 2: not valid JSON")
     empty = tmp_path / "empty.jsonl"
     empty.write_text("".join(json.dumps(r) + "\n" for r in workload_records(["fine", "   \n "])))
-    _fails(capsys, [*base, "--model", str(model_dir), "--workload", str(empty)], "'req-001' has an empty prompt")
+    _fails(capsys, [*base, "--model", str(model_dir), "--workload", str(empty)],
+           "empty.jsonl line 2: field 'prompt' is empty")
     small = make_tiny_bd(tmp_path / "small", block_size=8, max_position=64)
     long = tmp_path / "long.jsonl"
     long.write_text("".join(json.dumps(r) + "\n" for r in workload_records(["short", "y" * 80])))
@@ -211,3 +213,59 @@ def test_diffusion_gemma_traced_end_to_end_through_the_cli(tmp_path, workload):
     assert main(["trace", "--model", str(model), "--workload", str(workload), "--out", str(again),
                  "--max-new-tokens", "16", "--limit", "4", "--seed", "5", "-q"]) == 0
     assert _content(again) == _content(out)
+
+
+def test_bare_prompt_jsonl_traces_without_edits(tmp_path, model_dir):
+    """Only `prompt` is required: the id is the line number and the category `unknown`."""
+    bare = tmp_path / "my.jsonl"
+    bare.write_text('{"prompt": "hello"}\n\n{"prompt": "what is 2+2?"}\n'
+                    '{"prompt": [{"role": "user", "content": "tell me a story"}]}\n')
+    out = tmp_path / "o"
+    assert main(["trace", "--model", str(model_dir), "--workload", str(bare), "--out", str(out),
+                 *ARGS]) == 0
+    rows = sorted(read_traces(out).to_pylist(), key=lambda r: int(r["request_id"]))
+    assert [(r["request_id"], r["category"], r["source"], r["prompt"]) for r in rows] == [
+        ("1", "unknown", "my.jsonl", "hello"), ("3", "unknown", "my.jsonl", "what is 2+2?"),
+        ("4", "unknown", "my.jsonl", "tell me a story")]
+    assert all(r["total_rounds"] >= r["output_blocks"] >= 1 for r in rows)
+
+
+def test_parquet_with_other_column_names_traces_without_edits(tmp_path, model_dir):
+    import pyarrow as pa
+
+    turns = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+    table = pa.table({
+        "uid": pa.array([101, 102, 103], pa.int64()),
+        "intent": ["math", None, "chat"],
+        "conversation": pa.array([
+            [{"role": "user", "content": "what is 2+2?"}],
+            [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+            [{"role": "user", "content": "a haiku, please"}]], turns),
+    })
+    pq.write_table(table, tmp_path / "traffic.parquet")
+    out = tmp_path / "o"
+    traffic = str(tmp_path / "traffic.parquet")
+    assert main(["trace", "--model", str(model_dir), "--workload", traffic,
+                 "--prompt-column", "conversation", "--id-column", "uid", "--category-column",
+                 "intent", "--out", str(out), *ARGS]) == 0
+    rows = {r["request_id"]: r for r in read_traces(out).to_pylist()}
+    assert {k: (r["category"], r["prompt"]) for k, r in rows.items()} == {
+        "101": ("math", "what is 2+2?"), "102": ("unknown", "system: be brief\n\nuser: hi"),
+        "103": ("chat", "a haiku, please")}
+    assert rows["102"]["newline_count"] == 2 and rows["102"]["word_count"] == 5
+
+
+def test_joint_threshold_through_the_cli_records_s_and_reads_back(tmp_path, model_dir, workload):
+    out = tmp_path / "jt"
+    args = [a for a in ARGS if a != "0.5"]
+    args.remove("--threshold")
+    assert main(["trace", "--model", str(model_dir), "--workload", str(workload), "--out", str(out),
+                 *args, "--decoding", "joint_threshold", "--limit", "6"]) == 0
+    fp = read_trace_fingerprint(out)
+    assert (fp.decoding, fp.threshold, fp.max_steps_per_block) == ("joint_threshold", 0.5, 25)
+    assert fp.extra["edit_threshold"] == 0.0 and fp.extra["max_post_edit_steps"] == 16
+    t = read_traces(out)
+    assert set(t.column("max_steps_per_block").to_pylist()) == {25}
+    for r in t.to_pylist():
+        a = activity_matrix(r["rounds_per_block"], r["max_steps_per_block"])
+        assert a.shape == (r["output_blocks"], 25) and int(a.sum()) == r["total_rounds"]

@@ -1,4 +1,5 @@
-"""The decoding engine on a real (small, random) tiny-bd: exact LowConfidence properties and capture."""
+"""The decoding engine on a real (small, random) tiny-bd: exact LowConfidence and JointThreshold
+properties, and first-round capture."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 from _tracing_helpers import PROMPTS, make_tiny_bd, one_torch_thread  # noqa: F401 (autouse fixture)
 from dwise_predict.tracing.adapters.tiny_bd import load_tiny_bd
+from dwise_predict.tracing.decoders import joint_threshold_step
 from dwise_predict.tracing.engine import DecodeConfig, DecodeRequest, decode, unmask_step
 
 from dwise_predict.errors import WorkloadError
@@ -24,8 +26,8 @@ def requests(adapter):
     return [DecodeRequest(f"r{i}", adapter.encode_prompt(p)) for i, p in enumerate(PROMPTS)]
 
 
-def run(adapter, requests, threshold, budget=20, batch_size=4):
-    cfg = DecodeConfig(block_size=BS, threshold=threshold, max_new_tokens=budget)
+def run(adapter, requests, threshold, budget=20, batch_size=4, **decoding):
+    cfg = DecodeConfig(block_size=BS, threshold=threshold, max_new_tokens=budget, **decoding)
     return {r.request_id: r for r in decode(adapter, requests, cfg, batch_size=batch_size)}
 
 
@@ -133,3 +135,38 @@ def test_bad_requests_are_refused_before_decoding(adapter, tmp_path):
     long_ids = small.encode_prompt("x" * 100)
     with pytest.raises(WorkloadError, match="exceeds the model's context of 64"):
         list(decode(small, [DecodeRequest("ok", small.encode_prompt("hi")), DecodeRequest("long", long_ids)], cfg))
+
+
+def test_joint_threshold_step_unmasks_edits_and_finishes_like_sglang():
+    mask = 1
+    logits = torch.zeros((4, 6))
+    logits[0, 3], logits[1, 4], logits[3, 2] = 10.0, 1.0, 10.0  # sure, unsure, flat, sure of 2
+    block = torch.tensor([mask, mask, mask, 7])  # position 3 holds 7, the model prefers 2
+    kw = dict(mask_id=mask, threshold=0.5, edit_threshold=0.0, max_post_edit_steps=2)
+    new, post, done = joint_threshold_step(logits, block, 0, **kw)
+    assert new.tolist() == [3, mask, mask, 2] and (post, done) == (0, False)  # M2T + a T2T edit
+    strict = dict(kw, edit_threshold=0.99999)  # position 3's edit is not sure enough
+    assert joint_threshold_step(logits, block, 0, **strict)[0].tolist() == [3, mask, mask, 7]
+    forced, _, _ = joint_threshold_step(logits, torch.tensor([3, mask, mask, 2]), 0, **kw)
+    assert forced.tolist() == [3, 4, mask, 2]  # nothing above 0.5: the most confident mask
+    full = torch.tensor([3, 4, 0, 2])  # no mask left, and the argmax everywhere: nothing changes
+    assert joint_threshold_step(logits, full, 0, **kw) == (full, 1, True)
+    edit = torch.tensor([3, 4, 0, 7])  # no mask left, one edit: a post-edit step
+    again, post, done = joint_threshold_step(logits, edit, 0, **kw)
+    assert again.tolist() == [3, 4, 0, 2] and (post, done) == (1, False)
+    spent = joint_threshold_step(logits, edit, 2, **kw)  # a third post-edit step exceeds 2
+    assert spent[0].tolist() == edit.tolist() and spent[1:] == (3, True)
+
+
+def test_joint_threshold_blocks_take_two_to_s_rounds_and_can_exceed_block_size(adapter, requests):
+    cfg = DecodeConfig(block_size=BS, threshold=0.5, max_new_tokens=24, decoding="joint_threshold")
+    assert cfg.max_steps_per_block == BS + 16 + 1
+    res = run(adapter, requests, 0.5, budget=24, decoding="joint_threshold")
+    rounds = [k for r in res.values() for k in r.rounds_per_block]
+    assert min(rounds) >= 2 and max(rounds) <= cfg.max_steps_per_block
+    assert max(rounds) > BS  # an edited block outlasts its block size: why S is not block_size
+    one_by_one = run(adapter, requests, 0.5, budget=24, batch_size=1, decoding="joint_threshold")
+    assert {k: v.rounds_per_block for k, v in res.items()} == {
+        k: v.rounds_per_block for k, v in one_by_one.items()}
+    lc = run(adapter, requests, 0.5, budget=24)
+    assert max(k for r in lc.values() for k in r.rounds_per_block) <= BS

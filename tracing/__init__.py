@@ -18,6 +18,7 @@ _LAZY = {
     "trace_workload": ".runner",
     "TraceSummary": ".runner",
     "DecodeConfig": ".engine",
+    "Decoder": ".decoders",
     "DecodeRequest": ".engine",
     "RequestResult": ".engine",
     "decode": ".engine",

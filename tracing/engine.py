@@ -1,4 +1,4 @@
-"""Batched block-diffusion decoding with LowConfidence unmasking and first-round hidden-state capture.
+"""Batched block-diffusion decoding (LowConfidence or JointThreshold), first-round hidden capture.
 
 This is the decoding a DWISE server runs (docs/concepts.md), made exact and observable:
 
@@ -10,15 +10,19 @@ This is the decoding a DWISE server runs (docs/concepts.md), made exact and obse
   attributes that forward's time evenly to the prompt blocks it carried.
 * **Denoising.** Output blocks start at position ``len(prompt)`` (not aligned to a multiple of
   ``block_size``). Each starts fully masked and attends the whole clean cache plus itself
-  bidirectionally. Every round, per request, the masked positions whose top-1 probability
-  is at least ``threshold`` are unmasked with their argmax token, and at least the single
-  most confident one (SGLang's ``LowConfidence``); the mask token is never predicted. So a
-  block takes between 1 and its length rounds: ``threshold <= 0`` unmasks everything in one
-  round, ``threshold > 1`` exactly one position per round.
-* **Commit.** A block with no mask left is done; its clean tokens must join the cache with
-  keys/values computed from clean inputs (like a prompt block). They ride in front of the
-  request's next block in the next round's forward (the next block sees them, they do not see
-  it), so committing costs no extra forward and is not a denoising round.
+  bidirectionally. Every round, per request, the decoder (:mod:`.decoders`) changes the block:
+  LowConfidence unmasks the masked positions whose top-1 probability is at least
+  ``threshold`` with their argmax token, and at least the single most confident one, so a
+  block takes between 1 and its length rounds (``threshold <= 0``: everything in one round,
+  ``threshold > 1``: one position per round). JointThreshold also re-writes decoded tokens
+  and finishes a block on a step that changes nothing, so a block takes up to
+  ``block_size + max_post_edit_steps + 1`` rounds (``DecodeConfig.max_steps_per_block``).
+* **Commit.** A block is done when the decoder says so (LowConfidence: no mask left;
+  JointThreshold: a step that changed nothing, or the edit budget spent); its clean tokens
+  must join the cache with keys/values computed from clean inputs (like a prompt block). They
+  ride in front of the request's next block in the next round's forward (the next block sees
+  them, they do not see it), so committing costs no extra forward and is not a denoising
+  round.
 * **Stop.** A request is done when a finished block contains an end-of-sequence token, or
   when its output budget is spent (the last block is shortened to fit the budget exactly).
 
@@ -48,9 +52,16 @@ from dwise_predict.rounds import RoundsPerBlock
 from dwise_predict.traces import prompt_blocks
 
 from .adapters.base import BlockBatch, StepAdapter
+from .decoders import (
+    DEFAULT_EDIT_THRESHOLD,
+    DEFAULT_MAX_POST_EDIT_STEPS,
+    LOW_CONFIDENCE,
+    Decoder,
+    unmask_step,
+)
 
-#: decoding algorithm name recorded in traces and fingerprints
-LOW_CONFIDENCE = "low_confidence"
+__all__ = ["LOW_CONFIDENCE", "DecodeConfig", "DecodeRequest", "RequestResult", "decode",
+           "unmask_step", "validate_requests"]
 
 #: prompt tokens computed per prefill forward (rounded down to whole blocks, at least one block)
 PREFILL_CHUNK_TOKENS = 512
@@ -60,11 +71,18 @@ _LOST_SEAT = "decode engine bug: an active slot has no request or block; please 
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """How to decode: block size, LowConfidence threshold τ, output budget (tokens)."""
+    """How to decode: block size, decoder and its threshold(s), output budget (tokens).
+
+    ``threshold`` is LowConfidence's τ, or JointThreshold's mask-to-token threshold;
+    ``edit_threshold`` and ``max_post_edit_steps`` are read by JointThreshold only.
+    """
 
     block_size: int
     threshold: float = 0.95
     max_new_tokens: int = 256
+    decoding: str = LOW_CONFIDENCE
+    edit_threshold: float = DEFAULT_EDIT_THRESHOLD
+    max_post_edit_steps: int = DEFAULT_MAX_POST_EDIT_STEPS
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -73,6 +91,17 @@ class DecodeConfig:
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not math.isfinite(self.threshold):
             raise ConfigError(f"threshold must be a finite number, got {self.threshold}")
+        Decoder(self.decoding, self.threshold, self.edit_threshold,
+                self.max_post_edit_steps)  # refuses an unknown decoding or bad parameters
+
+    @property
+    def decoder(self) -> Decoder:
+        return Decoder(self.decoding, self.threshold, self.edit_threshold, self.max_post_edit_steps)
+
+    @property
+    def max_steps_per_block(self) -> int:
+        """``S``: the most denoising rounds one output block can take under this decoder."""
+        return self.decoder.max_steps(self.block_size)
 
 
 @dataclass
@@ -124,6 +153,7 @@ class _Seat:
     finished_eos: bool = False
     pending: list[int] = field(default_factory=list)  # a finished block's clean tokens, committed next round
     pending_start: int = 0
+    post_edit_steps: int = 0  # JointThreshold: steps of the current block that began with no mask
 
     @property
     def in_prefill(self) -> bool:
@@ -163,7 +193,8 @@ def decode(adapter: StepAdapter, requests: Iterable[DecodeRequest], config: Deco
     if not pending:
         return
     if info.mask_token_id is None:
-        raise ConfigError(f"{info.model_id} has no mask token; it cannot be decoded by mask-predict LowConfidence")
+        raise ConfigError(f"{info.model_id} has no mask token; it cannot be decoded by a "
+                          f"mask-predict decoder ({config.decoding})")
     n_slots = min(batch_size, len(pending))
     capacity = max(len(r.prompt_ids) for r in pending) + config.max_new_tokens
     adapter.open_slots(n_slots, capacity)
@@ -259,6 +290,7 @@ def _round(adapter: StepAdapter, seats: list[_Seat | None], active: list[int], c
             seat.block = torch.full((length,), mask_id, dtype=torch.long)
             seat.block_start = len(seat.req.prompt_ids) + len(seat.output)
             seat.rounds.append(0)
+            seat.post_edit_steps = 0
         c, n = len(seat.pending), len(seat.block)
         rows_ids.append(seat.pending + seat.block.tolist())
         rows_pos.append(list(range(seat.pending_start, seat.pending_start + c))
@@ -267,6 +299,7 @@ def _round(adapter: StepAdapter, seats: list[_Seat | None], active: list[int], c
         commit.append(c)
     batch = _pad(active, rows_ids, rows_pos, commit, mask_id, segments=rows_seg if any(commit) else None)
     out = adapter.forward(batch)
+    decoder = config.decoder
     done: list[int] = []
     for row, slot in enumerate(active):
         seat = seats[slot]
@@ -276,30 +309,12 @@ def _round(adapter: StepAdapter, seats: list[_Seat | None], active: list[int], c
         seat.pending = []
         if seat.hidden is None and len(seat.rounds) == 1 and seat.rounds[0] == 0:
             seat.hidden = out.hidden[row, c:c + n].float().mean(dim=0).cpu().numpy().astype(np.float32)
-        seat.block = unmask_step(out.logits[row, c:c + n], seat.block, config.threshold, mask_id)
+        seat.block, seat.post_edit_steps, finished = decoder.step(
+            out.logits[row, c:c + n], seat.block, seat.post_edit_steps, mask_id)
         seat.rounds[-1] += 1
-        if not bool((seat.block == mask_id).any()):
+        if finished:
             done.append(slot)
     return done
-
-
-def unmask_step(logits: torch.Tensor, block: torch.Tensor, threshold: float, mask_id: int) -> torch.Tensor:
-    """One LowConfidence round on one block: unmask masked positions with top-1 prob >= τ, at least one.
-
-    ``logits`` ``[L, V]``, ``block`` ``[L]`` (``mask_id`` where undecided). Returns the new block.
-    """
-    logits = logits.float().clone()
-    logits[:, mask_id] = float("-inf")
-    probs = torch.softmax(logits, dim=-1)
-    conf, pred = probs.max(dim=-1)
-    masked = block.to(logits.device) == mask_id
-    select = masked & (conf >= threshold)
-    if not bool(select.any()):
-        best = torch.where(masked, conf, torch.full_like(conf, -1.0)).argmax()
-        select[best] = True
-    new = block.clone()
-    new[select.cpu()] = pred[select].cpu()
-    return new
 
 
 def _pad(slots: list[int], ids: list[list[int]], pos: list[list[int]], commit: list[int], pad_id: int,

@@ -23,11 +23,15 @@ from dwise_predict.features import newline_count, word_count
 from dwise_predict.fingerprint import ModelFingerprint
 from dwise_predict.traces import TRACE_SCHEMA_VERSION
 
+from .decoders import (
+    DEFAULT_EDIT_THRESHOLD,
+    DEFAULT_MAX_POST_EDIT_STEPS,
+    DEFAULT_THRESHOLDS,
+    LOW_CONFIDENCE,
+)
 from .engine import DecodeConfig, DecodeRequest, RequestResult, decode, validate_requests
 from .writer import TraceWriter, existing_shards
 
-#: LowConfidence threshold τ used when none is given (SGLang's and the DWISE paper's default)
-DEFAULT_THRESHOLD = 0.95
 DEFAULT_MAX_NEW_TOKENS = 256
 
 
@@ -98,12 +102,18 @@ def check_output(out_dir: str | Path, resume: bool) -> None:
 def trace_workload(adapter: Any, records: Iterable[Any], out_dir: str | Path, *, batch_size: int = 8,
                    threshold: float | None = None, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                    block_size: int | None = None, limit: int | None = None, resume: bool = False, seed: int = 0,
-                   progress: Any = None, shard_size: int = 1000, redact_prompts: bool = False) -> TraceSummary:
+                   progress: Any = None, shard_size: int = 1000, redact_prompts: bool = False,
+                   decoding: str | None = None, edit_threshold: float = DEFAULT_EDIT_THRESHOLD,
+                   max_post_edit_steps: int = DEFAULT_MAX_POST_EDIT_STEPS) -> TraceSummary:
     """Decode ``records`` with ``adapter`` and write one trace row per request under ``out_dir``.
 
     ``limit`` keeps the first N records of the workload (so an interrupted ``--limit N`` run
     is completed by the same command with ``resume=True``). ``progress`` is a tqdm-like bar
-    (``update``, ``set_postfix``) or None. Returns a :class:`TraceSummary`.
+    (``update``, ``set_postfix``) or None. ``decoding`` picks the engine's decoder
+    (``low_confidence``, the default, or ``joint_threshold`` with ``edit_threshold`` and
+    ``max_post_edit_steps``); ``threshold`` defaults to that decoder's SGLang default. A
+    native-loop model (DiffusionGemma) always decodes with its own sampler.
+    Returns a :class:`TraceSummary`.
     """
     if limit is not None and limit < 0:
         raise ConfigError(f"--limit must be >= 0, got {limit}")
@@ -112,12 +122,31 @@ def trace_workload(adapter: Any, records: Iterable[Any], out_dir: str | Path, *,
         recs = recs[:limit]
     native = bool(getattr(adapter, "native_loop", False))
     bs = adapter.resolve_block_size(block_size)
-    if native:
+    own_sampler = native and decoding in (None, adapter.info.decoding)
+    if native and not own_sampler and not hasattr(adapter, "generate_decoded"):
+        raise ConfigError(f"{adapter.info.model_id} decodes with its own sampler "
+                          f"({adapter.info.decoding}); drop --decoding {decoding}")
+    if own_sampler:
         thr = float(adapter.decoding_threshold(threshold))
+        config = DecodeConfig(block_size=bs, threshold=thr, max_new_tokens=max_new_tokens)
+        fingerprint = adapter.fingerprint(block_size=bs, threshold=thr,
+                                          max_new_tokens=max_new_tokens,
+                                          max_steps_per_block=adapter.max_steps_per_block())
     else:
-        thr = DEFAULT_THRESHOLD if threshold is None else float(threshold)
-    config = DecodeConfig(block_size=bs, threshold=thr, max_new_tokens=max_new_tokens)
-    fingerprint = adapter.fingerprint(block_size=bs, threshold=thr, max_new_tokens=max_new_tokens)
+        name = decoding or LOW_CONFIDENCE
+        if name not in DEFAULT_THRESHOLDS:
+            raise ConfigError(f"unknown decoding {name!r}; choose one of "
+                              f"{', '.join(DEFAULT_THRESHOLDS)}")
+        thr = DEFAULT_THRESHOLDS[name] if threshold is None else float(threshold)
+        config = DecodeConfig(block_size=bs, threshold=thr, max_new_tokens=max_new_tokens,
+                              decoding=name, edit_threshold=edit_threshold,
+                              max_post_edit_steps=max_post_edit_steps)
+        extra = dict(config.decoder.params())
+        if native:  # a native-loop model driven by an engine decoder starts canvases from its mask
+            extra["decoder_mask_token_id"] = adapter.decoder_mask_id()
+        fingerprint = adapter.fingerprint(block_size=bs, threshold=thr,
+                                          max_new_tokens=max_new_tokens, decoding=name, extra=extra,
+                                          max_steps_per_block=config.max_steps_per_block)
 
     # 1. every prompt checked and tokenized before anything is written
     for r in recs:
@@ -145,7 +174,12 @@ def trace_workload(adapter: Any, records: Iterable[Any], out_dir: str | Path, *,
             summary.request_rounds += n_rows
 
         results: Iterable[RequestResult]
-        if native:
+        if native and not own_sampler:
+            results = (adapter.generate_decoded(q.prompt_ids, decoder=config.decoder,
+                                                max_new_tokens=max_new_tokens,
+                                                request_id=q.request_id)
+                       for q in todo)
+        elif native:
             results = (adapter.generate_traced(q.prompt_ids, max_new_tokens=max_new_tokens, threshold=thr,
                                                seed=request_seed(seed, q.request_id), request_id=q.request_id)
                        for q in todo)
@@ -175,7 +209,7 @@ def trace_workload(adapter: Any, records: Iterable[Any], out_dir: str | Path, *,
 
 def build_row(res: RequestResult, rec: TraceRecord, adapter: Any, config: DecodeConfig,
               fingerprint: ModelFingerprint, seed: int, redact_prompts: bool = False) -> dict[str, Any]:
-    """One trace row of schema v1 from a decoded request."""
+    """One trace row of the current schema from a decoded request."""
     info = adapter.info
     content = res.content_ids(info.eos_token_ids)
     hidden = res.first_round_hidden
@@ -200,6 +234,7 @@ def build_row(res: RequestResult, rec: TraceRecord, adapter: Any, config: Decode
         "block_size": config.block_size,
         "decoding": fingerprint.decoding,
         "threshold": config.threshold,
+        "max_steps_per_block": int(fingerprint.max_steps_per_block or config.max_steps_per_block),
         "seed": int(seed),
         "output_tokens": len(content),
         "output_text": adapter.decode(content),

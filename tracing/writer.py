@@ -55,7 +55,7 @@ def existing_shards(out_dir: Path) -> list[Path]:
 
 
 def rows_to_table(rows: list[dict[str, Any]], fingerprint: ModelFingerprint) -> pa.Table:
-    """Rows (dicts keyed by column name) as an Arrow table of schema v1 with its metadata."""
+    """Rows (dicts keyed by column name) as an Arrow table of the current schema, with metadata."""
     missing = [f.name for f in TRACE_SCHEMA if any(f.name not in r for r in rows)]
     if missing:
         raise TraceError(f"trace rows lack columns {missing}; this is a bug in the tracer")

@@ -129,7 +129,8 @@ def trace_fingerprint(table: pa.Table, featurizer: PromptFeaturizer | None) -> M
                               threshold=float(row["threshold"]), decoding=row["decoding"],
                               mask_token_id=row.get("mask_token_id"), hidden_size=row.get("hidden_size"),
                               max_new_tokens=int(row["output_budget"]), revision=row.get("model_revision"),
-                              dtype=row.get("model_dtype"))
+                              dtype=row.get("model_dtype"),
+                              max_steps_per_block=row.get("max_steps_per_block"))
     if featurizer is not None:
         fp = replace(fp, tokenizer_hash=fp.tokenizer_hash or featurizer.tokenizer_hash,
                      chat_template_hash=fp.chat_template_hash or featurizer.chat_template_hash)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, WorkloadError
+from ..prompts import PromptColumns, PromptRecord, read_prompts
 from ._common import format_table, progress
 
 log = logging.getLogger(__name__)
@@ -27,13 +28,32 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
     p.add_argument("--model", required=True, metavar="NAME_OR_PATH",
                    help="'tiny-bd', a tiny-bd or DiffusionGemma folder, or hf-mask-predict:PATH_OR_HUB_ID")
     p.add_argument("--workload", required=True, type=Path, metavar="FILE",
-                   help="workload JSONL file, or a folder with train.jsonl/eval.jsonl (see --split)")
+                   help="prompts as JSONL, Parquet or CSV (only a prompt field is required), or a "
+                        "workload folder with train.jsonl/eval.jsonl (see --split)")
+    p.add_argument("--prompt-column", default="prompt", metavar="NAME",
+                   help="field holding the prompt: text or a list of role/content turns "
+                        "(default: prompt)")
+    p.add_argument("--id-column", default="id", metavar="NAME",
+                   help="field holding the request id (default: id; absent: the line number)")
+    p.add_argument("--category-column", default="category", metavar="NAME",
+                   help="field holding the category (default: category; absent: unknown)")
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output folder for shard-NNNNN.parquet")
     p.add_argument("--split", default="eval", choices=("train", "eval"),
                    help="which file of a workload folder to trace (default: eval)")
     p.add_argument("--block-size", type=int, default=None, help="block size (default: the model's own)")
+    p.add_argument("--decoding", default=None, choices=("low_confidence", "joint_threshold"),
+                   help="decoder for mask-predict models (default: low_confidence); "
+                        "joint_threshold also edits decoded tokens, as SGLang's JointThreshold "
+                        "(LLaDA2.1's default)")
     p.add_argument("--threshold", type=float, default=None,
-                   help="LowConfidence threshold τ (default 0.95; DiffusionGemma: its entropy bound)")
+                   help="LowConfidence τ (default 0.95) or JointThreshold's mask-to-token "
+                        "threshold (default 0.5); DiffusionGemma: its entropy bound")
+    p.add_argument("--edit-threshold", type=float, default=0.0,
+                   help="joint_threshold: re-write a decoded token when the model prefers another "
+                        "with probability above this (default: 0.0)")
+    p.add_argument("--max-post-edit-steps", type=int, default=16,
+                   help="joint_threshold: edit steps allowed once a block has no mask "
+                        "(default: 16)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="output budget in tokens (default: 256)")
     p.add_argument("--batch-size", type=int, default=8, help="requests decoded together (default: 8)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
@@ -50,33 +70,32 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
 
 
 def workload_file(path: Path, split: str) -> Path:
-    """The JSONL file a --workload argument stands for."""
+    """The file a --workload argument stands for: itself, or a workload folder's split."""
     if path.is_dir():
         f = path / f"{split}.jsonl"
         if not f.is_file():
             raise WorkloadError(f"workload folder {path} has no {split}.jsonl; build it with "
-                                f"`dwise-predict workload --out {path}` or pass a JSONL file")
+                                f"`dwise-predict workload --out {path}` or pass a prompt file")
         return f
     if not path.exists():
-        raise WorkloadError(f"workload {path} does not exist; pass a JSONL file or a workload folder")
+        raise WorkloadError(f"workload {path} does not exist; pass a JSONL, Parquet or CSV file "
+                            "of prompts, or a workload folder")
     return path
 
 
-def read_records(path: Path, split: str = "eval") -> list[Any]:
-    """Workload records from a file or folder (via the workload package's validating reader)."""
-    from dwise_predict.tracing.workload.records import read_workload
-
-    records = read_workload(workload_file(path, split))
-    if not records:
-        raise WorkloadError(f"workload {path} holds no requests")
-    return records
+def read_records(path: Path, split: str = "eval",
+                 columns: PromptColumns | None = None) -> list[PromptRecord]:
+    """The prompts a --workload argument stands for (:func:`dwise_predict.prompts.read_prompts`)."""
+    return read_prompts(workload_file(path, split), columns)
 
 
 def run(args: argparse.Namespace) -> int:
     for flag in ("max_new_tokens", "batch_size", "shard_size"):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-    records = read_records(args.workload, args.split)
+    columns = PromptColumns(prompt=args.prompt_column, id=args.id_column,
+                            category=args.category_column)
+    records = read_records(args.workload, args.split, columns)
 
     if args.threads is not None:
         if args.threads < 1:
@@ -97,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
             adapter, records, args.out, batch_size=args.batch_size, threshold=args.threshold,
             max_new_tokens=args.max_new_tokens, block_size=args.block_size, limit=args.limit,
             resume=args.resume, seed=args.seed, progress=bar, shard_size=args.shard_size,
-            redact_prompts=args.redact_prompts,
+            redact_prompts=args.redact_prompts, decoding=args.decoding,
+            edit_threshold=args.edit_threshold, max_post_edit_steps=args.max_post_edit_steps,
         )
     finally:
         bar.close()

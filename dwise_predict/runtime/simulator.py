@@ -21,7 +21,8 @@ import numpy as np
 from ..errors import ConfigError, SchedulerError
 from .arrivals import Arrivals, ArrivalSpec, make_arrivals
 from .policies import Policy
-from .request import RESIDENT, RoundResult
+from .replay import ArrivalFeed, RequestProgress, RoundLog
+from .request import RESIDENT, RoundPlan, RoundResult
 from .roundtime import RoundTimeModel
 from .scheduler import Scheduler
 from .workload import Workload
@@ -54,7 +55,7 @@ class SimulationRun:
     categories: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, dtype=object))
 
 
-def _check_plan(plan, sched: Scheduler) -> None:
+def _check_plan(plan: RoundPlan, sched: Scheduler) -> None:
     """Per-round contract (property tests): <= B blocks, one per request, only residents run."""
     rows = plan.rows
     if rows.size > sched.slots:
@@ -95,8 +96,12 @@ def simulate(workload: Workload, policy: Policy, *, arrivals: Arrivals | Arrival
              slots: int = 128, k: int = 8, kv_pool_tokens: int = DEFAULT_KV_POOL_TOKENS,
              round_time: RoundTimeModel | None = None, seed: int = 0, max_rounds: int | None = None,
              check_invariants: bool = False) -> SimulationRun:
-    """Replay ``workload`` under ``policy``; returns per-request and per-round records."""
-    rt = round_time or RoundTimeModel()
+    """Replay ``workload`` under ``policy``; returns per-request and per-round records.
+
+    Each round: admit the arrivals (:class:`~.replay.ArrivalFeed`), plan, advance the planned
+    requests' true state (:class:`~.replay.RequestProgress`), charge the round's time
+    (:class:`~.replay.RoundLog`), and report finishes and refined estimates to the scheduler.
+    """
     n = workload.n
     arr = arrivals if isinstance(arrivals, Arrivals) else make_arrivals(arrivals, n, seed)
     if arr.order.size != n:
@@ -104,112 +109,59 @@ def simulate(workload: Workload, policy: Policy, *, arrivals: Arrivals | Arrival
     inputs = policy_inputs(workload, policy)
     sched = Scheduler(policy, slots=slots, k=k, kv_pool_tokens=kv_pool_tokens, capacity=min(n, 4096))
     t_wall = time.perf_counter()
-
-    # true per-request state
-    bs = workload.block_size
-    ptok = workload.prompt_tokens
-    offsets = workload.block_offsets
-    nblocks = workload.output_blocks
-    rflat = workload.rounds_flat
-    pdone = np.zeros(n, dtype=np.int64)
-    cur_block = np.zeros(n, dtype=np.int64)
-    left = rflat[offsets[:-1]].copy()
-    arrival_time = np.zeros(n)
-    arrival_time[arr.order] = arr.times
-    finish = np.full(n, np.nan)
-    first_block = np.full(n, np.nan)
-    req_of_row = np.zeros(n + 1, dtype=np.int64)
-    refined_src = inputs["refined"]
-    order_done: list[np.ndarray] = []
-
+    feed = ArrivalFeed(workload, arr, inputs)
+    progress = RequestProgress(workload)
     cap = int(workload.work.sum()) + n + 1 if max_rounds is None else int(max_rounds)
-    r_ms = np.zeros(cap)
-    r_fill = np.zeros(cap, dtype=np.int64)
-    r_prompt = np.zeros(cap, dtype=np.int64)
-    r_ctx = np.zeros(cap)
-    r_sched = np.zeros(cap)
-    adm, truth, score = inputs["admission"], inputs["true_rounds"], inputs["score"]
-    ids = workload.request_ids
-
-    now = 0.0
-    nxt = 0
-    order, times = arr.order, arr.times
-    n_rounds = 0
-    finished_total = 0
-    while finished_total < n:
-        # arrivals up to now (jump ahead when the server is empty)
-        if nxt < n and sched.idle and times[nxt] > now:
-            now = float(times[nxt])
-        while nxt < n and times[nxt] <= now:
-            i = int(order[nxt])
-            row = sched.add_request(
-                ids[i], int(workload.prompt_blocks[i]), None if adm is None else float(adm[i]),
-                prompt_tokens=int(ptok[i]), output_budget=int(workload.output_budget[i]), block_size=int(bs[i]),
-                arrival_time=float(times[nxt]), score=None if score is None else float(score[i]),
-                true_rounds=None if truth is None else float(truth[i]))
-            req_of_row[row] = i
-            nxt += 1
-        if n_rounds >= cap:
-            raise SchedulerError(f"simulation exceeded {cap} rounds with {n - finished_total} requests unfinished; "
-                                 "the policy starves requests or max_rounds is too small")
+    log = RoundLog(round_time or RoundTimeModel(), cap)
+    while not progress.all_finished:
+        _jump_when_idle(log, feed, sched)
+        feed.admit_until(sched, log.now)
+        log.check_room(n - progress.finished)
         plan = sched.plan_round()
-        rows = plan.rows
-        if rows.size == 0:  # cannot happen with live requests: a lone request always fits the pool
-            raise SchedulerError(f"the scheduler planned an empty round with {n - finished_total} requests unfinished "
-                                 f"({sched.n_waiting} waiting, {sched.n_resident} resident); check the KV pool size")
+        _check_nonempty(plan, sched, n - progress.finished)
         if check_invariants:
             _check_plan(plan, sched)
-        req = req_of_row[rows]
-        is_p = plan.prompt
-        # context each slot's block attends to
-        bsr = bs[req]
-        ctx = np.where(is_p, np.minimum((pdone[req] + 1) * bsr, ptok[req]), ptok[req] + (cur_block[req] + 1) * bsr)
-        csum = float(ctx.sum())
-        dt_ms = rt.overhead_ms + rt.per_slot_ms * rows.size + rt.per_slot_per_1k_context_ms * csum / 1000.0
-        now += dt_ms / 1000.0
-        n_p = int(is_p.sum())
-        fin_aligned = np.zeros(rows.size, dtype=bool)
-        if n_p:
-            pdone[req[is_p]] += 1
-        refined_aligned = None
-        if n_p < rows.size:
-            dmask = ~is_p
-            dq = req[dmask]
-            left[dq] -= 1
-            cm = left[dq] == 0
-            if cm.any():
-                commit = dq[cm]
-                cur_block[commit] += 1
-                fb = commit[np.isnan(first_block[commit])]
-                first_block[fb] = now
-                fm = cur_block[commit] == nblocks[commit]
-                fin = commit[fm]
-                if fin.size:
-                    finish[fin] = now
-                    fin_aligned[np.flatnonzero(dmask)[cm][fm]] = True
-                    order_done.append(fin)
-                    finished_total += int(fin.size)
-                cont = commit[~fm]
-                if cont.size:
-                    left[cont] = rflat[offsets[cont] + cur_block[cont]]
-            if refined_src is not None and plan.first_denoise.any():
-                refined_aligned = np.full(rows.size, np.nan)
-                fd = plan.first_denoise
-                refined_aligned[fd] = refined_src[req[fd]]
-        upd_s = sched.update(RoundResult(rows, fin_aligned, refined_aligned))
+        req = feed.request_of_row[plan.rows]
+        context = float(progress.context_tokens(req, plan.prompt).sum())
+        dt_ms = log.charge(plan.rows.size, context)
+        finished = progress.advance(req, plan.prompt, log.now)
+        refined = _refined_estimates(plan, req, inputs["refined"])
+        upd_s = sched.update(RoundResult(plan.rows, finished, refined))
         if check_invariants:
             sched.check_invariants()
-        r_ms[n_rounds] = dt_ms
-        r_fill[n_rounds] = rows.size
-        r_prompt[n_rounds] = n_p
-        r_ctx[n_rounds] = csum
-        r_sched[n_rounds] = plan.plan_seconds + upd_s
-        n_rounds += 1
-    wall = time.perf_counter() - t_wall
+        log.record(dt_ms, plan.rows.size, int(plan.prompt.sum()), context,
+                   plan.plan_seconds + upd_s)
     return SimulationRun(
         policy=policy.name, arrival=str(arrivals) if not isinstance(arrivals, Arrivals) else "custom",
-        slots=slots, k=k, arrival_time=arrival_time, finish_time=finish, first_block_time=first_block,
-        completion_order=np.concatenate(order_done) if order_done else np.zeros(0, dtype=np.int64),
-        round_ms=r_ms[:n_rounds], round_filled=r_fill[:n_rounds], round_prompt=r_prompt[:n_rounds],
-        round_context=r_ctx[:n_rounds], round_sched_s=r_sched[:n_rounds], preemptions=sched.preemptions,
-        refinements=sched.refinements, wall_s=wall, categories=workload.category)
+        slots=slots, k=k, arrival_time=feed.arrival_times(), finish_time=progress.finish_time,
+        first_block_time=progress.first_block_time, completion_order=progress.completion_order(),
+        round_ms=log.ms[:log.rounds], round_filled=log.filled[:log.rounds],
+        round_prompt=log.prompt[:log.rounds], round_context=log.context[:log.rounds],
+        round_sched_s=log.sched_s[:log.rounds], preemptions=sched.preemptions,
+        refinements=sched.refinements, wall_s=time.perf_counter() - t_wall,
+        categories=workload.category)
+
+
+def _jump_when_idle(log: RoundLog, feed: ArrivalFeed, sched: Scheduler) -> None:
+    """An empty server waits: move the clock to the next arrival instead of running idle rounds."""
+    t = feed.next_arrival()
+    if t is not None and sched.idle and t > log.now:
+        log.now = t
+
+
+def _check_nonempty(plan: RoundPlan, sched: Scheduler, unfinished: int) -> None:
+    """An empty round cannot happen with live requests (a lone request always fits the pool)."""
+    if plan.rows.size == 0:
+        raise SchedulerError(f"the scheduler planned an empty round with {unfinished} requests "
+                             f"unfinished ({sched.n_waiting} waiting, {sched.n_resident} "
+                             "resident); check the KV pool size")
+
+
+def _refined_estimates(plan: RoundPlan, req: np.ndarray,
+                       refined: np.ndarray | None) -> np.ndarray | None:
+    """The refined estimate of each slot that ran its first denoising round (NaN elsewhere)."""
+    if refined is None or bool(plan.prompt.all()) or not plan.first_denoise.any():
+        return None
+    out = np.full(plan.rows.size, np.nan)
+    out[plan.first_denoise] = refined[req[plan.first_denoise]]
+    return out

@@ -45,7 +45,7 @@ class AdapterInfo:
     max_context: int
     #: the block size the model was built/trained for (None: any block size works)
     native_block_size: int | None = None
-    #: decoding algorithm name recorded in traces (``low_confidence`` for step adapters)
+    #: the model's own decoding, recorded in traces (step adapters: the engine's, chosen per run)
     decoding: str = "low_confidence"
     tokenizer_hash: str | None = None
     chat_template_hash: str | None = None
@@ -103,11 +103,15 @@ class BaseAdapter:
         return str(self.featurizer.tokenizer.decode(ids, skip_special_tokens=True))
 
     def fingerprint(self, *, block_size: int, threshold: float, max_new_tokens: int,
-                    extra: dict[str, Any] | None = None) -> ModelFingerprint:
+                    extra: dict[str, Any] | None = None, decoding: str | None = None,
+                    max_steps_per_block: int | None = None) -> ModelFingerprint:
+        """The fingerprint of traces this adapter makes (``decoding`` defaults to the model's)."""
         i = self.info
         return ModelFingerprint(
-            model_id=i.model_id, block_size=block_size, threshold=float(threshold), decoding=i.decoding,
-            mask_token_id=i.mask_token_id, hidden_size=i.hidden_size, max_new_tokens=max_new_tokens,
+            model_id=i.model_id, block_size=block_size, threshold=float(threshold),
+            decoding=decoding or i.decoding, mask_token_id=i.mask_token_id,
+            hidden_size=i.hidden_size, max_steps_per_block=max_steps_per_block,
+            max_new_tokens=max_new_tokens,
             revision=i.revision, dtype=i.dtype,
             tokenizer_hash=i.tokenizer_hash or text_hash(self.featurizer.tokenizer.to_str()),
             chat_template_hash=i.chat_template_hash or self.featurizer.chat_template_hash,
@@ -142,7 +146,8 @@ class StepAdapter(Protocol):
     def decode(self, ids: list[int]) -> str: ...
 
     def fingerprint(self, *, block_size: int, threshold: float, max_new_tokens: int,
-                    extra: dict[str, Any] | None = None) -> ModelFingerprint: ...
+                    extra: dict[str, Any] | None = None, decoding: str | None = None,
+                    max_steps_per_block: int | None = None) -> ModelFingerprint: ...
 
     def resolve_block_size(self, block_size: int | None) -> int: ...
 
@@ -167,12 +172,16 @@ class NativeLoopAdapter(Protocol):
     def encode_prompt(self, prompt: str) -> list[int]: ...
 
     def fingerprint(self, *, block_size: int, threshold: float, max_new_tokens: int,
-                    extra: dict[str, Any] | None = None) -> ModelFingerprint: ...
+                    extra: dict[str, Any] | None = None, decoding: str | None = None,
+                    max_steps_per_block: int | None = None) -> ModelFingerprint: ...
 
     def resolve_block_size(self, block_size: int | None) -> int: ...
 
     def decoding_threshold(self, threshold: float | None) -> float:
         """The threshold recorded in traces (the model's own acceptance parameter)."""
+
+    def max_steps_per_block(self) -> int:
+        """``S``: the most denoising steps the model's own loop spends on one block."""
 
     def generate_traced(self, prompt_ids: list[int], *, max_new_tokens: int, threshold: float,
                         seed: int, request_id: str = "") -> RequestResult:

@@ -32,6 +32,7 @@ from dwise_predict.errors import ConfigError, MissingDependencyError, ModelError
 from dwise_predict.features import PromptFeaturizer
 from dwise_predict.fingerprint import text_hash
 
+from ..decoders import Decoder
 from ..engine import RequestResult
 from .base import AdapterInfo, BaseAdapter
 
@@ -80,11 +81,8 @@ class DiffusionGemmaAdapter(BaseAdapter):
         defaults = model.generation_config._get_default_generation_params()
         gc = model.generation_config
         self.max_denoising_steps = int(max_denoising_steps or gc.max_denoising_steps or defaults["max_denoising_steps"])
-        if self.max_denoising_steps > self.canvas_length:
-            raise ConfigError(
-                f"max_denoising_steps={self.max_denoising_steps} exceeds the canvas length {self.canvas_length}: "
-                "traces bound rounds per block by the block size; pass max_denoising_steps <= canvas_length"
-            )
+        if self.max_denoising_steps < 1:
+            raise ConfigError(f"max_denoising_steps must be >= 1, got {self.max_denoising_steps}")
         self.gen_params = {k: (getattr(gc, k, None) if getattr(gc, k, None) is not None else defaults[k])
                            for k in ("t_min", "t_max", "stability_threshold", "confidence_threshold")}
         self.default_entropy_bound = float((gc.sampler_config or defaults["sampler_config"]).entropy_bound)
@@ -112,6 +110,11 @@ class DiffusionGemmaAdapter(BaseAdapter):
                               f"--block-size {block_size} cannot change that: drop --block-size")
         return self.canvas_length
 
+    def max_steps_per_block(self) -> int:
+        """``S``: a canvas takes at most ``max_denoising_steps`` steps (it renoises, so it
+        may take more steps than it has tokens)."""
+        return self.max_denoising_steps
+
     def decoding_threshold(self, threshold: float | None) -> float:
         """DiffusionGemma's acceptance parameter is the sampler's entropy bound (> 0)."""
         if threshold is None:
@@ -119,6 +122,21 @@ class DiffusionGemmaAdapter(BaseAdapter):
         if not threshold > 0:
             raise ConfigError(f"DiffusionGemma's threshold is its entropy bound and must be > 0, got {threshold}")
         return float(threshold)
+
+    def decoder_mask_id(self) -> int:
+        """The token a mask-predict decoder starts each canvas from: the tokenizer's mask token."""
+        mask = getattr(self.tokenizer, "mask_token_id", None)
+        if mask is None:
+            raise ConfigError(f"{self.info.model_id}'s tokenizer has no mask token, so it can "
+                              f"only be traced with its own sampler ({DECODING}); drop --decoding")
+        return int(mask)
+
+    def generate_decoded(self, prompt_ids: list[int], *, decoder: Decoder, max_new_tokens: int,
+                         request_id: str = "") -> RequestResult:
+        """Trace one request with an engine decoder (LowConfidence or JointThreshold) instead of
+        the model's own sampler: greedy, so no seed is needed."""
+        return _DecoderLoop(self, decoder, self.decoder_mask_id()).run(prompt_ids, max_new_tokens,
+                                                                       request_id)
 
     def generate_traced(self, prompt_ids: list[int], *, max_new_tokens: int, threshold: float, seed: int,
                         request_id: str = "") -> RequestResult:
@@ -165,6 +183,96 @@ class DiffusionGemmaAdapter(BaseAdapter):
             first_round_hidden=captured[0].numpy().astype(np.float32) if captured else None,
             round_wall_ms=list(recorder.wall_ms),
         )
+
+
+class _DecoderLoop:
+    """DiffusionGemma's encoder and decoder driven by one of the engine's mask-predict decoders.
+
+    The same outer loop as ``generate`` (encode the prompt, then per canvas: denoise with the
+    decoder over the encoder's cache, append, encode the canvas), but each canvas starts fully
+    masked and the :class:`~dwise_predict.tracing.decoders.Decoder` decides every step, with
+    plain logits (no temperature schedule, no sampling). So LowConfidence and JointThreshold
+    rounds per block can be compared on an encoder-decoder block-diffusion model too.
+    """
+
+    def __init__(self, adapter: DiffusionGemmaAdapter, decoder: Decoder, mask_id: int) -> None:
+        self.adapter, self.decoder, self.mask_id = adapter, decoder, mask_id
+
+    def run(self, prompt_ids: list[int], max_new_tokens: int, request_id: str) -> RequestResult:
+        a, model = self.adapter, self.adapter.model
+        length, eos = a.canvas_length, set(a.info.eos_token_ids)
+        n_canvases = -(-max_new_tokens // length)
+        input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=a.device)
+        cur = len(prompt_ids)
+        cache = model._prepare_cache_for_generation(copy.deepcopy(model.generation_config), 1,
+                                                    cur + n_canvases * length)
+        attention = torch.ones((1, cur), dtype=torch.bool, device=a.device)
+        enc_pos = torch.arange(0, cur, dtype=torch.int32, device=a.device)[None]
+        dec_pos = torch.arange(cur, cur + length, dtype=torch.int32, device=a.device)[None]
+        dec_attention = torch.nn.functional.pad(attention, (0, length), value=True)
+        rounds: list[int] = []
+        walls: list[float] = []
+        hidden: list[torch.Tensor] = []
+        output: list[int] = []
+
+        def keep_first(_module: Any, _inputs: Any, out: torch.Tensor) -> None:
+            if not hidden:
+                hidden.append(out.detach()[0].float().mean(dim=0).cpu())
+
+        handle = model.model.decoder.norm.register_forward_hook(keep_first)
+        try:
+            with torch.inference_mode():
+                for c in range(n_canvases):
+                    t0 = time.perf_counter()
+                    ids, enc_mask = model._prepare_encoder_inputs(
+                        input_ids=input_ids, attention_mask=attention, encoder_position_ids=enc_pos,
+                        cache=cache, is_prefill=c == 0, canvas_length=length, batch_size=1)
+                    cache = model.model.encoder(input_ids=ids, attention_mask=enc_mask, cache=cache,
+                                                position_ids=enc_pos).cache
+                    canvas = self._denoise(model, cache, dec_attention, dec_pos, rounds, walls, t0)
+                    output.extend(canvas[0].tolist())
+                    input_ids = torch.cat([input_ids, canvas], dim=-1)
+                    if any(t in eos for t in canvas[0].tolist()):
+                        break
+                    nxt = model._prepare_kwargs_for_next_canvas(
+                        attention_mask=attention, decoder_attention_mask=dec_attention,
+                        decoder_position_ids=dec_pos, canvas_length=length, cur_len=cur)
+                    cur, dec_attention, attention, enc_pos, dec_pos = nxt
+        finally:
+            handle.remove()
+        output = output[:max_new_tokens]
+        finished_eos = any(t in eos for t in output)
+        return RequestResult(
+            request_id=request_id, prompt_tokens=len(prompt_ids),
+            prompt_blocks=max(1, -(-len(prompt_ids) // length)), output_ids=output,
+            rounds_per_block=rounds, finished_eos=finished_eos, hit_budget=not finished_eos,
+            first_round_hidden=hidden[0].numpy().astype(np.float32) if hidden else None,
+            round_wall_ms=walls)
+
+    def _denoise(self, model: Any, cache: Any, dec_attention: torch.Tensor, dec_pos: torch.Tensor,
+                 rounds: list[int], walls: list[float], t0: float) -> torch.Tensor:
+        """One canvas, from all masks to the decoder's finish; appends its steps and times."""
+        canvas = torch.full((1, self.adapter.canvas_length), self.mask_id, dtype=torch.long,
+                            device=self.adapter.device)
+        mask_mapping = model.model.decoder.create_diffusion_decoder_attention_mask(
+            config=model.config, inputs_embeds=canvas.unsqueeze(-1), cache=cache,
+            decoder_attention_mask=dec_attention)
+        self_conditioning = None
+        post_edit, steps, done = 0, 0, False
+        while not done:
+            out = model(decoder_input_ids=canvas, self_conditioning_logits=self_conditioning,
+                        decoder_attention_mask=mask_mapping, cache=cache,
+                        decoder_position_ids=dec_pos)
+            block, post_edit, done = self.decoder.step(out.logits[0], canvas[0].cpu(), post_edit,
+                                                       self.mask_id)
+            canvas = block[None].to(self.adapter.device)
+            self_conditioning = out.logits.to(model.model.decoder.embed_tokens.weight.dtype)
+            steps += 1
+            now = time.perf_counter()
+            walls.append((now - t0) * 1e3)
+            t0 = now
+        rounds.append(steps)
+        return canvas
 
 
 def load_diffusion_gemma(path: str | Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
