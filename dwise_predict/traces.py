@@ -226,7 +226,7 @@ def first_copies(table: pa.Table, seen: dict[str, str] | None = None,
         if rid not in seen:
             seen[rid] = sha
             keep[i] = True
-        elif sha is not None and seen[rid] not in (None, sha):
+        elif sha and seen[rid] and seen[rid] != sha:
             raise TraceError(
                 f"{where}: request id {rid!r} was traced for two different prompts; request "
                 "ids must be unique across every workload written into one folder. Trace the "
@@ -236,10 +236,11 @@ def first_copies(table: pa.Table, seen: dict[str, str] | None = None,
     return (table.filter(pa.array(keep)) if dropped else table), dropped
 
 
-def _prompt_hashes(table: pa.Table) -> list[str | None]:
+def _prompt_hashes(table: pa.Table) -> list[str]:
+    """Each row's prompt sha256 ("" when the column was not read)."""
     if "prompt_sha256" in table.column_names:
-        return table.column("prompt_sha256").to_pylist()
-    return [None] * table.num_rows
+        return [h or "" for h in table.column("prompt_sha256").to_pylist()]
+    return [""] * table.num_rows
 
 
 def validate_table(table: pa.Table, where: str = "traces") -> None:
