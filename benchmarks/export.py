@@ -26,7 +26,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # b
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import platform  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -43,6 +42,7 @@ from dwise_predict.export.parity import (  # noqa: E402
 )
 from dwise_predict.export.quantize import NotQuantizable, quantize_int8  # noqa: E402
 
+from dwise_predict.atomic import write_json  # noqa: E402
 from dwise_predict.cli._common import format_table  # noqa: E402
 from dwise_predict.predictors import AdmissionModel, IsotonicMap, MLPWeights, RefinementEnsemble  # noqa: E402
 from dwise_predict.predictors.onnx_runtime import OnnxRefinement  # noqa: E402
@@ -161,9 +161,7 @@ def main() -> None:
                         "lightgbm": _version("lightgbm"), "onnxmltools": _version("onnxmltools")},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = args.out.with_suffix(".json.tmp")
-    tmp_out.write_text(json.dumps(out, indent=2) + "\n")
-    os.replace(tmp_out, args.out)
+    write_json(args.out, out, sort_keys=False)
     print(f"wrote {args.out}")
 
 

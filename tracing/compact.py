@@ -29,13 +29,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dwise_predict.atomic import fsync_dir
 from dwise_predict.errors import TraceError
 from dwise_predict.traces import META_FINGERPRINT, META_SCHEMA_VERSION, check_schema, first_copies
 
 from .writer import (
     STAGE_PREFIX,
     existing_shards,
-    fsync_dir,
     new_writer_id,
     remove_stale_temps,
     shard_name,

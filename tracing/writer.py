@@ -33,7 +33,6 @@ import os
 import re
 import secrets
 import socket
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -42,6 +41,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dwise_predict.atomic import TEMP_SUFFIX, atomic_path
 from dwise_predict.errors import TraceError
 from dwise_predict.fingerprint import ModelFingerprint
 from dwise_predict.traces import (
@@ -105,33 +105,9 @@ def rows_to_table(rows: list[dict[str, Any]], fingerprint: ModelFingerprint) -> 
 
 def write_table_atomic(table: pa.Table, path: Path) -> Path:
     """Write ``table`` to ``path`` durably: hidden temporary file, fsync, rename, fsync folder."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         pq.write_table(table, tmp, compression="zstd")
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(path.parent)
     return path
-
-
-def fsync_dir(folder: Path) -> None:
-    """Make a rename or unlink in ``folder`` durable (a no-op where folders cannot be opened)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 class TraceWriter:
@@ -308,7 +284,7 @@ def remove_stale_temps(folder: Path) -> list[Path]:
     now = time.time()
     removed = []
     for p in folder.iterdir():
-        if not p.name.startswith(".") or not (p.name.endswith(".tmp")
+        if not p.name.startswith(".") or not (p.name.endswith(TEMP_SUFFIX)
                                               or p.name.startswith(STAGE_PREFIX)):
             continue
         m = _OWNER.search(p.name)

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,13 +12,13 @@ from typing import Any
 import numpy as np
 
 from .._version import __version__
+from ..atomic import staged_folder, write_json, write_text
 from ..errors import BundleError, BundleIntegrityError, FingerprintMismatchError
 from ..features import PromptFeaturizer
 from ..fingerprint import ModelFingerprint
 from ..predictors import AdmissionModel, RefinementEnsemble
 from ..predictors import admission as _adm
 from ..predictors import refinement as _ref
-from ..predictors._files import write_json_atomic, write_text_atomic
 from .card import CARD_FILE, render_card
 from .format import (
     CHAT_TEMPLATE_FILE,
@@ -35,7 +32,6 @@ from .format import (
     verify_files,
 )
 from .resolve import resolve_bundle, resolve_bundle_path
-from .update import swap_in
 
 
 @dataclass
@@ -124,9 +120,7 @@ def save_bundle(out: str | Path, *, fingerprint: ModelFingerprint, admission: Ad
         raise BundleError(f"{out} already exists; choose another --out or pass overwrite=True (--force)")
     if out.exists() and not (out / MANIFEST).is_file():
         raise BundleError(f"{out} exists and is not a bundle; refusing to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
+    with staged_folder(out) as tmp:
         predictors: dict[str, Any] = {}
         features: dict[str, Any] = {}
         if admission is not None:
@@ -157,26 +151,21 @@ def save_bundle(out: str | Path, *, fingerprint: ModelFingerprint, admission: Ad
             "training": training or {},
             "metrics": metrics or {},
         }
-        write_text_atomic(tmp / CARD_FILE, render_card(manifest))
+        write_text(tmp / CARD_FILE, render_card(manifest))
         manifest["files"] = {p.name: file_record(p) for p in sorted(tmp.iterdir()) if p.is_file()}
-        write_json_atomic(tmp / MANIFEST, manifest)
-        os.chmod(tmp, 0o755)  # mkdtemp creates 0700
-        swap_in(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        write_json(tmp / MANIFEST, manifest)
     return out
 
 
 def _save_featurizer(featurizer: PromptFeaturizer | None, folder: Path) -> dict[str, Any] | None:
     if featurizer is None:
         return None
-    write_text_atomic(folder / TOKENIZER_FILE, featurizer.tokenizer.to_str())
+    write_text(folder / TOKENIZER_FILE, featurizer.tokenizer.to_str())
     spec: dict[str, Any] = {"tokenizer": TOKENIZER_FILE, "tokenizer_hash": featurizer.tokenizer_hash,
                             "add_special_tokens": featurizer.add_special_tokens,
                             "template_kwargs": featurizer.template_kwargs, "chat_template": None}
     if featurizer.chat_template is not None:
-        write_text_atomic(folder / CHAT_TEMPLATE_FILE, featurizer.chat_template.source)
+        write_text(folder / CHAT_TEMPLATE_FILE, featurizer.chat_template.source)
         spec["chat_template"] = CHAT_TEMPLATE_FILE
         spec["chat_template_hash"] = featurizer.chat_template_hash
     return spec

@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from ..atomic import write_json, write_text
 from ..errors import BundleError, ModelError, PredictorInputError
 from ..features import FEATURE_NAMES, PromptFeaturizer
-from ._files import write_json_atomic, write_text_atomic
 from .trees import DEFAULT_GRID_LIMIT, CompiledForest, parse_lightgbm_text
 
 MODEL_FILE = "admission.lgb.txt"
@@ -95,10 +95,10 @@ class AdmissionModel:
         """Write ``admission.lgb.txt`` and ``admission.json`` into ``folder``; returns the file names."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(folder / MODEL_FILE, self.model_text)
+        write_text(folder / MODEL_FILE, self.model_text)
         config = {"feature_names": list(self.feature_names), "target": "log(total_rounds)", "estimate": ESTIMATE,
                   "n_trees": self.forest.n_trees, "max_leaves": self.forest.max_leaves, "info": self.info}
-        write_json_atomic(folder / CONFIG_FILE, config)
+        write_json(folder / CONFIG_FILE, config)
         return [MODEL_FILE, CONFIG_FILE]
 
     @classmethod

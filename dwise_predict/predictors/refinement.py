@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from ..atomic import write_bytes, write_json
 from ..errors import BundleError, PredictorInputError
-from ._files import write_bytes_atomic, write_json_atomic
 from .calibration import IsotonicMap
 
 WEIGHTS_FILE = "refinement.safetensors"
@@ -160,11 +160,11 @@ class RefinementEnsemble:
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomic(folder / WEIGHTS_FILE, save(self.tensors(), metadata={"format": "dwise-refinement-v1"}))
-        write_json_atomic(folder / CONFIG_FILE, self.config())
+        write_bytes(folder / WEIGHTS_FILE, save(self.tensors(), metadata={"format": "dwise-refinement-v1"}))
+        write_json(folder / CONFIG_FILE, self.config())
         files = [WEIGHTS_FILE, CONFIG_FILE]
         if self.calibration is not None:
-            write_json_atomic(folder / CALIBRATION_FILE, self.calibration.to_dict())
+            write_json(folder / CALIBRATION_FILE, self.calibration.to_dict())
             files.append(CALIBRATION_FILE)
         return files
 
