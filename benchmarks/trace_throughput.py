@@ -90,7 +90,8 @@ def run_writer(adapter: TinyBDAdapter, texts: list[str], cfg: DecodeConfig, batc
         s = trace_workload(adapter, records, Path(tmp) / "out", batch_size=batch,
                            threshold=cfg.threshold, max_new_tokens=cfg.max_new_tokens,
                            block_size=cfg.block_size, flush_interval_s=flush_interval_s)
-    return {"wall_s": s.wall_s, "requests_per_s": s.requests_per_s, "shards": len(s.shards)}
+    return {"wall_s": s.wall_s, "requests_per_s": s.requests_per_s, "shards": len(s.shards),
+            "write_ms": 1000 * s.write_s}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,9 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwhole tracer (engine + writer), {len(texts)} requests, batch {wbatch}, "
           f"median of {args.repeats}")
     print(format_table(
-        ["time-based flush", "req/s", "shards written", "wall s", "vs off"],
+        ["time-based flush", "req/s", "shards written", "writing ms", "wall s", "vs off"],
         [[f"{k}" + (f" (every {v} s)" if v else ""), f"{wmed[k]['requests_per_s']:.2f}",
-          int(wmed[k]["shards"]), f"{wmed[k]['wall_s']:.2f}",
+          int(wmed[k]["shards"]), f"{wmed[k]['write_ms']:.0f}", f"{wmed[k]['wall_s']:.2f}",
           f"{wmed[k]['requests_per_s'] / off:.3f}x"] for k, v in flushes.items()]))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {

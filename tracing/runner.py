@@ -59,6 +59,7 @@ class TraceSummary:
     engine_rounds: int = 0
     request_rounds: int = 0
     denoising_rounds: int = 0
+    write_s: float = 0.0  #: seconds spent writing shards, fsync included
 
     @property
     def requests_per_s(self) -> float:
@@ -183,6 +184,7 @@ def trace_workload(adapter: Any, records: Iterable[Any], out_dir: str | Path, *,
             if hasattr(results, "close"):
                 results.close()  # type: ignore[union-attr]
     summary.shards = list(writer.written)
+    summary.write_s = writer.write_s
     return summary
 
 

@@ -149,6 +149,7 @@ class TraceWriter:
         self.done_ids: dict[str, str] = traced_requests(shards, fingerprint) if shards else {}
         self.written: list[Path] = []
         self.rows_written = 0
+        self.write_s = 0.0  #: seconds spent writing shards (what the durability costs)
         self._rows: list[dict[str, Any]] = []
         self._oldest = 0.0  # monotonic time the oldest waiting row was added
         self._count = 0  # shards this writer has written: the counter in its shard names
@@ -188,7 +189,9 @@ class TraceWriter:
             return None
         n = len(self._rows)
         path = self.out_dir / shard_name(self.writer_id, self._count)
+        t0 = time.perf_counter()
         write_table_atomic(rows_to_table(self._rows, self.fingerprint), path)
+        self.write_s += time.perf_counter() - t0
         # An interrupt before the next line rewrites the same rows under the same name
         # (identical file); after it, under the next name (a copy readers drop). Never a loss.
         self._count += 1
