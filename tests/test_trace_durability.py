@@ -140,24 +140,29 @@ class _Warnings(logging.Handler):
 
 
 def test_two_writers_on_one_folder_keep_every_request(tmp_path, model_dir):
-    a, b = _workload(tmp_path / "a.jsonl", "a", 12), _workload(tmp_path / "b.jsonl", "b", 12)
+    n = 24
+    a, b = _workload(tmp_path / "a.jsonl", "a", n), _workload(tmp_path / "b.jsonl", "b", n)
     mixed, same = tmp_path / "mixed", tmp_path / "same"
-    opts = [*FAST, "--shard-size", "3", "--flush-interval", "0.05", "--resume"]
+    opts = [*SLOW, "-q", "--shard-size", "3", "--flush-interval", "0.05", "--resume"]
     procs = [_spawn(_trace(model_dir, a, mixed, *opts)), _spawn(_trace(model_dir, b, mixed, *opts)),
              _spawn(_trace(model_dir, a, same, *opts)), _spawn(_trace(model_dir, a, same, *opts))]
     for p in procs:
-        _, err = p.communicate(timeout=120)
+        _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
+    writers: dict[str, list[int]] = {}  # writer id -> its shards' write times
+    for f in existing_shards(mixed):
+        writers.setdefault(f.name.rsplit("-", 1)[0], []).append(f.stat().st_mtime_ns)
+    (first_a, last_a), (first_b, last_b) = [(min(t), max(t)) for t in writers.values()]
+    assert first_a < last_b and first_b < last_a, "the two writers did not overlap in time"
     ids = _raw_ids(mixed)  # different workloads: both complete, nothing overwritten, no copies
-    assert len(ids) == len(set(ids)) == 24
-    assert len({f.name.rsplit("-", 1)[0] for f in existing_shards(mixed)}) == 2  # two writers
-    assert read_traces(mixed).num_rows == 24
+    assert len(ids) == len(set(ids)) == 2 * n
+    assert read_traces(mixed).num_rows == 2 * n
     ref = tmp_path / "ref"  # the same workload twice: readers see each request once
-    assert main(_trace(model_dir, a, ref, *FAST)) == 0
+    assert main(_trace(model_dir, a, ref, *SLOW, "-q")) == 0
     with _Warnings() as warned:
         table = read_traces(same)
-    assert sorted(table.column("request_id").to_pylist()) == sorted(set(_raw_ids(ref)))
-    copies = len(_raw_ids(same)) - 12  # both traced some requests before seeing the other's
+    assert sorted(table.column("request_id").to_pylist()) == sorted(_raw_ids(ref))
+    copies = len(_raw_ids(same)) - n  # both traced some requests before seeing the other's
     assert bool(copies) == any(f"{copies} request(s) were traced by more" in m for m in warned)
     _assert_same_traces(table, read_traces(ref))
 
