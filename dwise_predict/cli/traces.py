@@ -17,15 +17,14 @@ _COMPACT_HELP = ("Merge a trace folder's shards into fewer, larger ones (atomica
 
 
 def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> None:
-    p = subparsers.add_parser(name, help="Maintain trace folders (compact)",
-                              description="Maintain folders written by `dwise-predict trace`.")
-    actions = p.add_subparsers(dest="traces_action", metavar="ACTION", required=True)
-    c = actions.add_parser("compact", parents=[common], help=_COMPACT_HELP,
-                           description=_COMPACT_HELP + ".")
-    c.add_argument("dir", type=Path, metavar="DIR", help="trace folder (the --out of `trace`)")
-    c.add_argument("--shard-size", type=int, default=100_000,
-                   help="requests per merged shard (default: 100000)")
-    c.set_defaults(func=run_compact)
+    p = subparsers.add_parser(name, parents=[common], help="Maintain trace folders: compact",
+                              description="Maintain folders written by `dwise-predict trace`. "
+                                          f"compact: {_COMPACT_HELP}.")
+    p.add_argument("action", choices=("compact",), help="what to do with the folder")
+    p.add_argument("dir", type=Path, metavar="DIR", help="trace folder (the --out of `trace`)")
+    p.add_argument("--shard-size", type=int, default=100_000,
+                   help="compact: requests per merged shard (default: 100000)")
+    p.set_defaults(func=run_compact)  # the only action so far
 
 
 def run_compact(args: argparse.Namespace) -> int:
