@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from dwise_predict.tracing.writer import TraceWriter, existing_shards, remove_st
 
 from dwise_predict.cli import main
 from dwise_predict.errors import TraceError
+from dwise_predict.fingerprint import ModelFingerprint
 from dwise_predict.traces import META_FINGERPRINT, read_traces
 
 PROMPTS = ["hello", "what is 2+2?", "a" * 30, "line\nline2\n" * 3, "x", "tell me a story",
@@ -179,8 +181,6 @@ def test_time_flush_writes_without_further_requests(tmp_path, model_dir):
     assert main(_trace(model_dir, wl, src, *FAST)) == 0
     rows = read_traces(src).to_pylist()
     fp = read_traces(src).schema.metadata[META_FINGERPRINT]
-    from dwise_predict.fingerprint import ModelFingerprint
-
     fingerprint = ModelFingerprint.from_dict(json.loads(fp))
     out = tmp_path / "out"
     with TraceWriter(out, fingerprint, shard_size=100, flush_interval_s=0.3) as w:
@@ -200,6 +200,35 @@ def test_time_flush_writes_without_further_requests(tmp_path, model_dir):
     names = [f.name for f in existing_shards(out)]
     assert len(names) == 3 and len({n.rsplit("-", 1)[0] for n in names}) == 2
     assert sorted(_raw_ids(out)) == sorted(r["request_id"] for r in rows)
+
+
+def test_a_failed_timed_write_stops_the_run_and_close_keeps_the_rows(tmp_path, model_dir,
+                                                                     monkeypatch):
+    import dwise_predict.tracing.writer as w
+
+    wl, src = _workload(tmp_path / "w.jsonl", "e", 2), tmp_path / "src"
+    assert main(_trace(model_dir, wl, src, *FAST)) == 0
+    table = read_traces(src)
+    fingerprint = ModelFingerprint.from_dict(json.loads(table.schema.metadata[META_FINGERPRINT]))
+    real, failed = w.write_table_atomic, threading.Event()
+
+    def disk_full_once(t, path):
+        if not failed.is_set():
+            failed.set()
+            raise OSError(28, "No space left on device")
+        return real(t, path)
+
+    monkeypatch.setattr(w, "write_table_atomic", disk_full_once)
+    out = tmp_path / "out"
+    writer = TraceWriter(out, fingerprint, flush_interval_s=0.05)
+    rows = table.to_pylist()
+    writer.add(rows[0])
+    assert failed.wait(10)
+    writer._timer.join(10)  # the timer thread stops after a failed write
+    with pytest.raises(TraceError, match="No space left on device"):
+        writer.add(rows[1])  # the run learns of it at once
+    writer.close()
+    assert _raw_ids(out) == [rows[0]["request_id"]]  # nothing lost
 
 
 def test_stale_temps_of_dead_writers_are_removed_and_live_ones_kept(tmp_path):

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import secrets
@@ -52,6 +53,8 @@ from dwise_predict.traces import (
     check_schema,
     shard_files,
 )
+
+log = logging.getLogger(__name__)
 
 DEFAULT_SHARD_SIZE = 1000
 #: seconds a finished request may wait in memory before it is written (the crash-loss bound)
@@ -230,8 +233,11 @@ class TraceWriter:
             self._wake.notify_all()
         if self._timer is not None:
             self._timer.join()
-        self.flush()
-        self._raise_timer_error()
+        self.flush()  # raises if the rows cannot be written
+        if self._error is not None:  # the rows the timer failed to write are on disk now
+            log.warning("a timed shard write to %s failed (%s); its rows were written at close",
+                        self.out_dir, self._error)
+            self._error = None
 
     def __enter__(self) -> TraceWriter:
         return self
