@@ -102,8 +102,8 @@ def activity_matrix(rounds_per_block: Sequence[int], block_size: int, n_blocks: 
 
 def shard_files(folder: str | Path) -> list[Path]:
     """The visible ``*.parquet`` files of a trace folder, sorted by name: the shards of every
-    writer. Names starting with a dot are temporary files still being written; no reader
-    (this one, pandas, polars, duckdb) ever counts them."""
+    writer. Files still being written have hidden names ending in ``.tmp``, so neither this
+    reader nor a ``*.parquet`` glob (pandas, polars, duckdb) ever counts them."""
     p = Path(folder)
     if not p.is_dir():
         return []

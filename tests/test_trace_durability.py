@@ -307,6 +307,11 @@ def test_compact_is_atomic_under_a_crash(tmp_path, model_dir, monkeypatch):
     assert sorted(p.name for p in existing_shards(out)) == names  # the old shards, as they were
     assert read_traces(out).equals(before)
     assert [p.name for p in out.iterdir() if p.name.startswith(".compact-")]  # staged, invisible
+    import duckdb
+    import polars as pl  # their globs match hidden *.parquet files: staged ones end in .tmp
+
+    assert pl.read_parquet(out / "*.parquet").height == 14
+    assert duckdb.sql(f"SELECT count(*) FROM '{out}/*.parquet'").fetchall() == [(14,)]
 
     import dwise_predict.tracing.compact as c  # a crash after the renames, before the deletes
 

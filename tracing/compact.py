@@ -9,8 +9,8 @@ and refuses a folder whose shards disagree on the model fingerprint or schema ve
 It never risks the data, in three steps:
 
 1. every input's schema and fingerprint is checked before anything is written;
-2. the merged shards are written under hidden names (``.compact-*``), durably: readers skip
-   them, and a crash here leaves the old shards as they were;
+2. the merged shards are written under hidden names (``.compact-*.tmp``), durably: no reader
+   or ``*.parquet`` glob sees them, and a crash here leaves the old shards as they were;
 3. the merged shards are renamed into place, then the old shards are removed. A crash
    between the two leaves both; they hold the same requests, readers keep one copy, and
    running ``compact`` again finishes the job.
@@ -29,12 +29,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dwise_predict.atomic import fsync_dir
+from dwise_predict.atomic import TEMP_SUFFIX, fsync_dir
 from dwise_predict.errors import TraceError
 from dwise_predict.traces import META_FINGERPRINT, META_SCHEMA_VERSION, check_schema, first_copies
 
 from .writer import (
-    STAGE_PREFIX,
     existing_shards,
     new_writer_id,
     remove_stale_temps,
@@ -44,6 +43,8 @@ from .writer import (
 
 #: rows per merged shard: large enough that a million-request folder is tens of files
 DEFAULT_COMPACT_SHARD_SIZE = 100_000
+#: hidden names of merged shards written but not yet put in place
+STAGE_PREFIX = ".compact-"
 
 
 @dataclass
@@ -141,5 +142,6 @@ def _common_metadata(shards: list[Path]) -> dict[bytes, bytes]:
 def _stage(table: pa.Table, metadata: dict[bytes, bytes], out: Path, writer_id: str,
            index: int) -> Path:
     """Write one merged shard durably under a hidden name readers skip."""
-    path = out / f"{STAGE_PREFIX}{shard_name(writer_id, index)}"
+    # ends in .tmp: duckdb and polars globs ('*.parquet') match hidden files too
+    path = out / f"{STAGE_PREFIX}{shard_name(writer_id, index)}{TEMP_SUFFIX}"
     return write_table_atomic(table.replace_schema_metadata(metadata), path)

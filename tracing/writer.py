@@ -3,9 +3,9 @@
 Traces are the project's most expensive data (a forward pass per round on the served model),
 so the writer is built to lose as little of them as possible:
 
-* **Durable and atomic.** A shard is written under a hidden temporary name, fsync-ed,
-  renamed to its final name, and the folder is fsync-ed: a reader never sees a partial
-  file (readers skip dot-files) and a finished shard survives a power loss.
+* **Durable and atomic.** A shard is written under a hidden temporary name ending in ``.tmp``,
+  fsync-ed, renamed to its final name, and the folder is fsync-ed: a reader never sees a
+  partial file (no ``*.parquet`` glob matches it) and a finished shard survives a power loss.
 * **Flushed by count and by time.** A shard is written every ``shard_size`` requests, and
   a background timer writes one as soon as the oldest unwritten request has waited
   ``flush_interval_s`` seconds. A hard kill (SIGKILL, out of memory, node loss) therefore
@@ -63,8 +63,6 @@ DEFAULT_FLUSH_INTERVAL_S = 60.0
 #: seconds), so any writer may remove it
 STALE_TEMP_S = 3600.0
 
-#: hidden names of merged shards that ``traces compact`` has written but not yet put in place
-STAGE_PREFIX = ".compact-"
 #: ``<host>-<pid>-<8 hex>``, found inside shard and temporary file names
 _OWNER = re.compile(r"shard-(?P<host>.+)-(?P<pid>\d+)-(?P<rand>[0-9a-f]{8})-\d{5,}\.parquet")
 
@@ -293,8 +291,7 @@ def remove_stale_temps(folder: Path) -> list[Path]:
     now = time.time()
     removed = []
     for p in folder.iterdir():
-        if not p.name.startswith(".") or not (p.name.endswith(TEMP_SUFFIX)
-                                              or p.name.startswith(STAGE_PREFIX)):
+        if not (p.name.startswith(".") and p.name.endswith(TEMP_SUFFIX)):
             continue
         m = _OWNER.search(p.name)
         try:
