@@ -193,8 +193,8 @@ class TraceWriter:
         t0 = time.perf_counter()
         write_table_atomic(rows_to_table(self._rows, self.fingerprint), path)
         self.write_s += time.perf_counter() - t0
-        # An interrupt before the next line rewrites the same rows under the same name
-        # (identical file); after it, under the next name (a copy readers drop). Never a loss.
+        # An interrupt before the next line rewrites these rows (and any newer) under the same
+        # name; after it, under the next name (a copy readers drop). Never a loss.
         self._count += 1
         del self._rows[:n]
         self.rows_written += n
