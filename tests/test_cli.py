@@ -5,7 +5,8 @@ import pytest
 
 from dwise_predict.cli import SUBCOMMANDS, main
 
-NAMES = ["workload", "trace", "traces", "train", "eval", "export", "push", "pull", "simulate", "demo"]
+NAMES = ["workload", "trace", "traces", "train", "eval", "export", "push", "pull", "simulate",
+         "demo"]
 
 
 def test_help_lists_every_subcommand():
