@@ -4,11 +4,16 @@ Both batch sizes run in the same process on the same requests, alternating, ``--
 times; the table reports medians. Batch 1 is the peer: continuous batching should multiply
 requests/s while each request's trace stays identical (tests/test_tracing_engine.py).
 
+A second table runs the whole tracer (engine + Parquet writer) on ``--writer-n`` requests
+with time-based flushing off and on (a shard every ``--flush-interval`` seconds, far more
+often than the 60 s default), alternating, to show what the durability costs.
+
 If the shipped tiny-bd weights (zoo/tiny_bd/weights) are not there yet, a randomly
 initialised model of the default TinyBDConfig is used and the output says so: a random model
 is unsure of every position, so every block takes block_size rounds (the slowest case).
 
-    .venv/bin/python benchmarks/trace_throughput.py [--n 16] [--max-new-tokens 32] [--repeats 3]
+    .venv/bin/python benchmarks/trace_throughput.py [--n 16] [--max-new-tokens 32] [--repeats 3] \
+        [--writer-n 64] [--flush-interval 0.25]
 
 Writes benchmarks/results/trace_throughput.json.
 """
@@ -27,6 +32,7 @@ from pathlib import Path
 import torch
 from dwise_predict.tracing.adapters.tiny_bd import TinyBDAdapter, load_tiny_bd
 from dwise_predict.tracing.engine import DecodeConfig, DecodeRequest, decode
+from dwise_predict.tracing.runner import trace_workload
 
 from dwise_predict.atomic import write_json
 from dwise_predict.cli._common import format_table
@@ -75,6 +81,19 @@ def run_once(adapter: TinyBDAdapter, reqs: list[DecodeRequest], cfg: DecodeConfi
             "engine_rounds": rounds[0]}
 
 
+def run_writer(adapter: TinyBDAdapter, texts: list[str], cfg: DecodeConfig, batch: int,
+               flush_interval_s: float | None) -> dict[str, float]:
+    """The whole tracer into a fresh folder: engine, rows, and the Parquet writer."""
+    records = [{"id": f"r{i}", "category": "bench", "source": "bench", "prompt": p}
+               for i, p in enumerate(texts)]
+    with tempfile.TemporaryDirectory(prefix="trace-bench-") as tmp:
+        s = trace_workload(adapter, records, Path(tmp) / "out", batch_size=batch,
+                           threshold=cfg.threshold, max_new_tokens=cfg.max_new_tokens,
+                           block_size=cfg.block_size, flush_interval_s=flush_interval_s)
+    return {"wall_s": s.wall_s, "requests_per_s": s.requests_per_s, "shards": len(s.shards),
+            "write_ms": 1000 * s.write_s}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=16, help="requests per run")
@@ -84,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the 2 shared cores here)")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--writer-n", type=int, default=64, help="requests per writer run")
+    ap.add_argument("--flush-interval", type=float, default=0.25,
+                    help="seconds between time-based flushes in the 'on' writer runs")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     adapter, what = reference_adapter()
@@ -104,13 +126,33 @@ def main(argv: list[str] | None = None) -> int:
           f"budget {cfg.max_new_tokens}, {args.threads} threads, median of {args.repeats}")
     print(format_table(["batch", "req/s", "rounds/s", "request-rounds/s", "denoising rounds", "wall s", "vs batch 1"],
                        rows))
+
+    texts = prompts(args.writer_n, 1)
+    wbatch = args.batches[-1]
+    flushes = {"off": None, "on": args.flush_interval}
+    wruns: dict[str, list[dict[str, float]]] = {k: [] for k in flushes}
+    for _ in range(args.repeats):
+        for k, interval in flushes.items():
+            wruns[k].append(run_writer(adapter, texts, cfg, wbatch, interval))
+    wmed = {k: {m: statistics.median(r[m] for r in rs) for m in rs[0]} for k, rs in wruns.items()}
+    off = wmed["off"]["requests_per_s"]
+    print(f"\nwhole tracer (engine + writer), {len(texts)} requests, batch {wbatch}, "
+          f"median of {args.repeats}")
+    print(format_table(
+        ["time-based flush", "req/s", "shards written", "writing ms", "wall s", "vs off"],
+        [[f"{k}" + (f" (every {v} s)" if v else ""), f"{wmed[k]['requests_per_s']:.2f}",
+          int(wmed[k]["shards"]), f"{wmed[k]['write_ms']:.0f}", f"{wmed[k]['wall_s']:.2f}",
+          f"{wmed[k]['requests_per_s'] / off:.3f}x"] for k, v in flushes.items()]))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "benchmark": "trace_throughput", "model": what, "requests": len(reqs), "block_size": cfg.block_size,
         "threshold": cfg.threshold, "max_new_tokens": cfg.max_new_tokens, "repeats": args.repeats,
         "threads": args.threads, "torch": torch.__version__, "python": platform.python_version(),
-        "cpu_count": os.cpu_count(), "median": {str(b): m for b, m in med.items()},
+        "cpu_count": os.cpu_count(), "load_average_1min": os.getloadavg()[0],
+        "median": {str(b): m for b, m in med.items()},
         "runs": {str(b): rs for b, rs in runs.items()},
+        "writer": {"requests": len(texts), "batch": wbatch, "flush_interval_s": args.flush_interval,
+                   "median": wmed, "runs": wruns},
         "notes": "rounds/s = batched forward rounds per second (prefill + denoising, commit forwards folded in); "
                  "request-rounds/s = request-blocks advanced per second",
     }

@@ -7,6 +7,8 @@ The CLI prints that message as one line and exits non-zero; ``--debug`` shows th
 
 from __future__ import annotations
 
+import signal
+
 
 class DwisePredictError(Exception):
     """Base class of every error raised on purpose by dwise-predict."""
@@ -65,4 +67,21 @@ class FingerprintMismatchError(BundleError):
 
 class SchedulerError(DwisePredictError):
     """The scheduler runtime was driven with inconsistent requests or results."""
+
+
+class Terminated(KeyboardInterrupt):
+    """The process was asked to stop by a signal (SIGTERM: Slurm, Kubernetes, systemd).
+
+    A subclass of ``KeyboardInterrupt`` on purpose: every clean-up path written for Ctrl-C
+    (flushing finished traces, closing files) runs for a scheduler's stop request too, and
+    ``except Exception`` blocks do not swallow it. ``exit_code`` follows the shell convention
+    128 + signal number (143 for SIGTERM), so a job scheduler sees why the job ended.
+    """
+
+    def __init__(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        super().__init__(f"stopped by {name}")
+        self.signum = signum
+        self.signal_name = name
+        self.exit_code = 128 + signum
 

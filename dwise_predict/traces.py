@@ -22,6 +22,7 @@ the block size, so :func:`read_traces` fills ``S = block_size`` (:func:`migrate_
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -39,6 +40,11 @@ TRACE_SCHEMA_VERSION = 2
 #: Parquet key-value metadata keys.
 META_SCHEMA_VERSION = b"dwise.schema_version"
 META_FINGERPRINT = b"dwise.fingerprint"
+
+#: columns read besides the requested ones, so repeated requests can always be dropped
+_IDENTITY_COLUMNS = ("request_id", "prompt_sha256")
+
+log = logging.getLogger(__name__)
 
 #: The columns of schema version 2, in file order. Nullable columns may hold nulls;
 #: ``prompt`` is null when the trace was written with prompts redacted (the hash stays).
@@ -109,20 +115,30 @@ def activity_matrix(rounds_per_block: Sequence[int], max_steps: int,
     return out
 
 
+def shard_files(folder: str | Path) -> list[Path]:
+    """The visible ``*.parquet`` files of a trace folder, sorted by name: the shards of every
+    writer. Files still being written have hidden names ending in ``.tmp``, so neither this
+    reader nor a ``*.parquet`` glob (pandas, polars, duckdb) ever counts them."""
+    p = Path(folder)
+    if not p.is_dir():
+        return []
+    return sorted(q for q in p.glob("*.parquet") if not q.name.startswith("."))
+
+
 def trace_files(path: str | Path) -> list[Path]:
     """The Parquet files a trace path stands for: the file itself, or a directory's shards, sorted."""
     p = Path(path)
     if p.is_file():
         return [p]
     if p.is_dir():
-        files = sorted(q for q in p.glob("*.parquet") if not q.name.startswith("."))
+        files = shard_files(p)
         if not files:
             raise TraceError(f"no trace files (*.parquet) in {p}; run `dwise-predict trace --out {p}` first")
         return files
     raise TraceError(f"trace path {p} does not exist; pass a trace file or the folder `dwise-predict trace` wrote")
 
 
-def _check_schema(schema: pa.Schema, where: Path) -> int:
+def check_schema(schema: pa.Schema, where: Path) -> int:
     """Refuse a file this reader cannot understand; return its schema version."""
     meta = schema.metadata or {}
     raw = meta.get(META_SCHEMA_VERSION)
@@ -171,7 +187,7 @@ def read_trace_fingerprint(path: str | Path) -> ModelFingerprint:
     """The fingerprint stored in a trace file's metadata (first shard of a folder)."""
     f = trace_files(path)[0]
     schema = pq.read_schema(f)
-    _check_schema(schema, f)
+    check_schema(schema, f)
     raw = (schema.metadata or {}).get(META_FINGERPRINT)
     if raw is None:
         raise TraceError(f"{f} has no model fingerprint metadata")
@@ -196,18 +212,21 @@ def read_traces(path: str | Path, columns: Iterable[str] | None = None, *,
     Files of an older schema version are migrated on read (:func:`migrate_table`), so the
     table always has the current columns. Raises :class:`TraceError` naming the file and
     the fix when a file is not a trace, was written by a newer schema, lacks required
-    columns, or shards disagree on the model fingerprint.
+    columns, or shards disagree on the model fingerprint. A request traced by two writers
+    sharing the folder is kept once (its first copy in shard-name order, see
+    :func:`first_copies`), with a warning.
     """
     files = trace_files(path)
+    cols = list(columns) if columns is not None else None
+    read_cols = None if cols is None else list(dict.fromkeys([*cols, *_IDENTITY_COLUMNS]))
     tables = []
     fingerprint: bytes | None = None
-    cols = list(columns) if columns is not None else None
     for f in files:
         try:
             schema = pq.read_schema(f)
         except (OSError, pa.ArrowInvalid) as e:
             raise TraceError(f"cannot read trace file {f}: {e}; the file is corrupt or not Parquet") from e
-        _check_schema(schema, f)
+        check_schema(schema, f)
         fp = (schema.metadata or {}).get(META_FINGERPRINT)
         if fingerprint is None:
             fingerprint = fp
@@ -216,8 +235,15 @@ def read_traces(path: str | Path, columns: Iterable[str] | None = None, *,
                 f"trace shards in {path} come from different models or decoding settings "
                 f"({files[0].name} vs {f.name}); keep one model's traces per folder"
             )
-        tables.append(_read_one(f, cols, schema))
+        tables.append(_read_one(f, read_cols, schema))
     table = pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
+    table, dropped = first_copies(table, where=str(path))
+    if dropped:
+        log.warning("%s: %d request(s) were traced by more than one writer; kept the first copy "
+                    "in shard-name order (`dwise-predict traces compact %s` drops the others)",
+                    path, dropped, path)
+    if cols is not None:
+        table = table.select(cols)
     if validate:
         validate_table(table, str(path))
     meta = dict(table.schema.metadata or {})
@@ -225,6 +251,49 @@ def read_traces(path: str | Path, columns: Iterable[str] | None = None, *,
     if fingerprint is not None:
         meta[META_FINGERPRINT] = fingerprint
     return table.replace_schema_metadata(meta)
+
+
+def first_copies(table: pa.Table, seen: dict[str, str] | None = None,
+                 where: str = "traces") -> tuple[pa.Table, int]:
+    """Drop repeated requests: keep each request id's first row, in table order.
+
+    Several writers may share a trace folder, and two of them can trace the same request
+    concurrently. A request's trace is a function of the model, the settings (both in the
+    fingerprint), the prompt and the seed, so the copies agree on everything except the
+    measured ``round_wall_ms`` and float noise in ``first_round_hidden``; keeping the first
+    loses nothing. Copies whose ``prompt_sha256`` differ are not copies: two workloads reused
+    an id for different prompts, which is refused. ``seen`` (request id -> prompt sha256)
+    carries the ids of earlier tables, when a folder is read in pieces; it is updated.
+    Returns the table and how many rows were dropped.
+    """
+    if "request_id" not in table.column_names:
+        return table, 0
+    ids = table.column("request_id")
+    if not seen and pc.count_distinct(ids).as_py() == len(ids):
+        if seen is not None:
+            seen.update(zip(ids.to_pylist(), _prompt_hashes(table)))
+        return table, 0
+    seen = {} if seen is None else seen
+    keep = np.zeros(table.num_rows, dtype=bool)
+    for i, (rid, sha) in enumerate(zip(ids.to_pylist(), _prompt_hashes(table))):
+        if rid not in seen:
+            seen[rid] = sha
+            keep[i] = True
+        elif sha and seen[rid] and seen[rid] != sha:
+            raise TraceError(
+                f"{where}: request id {rid!r} was traced for two different prompts; request "
+                "ids must be unique across every workload written into one folder. Trace the "
+                "other workload into its own --out folder"
+            )
+    dropped = int(table.num_rows - keep.sum())
+    return (table.filter(pa.array(keep)) if dropped else table), dropped
+
+
+def _prompt_hashes(table: pa.Table) -> list[str]:
+    """Each row's prompt sha256 ("" when the column was not read)."""
+    if "prompt_sha256" in table.column_names:
+        return [h or "" for h in table.column("prompt_sha256").to_pylist()]
+    return [""] * table.num_rows
 
 
 def validate_table(table: pa.Table, where: str = "traces") -> None:

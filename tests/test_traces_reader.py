@@ -73,14 +73,27 @@ def test_inconsistent_rounds_duplicates_and_nan_are_refused(tmp_path):
     _write(tmp_path / "a.parquet", [bad])
     with pytest.raises(TraceError, match="inconsistent rounds"):
         read_traces(tmp_path / "a.parquet")
-    _write(tmp_path / "b.parquet", [_row(0, [1]), _row(0, [2])])
-    with pytest.raises(TraceError, match="repeats request ids"):
+    other = _row(0, [2])
+    other["prompt_sha256"] = "y"
+    _write(tmp_path / "b.parquet", [_row(0, [1]), other])
+    with pytest.raises(TraceError, match="'r0' was traced for two different prompts"):
         read_traces(tmp_path / "b.parquet")
     nan = _row(0, [1])
     nan["first_round_hidden"] = [float("nan"), 0.0, 0.0]
     _write(tmp_path / "c.parquet", [nan])
     with pytest.raises(TraceError, match="NaN"):
         read_traces(tmp_path / "c.parquet")
+
+
+def test_a_request_traced_by_two_writers_is_read_once(tmp_path, caplog):
+    _write(tmp_path / "shard-a-00000.parquet", [_row(0, [1, 4]), _row(1, [2])])
+    _write(tmp_path / "shard-b-00000.parquet", [_row(2, [3]), _row(1, [4])])  # r1 again
+    with caplog.at_level("WARNING", "dwise_predict"):
+        t = read_traces(tmp_path, columns=["total_rounds"])
+    assert t.column_names == ["total_rounds"]
+    assert t.column("total_rounds").to_pylist() == [5, 2, 3]  # r1: the copy in shard-a
+    assert "1 request(s) were traced by more than one writer" in caplog.text
+    assert read_traces(tmp_path).column("request_id").to_pylist() == ["r0", "r1", "r2"]
 
 
 def test_activity_matrix_follows_rounds_per_block():

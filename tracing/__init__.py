@@ -23,6 +23,7 @@ _LAZY = {
     "RequestResult": ".engine",
     "decode": ".engine",
     "TraceWriter": ".writer",
+    "compact_traces": ".compact",
 }
 
 __all__ = sorted(_LAZY)

@@ -9,6 +9,7 @@ model's own loop for native-loop adapters) and each finished request becomes one
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import time
 from collections.abc import Iterable
@@ -21,6 +22,7 @@ import numpy as np
 from dwise_predict.errors import ConfigError, TraceError, WorkloadError
 from dwise_predict.features import newline_count, word_count
 from dwise_predict.fingerprint import ModelFingerprint
+from dwise_predict.signals import terminate_as_interrupt
 from dwise_predict.traces import TRACE_SCHEMA_VERSION
 
 from .decoders import (
@@ -30,9 +32,11 @@ from .decoders import (
     LOW_CONFIDENCE,
 )
 from .engine import DecodeConfig, DecodeRequest, RequestResult, decode, validate_requests
-from .writer import TraceWriter, existing_shards
+from .writer import DEFAULT_FLUSH_INTERVAL_S, DEFAULT_SHARD_SIZE, TraceWriter, existing_shards
 
 DEFAULT_MAX_NEW_TOKENS = 256
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,7 @@ class TraceSummary:
     engine_rounds: int = 0
     request_rounds: int = 0
     denoising_rounds: int = 0
+    write_s: float = 0.0  #: seconds spent writing shards, fsync included
 
     @property
     def requests_per_s(self) -> float:
@@ -102,7 +107,9 @@ def check_output(out_dir: str | Path, resume: bool) -> None:
 def trace_workload(adapter: Any, records: Iterable[Any], out_dir: str | Path, *, batch_size: int = 8,
                    threshold: float | None = None, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                    block_size: int | None = None, limit: int | None = None, resume: bool = False, seed: int = 0,
-                   progress: Any = None, shard_size: int = 1000, redact_prompts: bool = False,
+                   progress: Any = None, shard_size: int = DEFAULT_SHARD_SIZE,
+                   redact_prompts: bool = False,
+                   flush_interval_s: float | None = DEFAULT_FLUSH_INTERVAL_S,
                    decoding: str | None = None, edit_threshold: float = DEFAULT_EDIT_THRESHOLD,
                    max_post_edit_steps: int = DEFAULT_MAX_POST_EDIT_STEPS) -> TraceSummary:
     """Decode ``records`` with ``adapter`` and write one trace row per request under ``out_dir``.
@@ -113,7 +120,10 @@ def trace_workload(adapter: Any, records: Iterable[Any], out_dir: str | Path, *,
     (``low_confidence``, the default, or ``joint_threshold`` with ``edit_threshold`` and
     ``max_post_edit_steps``); ``threshold`` defaults to that decoder's SGLang default. A
     native-loop model (DiffusionGemma) always decodes with its own sampler.
-    Returns a :class:`TraceSummary`.
+    Shards are written every ``shard_size`` requests and at least every
+    ``flush_interval_s`` seconds (see :class:`TraceWriter`). While it runs, SIGTERM stops it
+    like Ctrl-C: the finished requests are written and
+    :class:`~dwise_predict.errors.Terminated` propagates. Returns a :class:`TraceSummary`.
     """
     if limit is not None and limit < 0:
         raise ConfigError(f"--limit must be >= 0, got {limit}")
@@ -158,7 +168,10 @@ def trace_workload(adapter: Any, records: Iterable[Any], out_dir: str | Path, *,
 
     by_id = {r.id: r for r in recs}
     summary = TraceSummary(out_dir=Path(out_dir), fingerprint=fingerprint, traced=0, skipped=0, total=len(recs))
-    with TraceWriter(out_dir, fingerprint, shard_size=shard_size, resume=resume) as writer:
+    with terminate_as_interrupt(), TraceWriter(out_dir, fingerprint, shard_size=shard_size,
+                                               flush_interval_s=flush_interval_s,
+                                               resume=resume) as writer:
+        check_reused_ids(recs, writer.done_ids, out_dir)
         todo = [q for q in requests if q.request_id not in writer.done_ids]
         # Requests of similar prompt length share a batch: a row attends only its own cache, but the
         # batch is padded to its longest cache, so one long-context prompt would slow 15 short ones.
@@ -192,6 +205,7 @@ def trace_workload(adapter: Any, records: Iterable[Any], out_dir: str | Path, *,
                     summary.request_rounds += len(res.round_wall_ms)
                 row = build_row(res, by_id[res.request_id], adapter, config, fingerprint, seed, redact_prompts)
                 writer.add(row)
+                log.debug("traced %s", res.request_id)
                 summary.traced += 1
                 summary.denoising_rounds += res.total_rounds
                 if progress is not None:
@@ -204,7 +218,24 @@ def trace_workload(adapter: Any, records: Iterable[Any], out_dir: str | Path, *,
             if hasattr(results, "close"):
                 results.close()  # type: ignore[union-attr]
     summary.shards = list(writer.written)
+    summary.write_s = writer.write_s
     return summary
+
+
+def check_reused_ids(recs: list[TraceRecord], done: dict[str, str], out_dir: str | Path) -> None:
+    """Refuse a workload whose ids are already in the folder for other prompts.
+
+    Resume skips a request whose id is traced, so a second workload reusing ids (``req-0``
+    ...) for other prompts would silently lose its own requests.
+    """
+    for r in recs:
+        sha = done.get(r.id)
+        if sha is not None and sha != hashlib.sha256(r.prompt.encode("utf-8")).hexdigest():
+            raise WorkloadError(
+                f"request id {r.id!r} is already traced in {out_dir} for another prompt; request "
+                "ids must be unique across every workload written into one folder. Trace this "
+                "workload into its own --out folder, or give its requests other ids"
+            )
 
 
 def build_row(res: RequestResult, rec: TraceRecord, adapter: Any, config: DecodeConfig,

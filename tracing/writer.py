@@ -1,17 +1,25 @@
-"""Parquet trace writer: atomic, sharded, resumable.
+"""Parquet trace writer: durable, sharded, resumable, and safe with many writers per folder.
 
-A tracing run can take hours on a real dLLM, so its output must survive interruption:
+Traces are the project's most expensive data (a forward pass per round on the served model),
+so the writer is built to lose as little of them as possible:
 
-* **Atomic.** Every shard is written under a hidden temporary name in the output folder and
-  then ``os.replace``-d into ``shard-NNNNN.parquet``; a crash or Ctrl-C never leaves a file a
-  reader would pick up (readers skip dot-files).
-* **Sharded.** A shard is written every ``shard_size`` requests, so at most one shard's worth
-  of work is lost to a hard kill. On a clean interrupt (exception, Ctrl-C) the requests
-  already finished are flushed as a last, complete shard.
-* **Resumable.** ``resume=True`` reads the request ids already in the folder's shards, checks
-  that those shards come from the same model and decoding setting, and numbers new shards
-  after the existing ones. Without ``resume``, an output folder that already holds shards is
-  refused rather than silently mixed.
+* **Durable and atomic.** A shard is written under a hidden temporary name ending in ``.tmp``,
+  fsync-ed, renamed to its final name, and the folder is fsync-ed: a reader never sees a
+  partial file (no ``*.parquet`` glob matches it) and a finished shard survives a power loss.
+* **Flushed by count and by time.** A shard is written every ``shard_size`` requests, and
+  a background timer writes one as soon as the oldest unwritten request has waited
+  ``flush_interval_s`` seconds. A hard kill (SIGKILL, out of memory, node loss) therefore
+  loses at most the requests finished in the last ``flush_interval_s`` seconds. On a clean
+  stop (exception, Ctrl-C, SIGTERM under :func:`dwise_predict.signals.terminate_as_interrupt`)
+  the requests already finished are written as a last, complete shard.
+* **Many writers, one folder.** Every writer names its shards
+  ``shard-<host>-<pid>-<random>-<counter>.parquet``, so writers on any number of hosts and
+  processes never overwrite each other and need no lock (locks are unreliable on shared
+  filesystems and go stale when a node dies). ``resume=True`` reads the request ids of every
+  writer's shards and checks they come from the same model and decoding setting. Two
+  writers that trace the same request concurrently both keep it; readers keep the first
+  copy (:func:`dwise_predict.traces.first_copies`). Without ``resume`` an output folder that
+  already holds shards is refused rather than silently mixed.
 
 The rows follow :data:`dwise_predict.traces.TRACE_SCHEMA` exactly, with the schema version and
 the model fingerprint in the Parquet key-value metadata.
@@ -21,7 +29,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import os
 import re
+import secrets
+import socket
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,22 +50,45 @@ from dwise_predict.traces import (
     META_SCHEMA_VERSION,
     TRACE_SCHEMA,
     TRACE_SCHEMA_VERSION,
+    check_schema,
+    shard_files,
 )
 
-SHARD_PATTERN = re.compile(r"^shard-(\d{5,})\.parquet$")
-_TMP_PREFIX = ".shard-"
+log = logging.getLogger(__name__)
+
+DEFAULT_SHARD_SIZE = 1000
+#: seconds a finished request may wait in memory before it is written (the crash-loss bound)
+DEFAULT_FLUSH_INTERVAL_S = 60.0
+#: a temporary file this old belongs to a dead writer whatever host it ran on (a write takes
+#: seconds), so any writer may remove it
+STALE_TEMP_S = 3600.0
+
+#: ``<host>-<pid>-<8 hex>``, found inside shard and temporary file names
+_OWNER = re.compile(r"shard-(?P<host>.+)-(?P<pid>\d+)-(?P<rand>[0-9a-f]{8})-\d{5,}\.parquet")
 
 
-def shard_name(index: int) -> str:
-    return f"shard-{index:05d}.parquet"
+def new_writer_id() -> str:
+    """A writer id unique across hosts and processes: ``<host>-<pid>-<8 random hex>``.
+
+    The host and pid say who wrote a shard (and let a writer on the same host tell that a
+    temporary file's owner is dead); the random part keeps ids apart across hosts with the
+    same name, containers that all run as pid 1, and pid reuse.
+    """
+    return f"{_host()}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _host() -> str:
+    """This host's name, reduced to characters safe in a file name."""
+    return re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname())[:40] or "host"
+
+
+def shard_name(writer_id: str, index: int) -> str:
+    return f"shard-{writer_id}-{index:05d}.parquet"
 
 
 def existing_shards(out_dir: Path) -> list[Path]:
-    """The finished shards in ``out_dir``, in index order."""
-    if not out_dir.is_dir():
-        return []
-    return sorted((p for p in out_dir.iterdir() if SHARD_PATTERN.match(p.name)),
-                  key=lambda p: int(SHARD_PATTERN.match(p.name).group(1)))  # type: ignore[union-attr]
+    """Every writer's finished shards in ``out_dir`` (what readers see), sorted by name."""
+    return shard_files(out_dir)
 
 
 def rows_to_table(rows: list[dict[str, Any]], fingerprint: ModelFingerprint) -> pa.Table:
@@ -68,95 +105,214 @@ def rows_to_table(rows: list[dict[str, Any]], fingerprint: ModelFingerprint) -> 
 
 
 def write_table_atomic(table: pa.Table, path: Path) -> Path:
-    """Write ``table`` to ``path`` through a temporary file in the same folder and a rename."""
+    """Write ``table`` to ``path`` durably: hidden temporary file, fsync, rename, fsync folder."""
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp, compression="zstd")
     return path
 
 
 class TraceWriter:
-    """Collects trace rows and writes them as atomic Parquet shards of ``shard_size`` rows.
+    """Collects trace rows and writes them as durable Parquet shards.
 
-    Use as a context manager: on normal exit and on an exception (Ctrl-C included) the rows
-    already collected are written as one last complete shard; nothing partial is left.
+    A shard is written when ``shard_size`` rows are waiting, or when the oldest waiting row
+    has waited ``flush_interval_s`` seconds (``None`` or 0: by count only). Use it as a
+    context manager, or call :meth:`close`: on normal exit and on an exception (Ctrl-C and
+    :class:`~dwise_predict.errors.Terminated` included) the rows still waiting are written as
+    one last complete shard; nothing partial is left. ``add`` is safe to call from one
+    thread while the timer writes from another.
     """
 
-    def __init__(self, out_dir: str | Path, fingerprint: ModelFingerprint, *, shard_size: int = 1000,
+    def __init__(self, out_dir: str | Path, fingerprint: ModelFingerprint, *,
+                 shard_size: int = DEFAULT_SHARD_SIZE,
+                 flush_interval_s: float | None = DEFAULT_FLUSH_INTERVAL_S,
                  resume: bool = False) -> None:
         if shard_size < 1:
             raise TraceError(f"shard_size must be >= 1, got {shard_size}")
+        if flush_interval_s is not None and flush_interval_s < 0:
+            raise TraceError(f"flush interval must be >= 0 seconds (0: by count only), "
+                             f"got {flush_interval_s}")
         self.out_dir = Path(out_dir)
         self.fingerprint = fingerprint
         self.shard_size = shard_size
+        self.flush_interval_s = flush_interval_s or None
+        self.writer_id = new_writer_id()
         if self.out_dir.exists() and not self.out_dir.is_dir():
             raise TraceError(f"--out {self.out_dir} is a file; pass a folder for the trace shards")
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self._remove_stale_temps()
+        remove_stale_temps(self.out_dir)
         shards = existing_shards(self.out_dir)
         if shards and not resume:
             raise TraceError(
-                f"{self.out_dir} already holds {len(shards)} trace shard(s); pass --resume to continue that run, "
-                "or choose another --out folder"
+                f"{self.out_dir} already holds {len(shards)} trace shard(s); pass --resume to "
+                "continue that run, or choose another --out folder"
             )
-        self.done_ids: set[str] = traced_ids(shards, fingerprint) if shards else set()
-        self._next = int(SHARD_PATTERN.match(shards[-1].name).group(1)) + 1 if shards else 0  # type: ignore[union-attr]
-        self._rows: list[dict[str, Any]] = []
+        #: request id -> prompt sha256 of every request traced in the folder or added here
+        self.done_ids: dict[str, str] = traced_requests(shards, fingerprint) if shards else {}
         self.written: list[Path] = []
         self.rows_written = 0
-
-    def _remove_stale_temps(self) -> None:
-        """Temp files of a run killed hard (SIGKILL) are ours to remove; readers skip them anyway."""
-        for p in self.out_dir.glob(f"{_TMP_PREFIX}*{TEMP_SUFFIX}"):
-            with contextlib.suppress(OSError):
-                p.unlink()
+        self.write_s = 0.0  #: seconds spent writing shards (what the durability costs)
+        self._rows: list[dict[str, Any]] = []
+        self._oldest = 0.0  # monotonic time the oldest waiting row was added
+        self._count = 0  # shards this writer has written: the counter in its shard names
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._closed = False
+        self._error: BaseException | None = None
+        self._timer: threading.Thread | None = None
+        if self.flush_interval_s is not None:
+            self._timer = threading.Thread(target=self._flush_on_time, daemon=True,
+                                           name=f"trace-flush-{self.writer_id}")
+            self._timer.start()
 
     def add(self, row: dict[str, Any]) -> None:
+        self._raise_timer_error()
         rid = row["request_id"]
-        if rid in self.done_ids:
-            raise TraceError(f"request {rid!r} is already traced in {self.out_dir}; each request is traced once")
-        self.done_ids.add(rid)
-        self._rows.append(row)
-        if len(self._rows) >= self.shard_size:
-            self.flush()
+        with self._lock:
+            if rid in self.done_ids:
+                raise TraceError(f"request {rid!r} is already traced in {self.out_dir}; "
+                                 "each request is traced once")
+            # appended before it is marked done: a Ctrl-C between the two keeps the row
+            self._rows.append(row)
+            self.done_ids[rid] = row["prompt_sha256"]
+            if len(self._rows) == 1:
+                self._oldest = time.monotonic()
+                self._wake.notify()
+            if len(self._rows) >= self.shard_size:
+                self._flush_locked()
 
     def flush(self) -> Path | None:
+        """Write the waiting rows as one shard now; returns its path (None if none waited)."""
+        with self._lock:
+            return self._flush_locked()
+
+    def _flush_locked(self) -> Path | None:
         if not self._rows:
             return None
-        table = rows_to_table(self._rows, self.fingerprint)
-        path = write_table_atomic(table, self.out_dir / shard_name(self._next))
-        self._next += 1
-        self.rows_written += len(self._rows)
-        self._rows = []
+        n = len(self._rows)
+        path = self.out_dir / shard_name(self.writer_id, self._count)
+        t0 = time.perf_counter()
+        write_table_atomic(rows_to_table(self._rows, self.fingerprint), path)
+        self.write_s += time.perf_counter() - t0
+        # An interrupt before the next line rewrites these rows (and any newer) under the same
+        # name; after it, under the next name (a copy readers drop). Never a loss.
+        self._count += 1
+        del self._rows[:n]
+        self.rows_written += n
         self.written.append(path)
         return path
+
+    def _flush_on_time(self) -> None:
+        """Timer thread: write the waiting rows once the oldest has waited the interval."""
+        interval = self.flush_interval_s or 0.0
+        with self._lock:
+            while not self._closed:
+                if not self._rows:
+                    self._wake.wait()
+                    continue
+                due = self._oldest + interval - time.monotonic()
+                if due > 0:
+                    self._wake.wait(due)
+                    continue
+                try:
+                    self._flush_locked()
+                except BaseException as e:  # reported to the caller by the next add()/close()
+                    self._error = e
+                    return
+
+    def _raise_timer_error(self) -> None:
+        if self._error is not None:
+            e, self._error = self._error, None
+            raise TraceError(f"writing a trace shard to {self.out_dir} failed: {e}") from e
+
+    def close(self) -> None:
+        """Stop the timer and write the rows still waiting. Idempotent."""
+        with self._lock:
+            self._closed = True
+            self._wake.notify_all()
+        if self._timer is not None:
+            self._timer.join()
+        self.flush()  # raises if the rows cannot be written
+        if self._error is not None:  # the rows the timer failed to write are on disk now
+            log.warning("a timed shard write to %s failed (%s); its rows were written at close",
+                        self.out_dir, self._error)
+            self._error = None
 
     def __enter__(self) -> TraceWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.flush()
+        self.close()
 
 
-def traced_ids(shards: list[Path], fingerprint: ModelFingerprint) -> set[str]:
-    """Request ids already in ``shards``; refuses shards from another model or decoding setting."""
-    ids: set[str] = set()
+def traced_requests(shards: list[Path], fingerprint: ModelFingerprint) -> dict[str, str]:
+    """Request id -> prompt sha256 of every row in ``shards``.
+
+    Refuses shards from another model or decoding setting. A shard that vanished since the
+    folder was listed (a concurrent ``traces compact`` replaced it) is skipped.
+    """
+    done: dict[str, str] = {}
     want = fingerprint.to_dict()
     for shard in shards:
         try:
             schema = pq.read_schema(shard)
             raw = (schema.metadata or {}).get(META_FINGERPRINT)
-            col = pq.read_table(shard, columns=["request_id"]).column("request_id").to_pylist()
-        except (OSError, pa.ArrowInvalid) as e:
-            raise TraceError(f"cannot read existing shard {shard}: {e}; delete it and rerun with --resume") from e
+            cols = pq.read_table(shard, columns=["request_id", "prompt_sha256"])
+        except FileNotFoundError:
+            continue
+        except (OSError, pa.ArrowInvalid, KeyError) as e:
+            raise TraceError(f"cannot read existing shard {shard}: {e}; move it out of the "
+                             "folder and rerun with --resume") from e
+        check_schema(schema, shard)
         if raw is None:
-            raise TraceError(f"{shard} has no model fingerprint; it is not a dwise-predict trace shard")
+            raise TraceError(f"{shard} has no model fingerprint; it is not a dwise-predict "
+                             "trace shard: move it out of the folder")
         have = json.loads(raw)
         diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
         if diff:
             raise TraceError(
-                f"cannot resume into {shard.parent}: its shards were traced with a different setting "
-                f"(differs in {', '.join(diff)}); use the same --model/--block-size/--threshold/--max-new-tokens, "
-                "or another --out folder"
+                f"cannot resume into {shard.parent}: its shards were traced with a different "
+                f"setting (differs in {', '.join(diff)}); use the same --model/--block-size/"
+                "--threshold/--max-new-tokens, or another --out folder"
             )
-        ids.update(col)
-    return ids
+        done.update(zip(cols.column("request_id").to_pylist(),
+                        cols.column("prompt_sha256").to_pylist()))
+    return done
+
+
+def remove_stale_temps(folder: Path) -> list[Path]:
+    """Remove temporary files left by writers (or compactions) that died mid-write.
+
+    Several writers share a folder, so only files whose owner is certainly gone are removed:
+    a temporary file of a writer on this host whose process no longer exists, or any
+    temporary file older than :data:`STALE_TEMP_S`. Readers skip these files anyway.
+    Returns the files removed.
+    """
+    host = _host()
+    now = time.time()
+    removed = []
+    for p in folder.iterdir():
+        if not (p.name.startswith(".") and p.name.endswith(TEMP_SUFFIX)):
+            continue
+        m = _OWNER.search(p.name)
+        try:
+            old = now - p.stat().st_mtime > STALE_TEMP_S
+        except OSError:
+            continue
+        dead = m is not None and m["host"] == host and not _pid_alive(int(m["pid"]))
+        if old or dead:
+            with contextlib.suppress(OSError):
+                p.unlink()
+                removed.append(p)
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    if os.name != "posix":
+        return True  # cannot tell safely: keep the file
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True

@@ -22,6 +22,7 @@ from ..errors import DwisePredictError
 SUBCOMMANDS: dict[str, str] = {
     "workload": ".workload",
     "trace": ".trace",
+    "traces": ".traces",
     "train": ".train",
     "eval": ".evaluate",
     "export": ".export",
@@ -71,9 +72,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"dwise-predict {args.command}: error: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print(f"dwise-predict {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C (130), or a stop signal such as SIGTERM (143)
+        print(f"dwise-predict {args.command}: {e or 'interrupted'}", file=sys.stderr)
+        return int(getattr(e, "exit_code", 130))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,9 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
     p.add_argument("--limit", type=int, default=None, help="trace only the first N requests of the workload")
     p.add_argument("--resume", action="store_true", help="continue a run in --out, skipping traced request ids")
     p.add_argument("--shard-size", type=int, default=1000, help="requests per Parquet shard (default: 1000)")
+    p.add_argument("--flush-interval", type=float, default=60.0, metavar="SECONDS",
+                   help="write a shard at least this often while requests finish, so a crash "
+                        "loses at most this much work (default: 60; 0: only every --shard-size)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                    help="model weights dtype (default: float32)")
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
@@ -97,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
                             category=args.category_column)
     records = read_records(args.workload, args.split, columns)
 
+    if args.flush_interval < 0:
+        raise ConfigError(f"--flush-interval must be >= 0 seconds, got {args.flush_interval}")
     if args.threads is not None:
         if args.threads < 1:
             raise ConfigError(f"--threads must be >= 1, got {args.threads}")
@@ -116,9 +122,14 @@ def run(args: argparse.Namespace) -> int:
             adapter, records, args.out, batch_size=args.batch_size, threshold=args.threshold,
             max_new_tokens=args.max_new_tokens, block_size=args.block_size, limit=args.limit,
             resume=args.resume, seed=args.seed, progress=bar, shard_size=args.shard_size,
-            redact_prompts=args.redact_prompts, decoding=args.decoding,
-            edit_threshold=args.edit_threshold, max_post_edit_steps=args.max_post_edit_steps,
+            redact_prompts=args.redact_prompts, flush_interval_s=args.flush_interval,
+            decoding=args.decoding, edit_threshold=args.edit_threshold,
+            max_post_edit_steps=args.max_post_edit_steps,
         )
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from a job scheduler
+        print(f"dwise-predict trace: the requests finished before the stop are saved in {args.out};"
+              " run the same command with --resume to trace the rest", file=sys.stderr)
+        raise
     finally:
         bar.close()
     rows = [
