@@ -144,13 +144,21 @@ def hat_basis(size: int, at: np.ndarray) -> np.ndarray:
     return out
 
 
-def _second_differences(n: int) -> np.ndarray:
+def _second_differences(at: np.ndarray) -> np.ndarray:
+    """Divided second differences on (unevenly spaced) knots: zero on any linear function,
+    so the penalty bends K toward straight lines, never toward a flat one."""
+    n = len(at)
     if n < 3:
         return np.zeros((0, n))
+    x = at.astype(np.float64)
     D = np.zeros((n - 2, n))
-    for i in range(n - 2):
-        D[i, i:i + 3] = (1.0, -2.0, 1.0)
-    return D
+    for i in range(1, n - 1):
+        h0, h1 = x[i] - x[i - 1], x[i + 1] - x[i]
+        c = 2.0 / (h0 + h1)
+        D[i - 1, i - 1:i + 2] = (c / h0, -c * (1.0 / h0 + 1.0 / h1), c / h1)
+    # each row scaled to a unit middle coefficient: wide knot gaps are bent as hard as narrow
+    out: np.ndarray = D / np.abs(D).max(axis=1, keepdims=True)
+    return out
 
 
 @dataclass(frozen=True)
@@ -166,10 +174,13 @@ class _Design:
     refresh: np.ndarray
     Hb: np.ndarray
     Hs: np.ndarray
+    knots_b: np.ndarray
+    knots_s: np.ndarray
 
     def take(self, idx: np.ndarray) -> _Design:
         return _Design(self.m[idx], self.n[idx], self.cells[idx], self.active[idx],
-                       self.prefill[idx], self.denoise[idx], self.refresh[idx], self.Hb, self.Hs)
+                       self.prefill[idx], self.denoise[idx], self.refresh[idx], self.Hb, self.Hs,
+                       self.knots_b, self.knots_s)
 
     @property
     def total(self) -> np.ndarray:
@@ -184,8 +195,8 @@ class _Design:
 
 def _design(requests: Sequence[ProfiledRequest], n_blocks: int, max_steps: int,
             config: FitConfig) -> _Design:
-    Hb = hat_basis(n_blocks, knots(n_blocks, config.block_knots))
-    Hs = hat_basis(max_steps, knots(max_steps, config.step_knots))
+    kb, ks = knots(n_blocks, config.block_knots), knots(max_steps, config.step_knots)
+    Hb, Hs = hat_basis(n_blocks, kb), hat_basis(max_steps, ks)
     # cumulative "steps reached" counts: activity of block b covers steps [0, r_b)
     cum_s = np.cumsum(Hs, axis=0)  # row r-1 = sum of Hs rows 0..r-1
     rows = np.zeros((len(requests), Hb.shape[1] * Hs.shape[1]))
@@ -207,7 +218,7 @@ def _design(requests: Sequence[ProfiledRequest], n_blocks: int, max_steps: int,
         prefill=arr([r.prefill_ms for r in requests], dtype=np.float64),
         denoise=arr([r.denoise_ms for r in requests], dtype=np.float64),
         refresh=arr([r.refresh_ms for r in requests], dtype=np.float64),
-        Hb=Hb, Hs=Hs)
+        Hb=Hb, Hs=Hs, knots_b=kb, knots_s=ks)
 
 
 def _nnls(X: np.ndarray, y: np.ndarray, penalty: np.ndarray | None = None,
@@ -232,7 +243,7 @@ def _solve(d: _Design, config: FitConfig) -> tuple[float, float, float, np.ndarr
     kb, ks = d.Hb.shape[1], d.Hs.shape[1]
     # rows are weighted by 1/latency: a relative-error fit, so short requests count as much
     # as long ones (MAPE and the ordering of short requests are what scheduling needs)
-    Db, Ds = _second_differences(kb), _second_differences(ks)
+    Db, Ds = _second_differences(d.knots_b), _second_differences(d.knots_s)
     pen_w = np.vstack([np.kron(Db, np.eye(ks)), np.kron(np.eye(kb), Ds)])
     if d.split:
         w_p = 1.0 / np.maximum(d.prefill, 1e-9)
