@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .._version import __version__
+from ..cost import CostProfile
 from ..errors import BundleError, BundleIntegrityError, FingerprintMismatchError
 from ..features import PromptFeaturizer
 from ..fingerprint import ModelFingerprint
@@ -23,6 +25,7 @@ from ..predictors import admission as _adm
 from ..predictors import refinement as _ref
 from ..predictors._files import write_json_atomic, write_text_atomic
 from .card import CARD_FILE, render_card
+from .cost_profile import load_manifest_cost_profile
 from .format import (
     CHAT_TEMPLATE_FILE,
     FORMAT_NAME,
@@ -51,6 +54,8 @@ class Bundle:
     fingerprint: ModelFingerprint
     admission: AdmissionModel | None = None
     refinement: RefinementEnsemble | None = None
+    #: the deployment's cost factors (``cost_profile.json``), None until profiled
+    cost_profile: CostProfile | None = None
 
     @property
     def name(self) -> str:
@@ -83,6 +88,17 @@ class Bundle:
         ``raw=True`` gives the ensemble's uncalibrated restricted mean.
         """
         return self._need_refinement().predict(hidden, prompt_tokens, output_budget, raw=raw)
+
+    def with_cost_profile(self, profile: CostProfile, *, allow_mismatch: bool = False) -> Bundle:
+        """This bundle priced under another deployment's ``profile`` (in memory; the files are
+        untouched: ``dwise-predict profile --bundle`` writes a new revision). Refuses a profile
+        of another dLLM, block size or decoder unless ``allow_mismatch``."""
+        if not isinstance(profile, CostProfile):
+            raise BundleError(f"with_cost_profile needs a CostProfile, got {type(profile).__name__}; "
+                              "load one with dwise_predict.cost.load_cost_profile")
+        if not allow_mismatch:
+            profile.check_compatible(self.fingerprint)
+        return dataclasses.replace(self, cost_profile=profile)
 
     # -- guard ------------------------------------------------------------------------------
     def check(self, fingerprint: ModelFingerprint, allow_mismatch: bool = False) -> list[str]:
@@ -228,7 +244,8 @@ def load_bundle(ref: str | Path) -> Bundle:
                 f"zoo entry {str(ref)!r} promises {resolved.expected_fingerprint.short()} but the bundle at {path} is "
                 f"for {fingerprint.short()} (differs in {', '.join(wrong)}); the zoo index and bundle are out of step: "
                 "reinstall dwise-predict")
-    return Bundle(path=path, manifest=manifest, fingerprint=fingerprint, admission=admission, refinement=refinement)
+    return Bundle(path=path, manifest=manifest, fingerprint=fingerprint, admission=admission, refinement=refinement,
+                  cost_profile=load_manifest_cost_profile(path, manifest))
 
 
 def _load_featurizer(path: Path, spec: dict[str, Any] | None, listed: set[str]) -> PromptFeaturizer | None:
