@@ -94,8 +94,9 @@ class Bundle:
         untouched: ``dwise-predict profile --bundle`` writes a new revision). Refuses a profile
         of another dLLM, block size or decoder unless ``allow_mismatch``."""
         if not isinstance(profile, CostProfile):
-            raise BundleError(f"with_cost_profile needs a CostProfile, got {type(profile).__name__}; "
-                              "load one with dwise_predict.cost.load_cost_profile")
+            raise BundleError(f"with_cost_profile needs a CostProfile, got "
+                              f"{type(profile).__name__}; load one with "
+                              "dwise_predict.cost.load_cost_profile")
         if not allow_mismatch:
             profile.check_compatible(self.fingerprint)
         return dataclasses.replace(self, cost_profile=profile)
@@ -244,8 +245,8 @@ def load_bundle(ref: str | Path) -> Bundle:
                 f"zoo entry {str(ref)!r} promises {resolved.expected_fingerprint.short()} but the bundle at {path} is "
                 f"for {fingerprint.short()} (differs in {', '.join(wrong)}); the zoo index and bundle are out of step: "
                 "reinstall dwise-predict")
-    return Bundle(path=path, manifest=manifest, fingerprint=fingerprint, admission=admission, refinement=refinement,
-                  cost_profile=load_manifest_cost_profile(path, manifest))
+    return Bundle(path=path, manifest=manifest, fingerprint=fingerprint, admission=admission,
+                  refinement=refinement, cost_profile=load_manifest_cost_profile(path, manifest))
 
 
 def _load_featurizer(path: Path, spec: dict[str, Any] | None, listed: set[str]) -> PromptFeaturizer | None:
