@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _tracing_helpers import make_tiny_bd, one_torch_thread  # noqa: F401 (autouse fixture)
-from dwise_predict.trainers.cost_profile import planted_paper_profile, synthetic_requests
-from dwise_predict.trainers.profile_traces import read_profile_traces, write_profile_traces
 from dwise_predict.tracing.adapters.tiny_bd import load_tiny_bd
 from dwise_predict.tracing.engine import DecodeConfig, DecodeRequest, decode
+from dwise_predict.trainers.cost_profile import planted_paper_profile, synthetic_requests
+from dwise_predict.trainers.profile_traces import read_profile_traces, write_profile_traces
 
 import dwise_predict
 from dwise_predict.cli import main
