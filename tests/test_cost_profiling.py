@@ -94,7 +94,8 @@ def _profile_traces(tmp_path, fingerprint, n=60):
     reqs = synthetic_requests(planted, n, seed=4)
     return write_profile_traces(tmp_path / "t", reqs, [f"r{i}" for i in range(n)],
                                 [32 * r.prompt_blocks for r in reqs],
-                                [[1.0] * sum(r.rounds_per_block) for r in reqs], fingerprint, "hw-B")
+                                [[1.0] * sum(r.rounds_per_block) for r in reqs], fingerprint,
+                                "hw-B")
 
 
 def test_reprofiling_a_bundle_changes_only_its_cost_profile(bundle_copy, tmp_path):

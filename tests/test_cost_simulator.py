@@ -59,7 +59,8 @@ def test_simulate_cli_with_the_paper_profile(tmp_path, capsys):
     rt = summary["round_time"]
     assert rt["kind"] == "cost_profile" and rt["profile"] == "paper-llada2.0-mini"
     assert rt["K_ms_max"] == pytest.approx(load_cost_profile("paper-llada2.0-mini").K_ms.max())
-    assert summary["policies"]["dwise"]["mean_latency"] < summary["policies"]["fcfs"]["mean_latency"]
+    pol = summary["policies"]
+    assert pol["dwise"]["mean_latency"] < pol["fcfs"]["mean_latency"]
     capsys.readouterr()
     assert main(["simulate", "--synthetic", "paper-llada2.1-mini", "--requests", "64",
                  "--cost-profile", "nope", "--out", str(tmp_path / "x")]) == 1

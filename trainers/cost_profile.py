@@ -364,7 +364,8 @@ def fit_cost_profile(requests: Sequence[ProfiledRequest], *, block_size: int,
     S = max_steps or block_size
     _check_requests(requests, S, config.folds)
     if config.prefill not in ("linear", "quadratic", "auto"):
-        raise TrainingError(f"prefill form must be linear, quadratic or auto, not {config.prefill!r}")
+        raise TrainingError(f"prefill form must be linear, quadratic or auto, not "
+                            f"{config.prefill!r}")
     N = config.n_blocks or max(r.output_blocks for r in requests)
     d = _design(requests, N, S, config)
     forms = ["linear", "quadratic"] if config.prefill == "auto" else [config.prefill]

@@ -242,7 +242,8 @@ def _cost_profile_section(entry: Mapping[str, Any]) -> str:
     return ("## Cost profile\n\n`cost_profile.json` prices denoising work in milliseconds for "
             "one deployment (see docs/cost-model.md); re-profiling replaces it and leaves the "
             "predictor files byte-identical.\n\n"
-            + _table(["revision", "hardware", "CV R²", "CV MAPE", "Spearman ρ", "pairwise"], [row]))
+            + _table(["revision", "hardware", "CV R²", "CV MAPE", "Spearman ρ", "pairwise"],
+                     [row]))
 
 
 def _usage_section(fp: Mapping[str, Any]) -> str:

@@ -136,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
         written.append(write_bundle_cost_profile(args.bundle, profile, out=args.bundle_out,
                                                  allow_mismatch=args.allow_mismatch))
     if not args.quiet:
-        print(format_table(["cost profile", "value"], summary_rows(profile, len(requests), config.folds)))
+        rows = summary_rows(profile, len(requests), config.folds)
+        print(format_table(["cost profile", "value"], rows))
         for w in written:
             print(f"wrote {w}")
     return 0

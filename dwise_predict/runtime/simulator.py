@@ -170,7 +170,8 @@ def simulate(workload: Workload, policy: Policy, *, arrivals: Arrivals | Arrival
         step = rflat[offsets[req] + np.minimum(cur_block[req], nblocks[req] - 1)] - left[req]
         dt_ms = rt.time_round(RoundSlots(
             prompt=is_p, context=ctx, prompt_blocks=workload.prompt_blocks[req],
-            prompt_index=pdone[req], block=cur_block[req], step=step, commits=~is_p & (left[req] == 1)))
+            prompt_index=pdone[req], block=cur_block[req], step=step,
+            commits=~is_p & (left[req] == 1)))
         now += dt_ms / 1000.0
         n_p = int(is_p.sum())
         fin_aligned = np.zeros(rows.size, dtype=bool)
