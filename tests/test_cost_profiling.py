@@ -108,12 +108,15 @@ def test_reprofiling_a_bundle_changes_only_its_cost_profile(bundle_copy, tmp_pat
     assert changed == {"manifest.json", "cost_profile.json", "README.md"}
     b = dwise_predict.load_bundle(bundle_copy)  # every hash verifies
     assert b.cost_profile is not None and b.cost_profile.hardware == "hw-B"
-    assert b.manifest["cost_profile"]["revision"] == 1
+    assert b.manifest["predictors"]["cost_profile"]["revision"] == 1
     assert b.manifest["files"]["cost_profile.json"]["sha256"] == after["cost_profile.json"]
     # a second deployment: a new revision, predictor files still byte-identical
     traces2 = _profile_traces(tmp_path / "2", fp, n=40)
     assert main(["profile", "--bundle", str(bundle_copy), "--traces", str(traces2), "-q"]) == 0
-    assert dwise_predict.load_bundle(bundle_copy).manifest["cost_profile"]["revision"] == 2
+    b2 = dwise_predict.load_bundle(bundle_copy)
+    assert b2.manifest["predictors"]["cost_profile"]["revision"] == 2
+    assert "cost profile rev 2" in (bundle_copy / "README.md").read_text()
+    assert b2.predict_admission(["hello"]) == pytest.approx(b.predict_admission(["hello"]))
     again = _hashes(bundle_copy)
     assert {k for k in again if before.get(k) != again[k]} == changed
 

@@ -26,7 +26,8 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
                                           "still to go) predictors on traces and write a bundle folder.")
     p.add_argument("--traces", required=True, help="trace file or folder of shards (`dwise-predict trace --out`)")
     p.add_argument("--out", required=True, help="bundle folder to write")
-    p.add_argument("--only", default="admission,refine", help="comma list of predictors: admission,refine (default: both)")
+    p.add_argument("--only", default="admission,refinement",
+                   help="comma list of predictor kinds: admission,refinement (default: both)")
     p.add_argument("--model", metavar="NAME_OR_PATH",
                    help="served model whose tokenizer and chat template the bundle carries, so it predicts from raw "
                         "text (default: the traces' model when it is tiny-bd or a local folder)")
