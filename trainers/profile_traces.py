@@ -17,8 +17,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dwise_predict.errors import TraceError
 from dwise_predict.atomic import write_bytes
+from dwise_predict.errors import TraceError
 from dwise_predict.traces import read_trace_fingerprint, read_traces, trace_files
 
 from .cost_profile import ProfiledRequest
