@@ -183,20 +183,12 @@ class CostProfile:
 
     # -- compatibility -------------------------------------------------------------------
     def mismatches(self, fingerprint: ModelFingerprint | dict[str, Any]) -> list[str]:
-        """Fingerprint fields (of :data:`PROFILE_CRITICAL_FIELDS`) where the two disagree."""
-        other = fingerprint.to_dict() if isinstance(fingerprint, ModelFingerprint) else fingerprint
-        out = []
-        for name in PROFILE_CRITICAL_FIELDS:
-            a = self.block_size if name == "block_size" else self.fingerprint.get(name)
-            b = other.get(name)
-            if a is None or b is None:
-                continue
-            if isinstance(a, float) or isinstance(b, float):
-                if abs(float(a) - float(b)) > 1e-9:
-                    out.append(name)
-            elif a != b:
-                out.append(name)
-        return out
+        """Fingerprint fields (of :data:`PROFILE_CRITICAL_FIELDS`) where the two disagree
+        (a field unknown on either side is skipped)."""
+        mine = _as_fingerprint({**self.fingerprint, "block_size": self.block_size})
+        other = fingerprint if isinstance(fingerprint, ModelFingerprint) \
+            else _as_fingerprint(fingerprint)
+        return mine.mismatches(other, PROFILE_CRITICAL_FIELDS)
 
     def check_compatible(self, fingerprint: ModelFingerprint | dict[str, Any]) -> None:
         """Refuse a profile measured for another dLLM, block size or decoder."""
@@ -335,6 +327,12 @@ def write_bundle_cost_profile(ref: str | Path, profile: CostProfile, *,
         parts[CostProfile.kind] = {**profile.entry(), "files": files,
                                    "revision": int(previous.get("revision", 0)) + 1}
         return draft.destination
+
+
+def _as_fingerprint(d: dict[str, Any]) -> ModelFingerprint:
+    """A possibly partial fingerprint dict as a ModelFingerprint (missing fields unknown)."""
+    return ModelFingerprint.from_dict({"model_id": None, "block_size": None, "threshold": None,
+                                       **d})
 
 
 def _num(v: Any) -> float:
