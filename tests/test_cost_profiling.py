@@ -62,6 +62,15 @@ def test_profile_cli_measures_fits_and_writes_nothing_on_bad_input(model_dir, wo
     assert main([*args, "--limit", "10"]) == 1
     assert "at least 20" in capsys.readouterr().err
     assert not out.exists()
+    # an empty prompt is refused before anything runs
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(workload.read_text() + json.dumps(
+        {"id": "empty", "category": "chat", "source": "t", "prompt": "  ", "reference": None,
+         "meta": {}}) + "\n")
+    bad_args = [a if a != str(workload) else str(bad) for a in args]
+    assert main([*bad_args, "--limit", "25"]) == 1
+    assert "empty prompt" in capsys.readouterr().err
+    assert not out.exists()
     assert main([*args, "--limit", "24"]) == 0
     requests, fingerprint, hardware = read_profile_traces(out)
     assert len(requests) == 24 and fingerprint["block_size"] == BS and "clock=cpu" in hardware
