@@ -10,7 +10,8 @@ NAMES = ["workload", "trace", "profile", "train", "eval", "export", "push", "pul
 
 
 def test_help_lists_every_subcommand():
-    out = subprocess.run([sys.executable, "-m", "dwise_predict", "--help"], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-m", "dwise_predict", "--help"], capture_output=True,
+                         text=True, check=True)
     for name in NAMES:
         assert f"    {name}" in out.stdout
     assert list(SUBCOMMANDS) == NAMES
