@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from collections.abc import Iterable, Sequence
@@ -13,6 +14,7 @@ import numpy as np
 
 from .._version import __version__
 from ..atomic import staged_folder, write_json, write_text
+from ..cost import CostProfile
 from ..errors import BundleError, BundleIntegrityError, FingerprintMismatchError, PredictorError
 from ..fingerprint import ModelFingerprint
 from ..predictors import AdmissionModel, RefinementEnsemble
@@ -69,6 +71,23 @@ class Bundle:
     @property
     def refinement(self) -> RefinementEnsemble | None:
         return self.module(RefinementEnsemble)
+
+    @property
+    def cost_profile(self) -> CostProfile | None:
+        """The deployment's cost factors (``dwise-predict profile --bundle``), None until then."""
+        return self.module(CostProfile)
+
+    def with_cost_profile(self, profile: CostProfile, *, allow_mismatch: bool = False) -> Bundle:
+        """This bundle priced under another deployment's ``profile``, in memory (the files are
+        untouched: ``dwise-predict profile --bundle`` writes a new revision). Refuses a profile
+        of another dLLM, block size or decoder unless ``allow_mismatch``."""
+        if not isinstance(profile, CostProfile):
+            raise BundleError(f"with_cost_profile needs a CostProfile, got "
+                              f"{type(profile).__name__}; load one with "
+                              "dwise_predict.cost.load_cost_profile")
+        if not allow_mismatch:
+            profile.check_compatible(self.fingerprint)
+        return dataclasses.replace(self, modules={**self.modules, profile.kind: profile})
 
     # -- prediction -------------------------------------------------------------------------
     def predict_admission(self, prompts: str | Sequence[str]) -> np.ndarray:

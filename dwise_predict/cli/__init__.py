@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, str] = {
     "workload": ".workload",
     "trace": ".trace",
     "traces": ".traces",
+    "profile": ".profile",
     "train": ".train",
     "eval": ".evaluate",
     "export": ".export",

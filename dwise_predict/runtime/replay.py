@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import SchedulerError
 from .arrivals import Arrivals
+from .costtime import ProfileRoundTime, RoundSlots
 from .roundtime import RoundTimeModel
 from .scheduler import Scheduler
 from .workload import Workload
@@ -112,6 +113,17 @@ class RequestProgress:
         return np.where(is_prompt, np.minimum((self.prompt_done[req] + 1) * bs, ptok),
                         ptok + (self.block[req] + 1) * bs)
 
+    def round_slots(self, req: np.ndarray, is_prompt: np.ndarray) -> RoundSlots:
+        """What each slot of this round does: the composition a round-time model prices."""
+        w = self.workload
+        block = self.block[req]
+        this_block = w.block_offsets[req] + np.minimum(block, w.output_blocks[req] - 1)
+        return RoundSlots(
+            prompt=is_prompt, context=self.context_tokens(req, is_prompt),
+            prompt_blocks=w.prompt_blocks[req], prompt_index=self.prompt_done[req],
+            block=block, step=w.rounds_flat[this_block] - self.left[req],
+            commits=~is_prompt & (self.left[req] == 1))
+
     def advance(self, req: np.ndarray, is_prompt: np.ndarray, now: float) -> np.ndarray:
         """Run one block of each slot; returns, aligned with the slots, which requests finished.
 
@@ -151,7 +163,7 @@ class RequestProgress:
 class RoundLog:
     """The clock and one record per round: what the metrics are computed from."""
 
-    round_time: RoundTimeModel
+    round_time: RoundTimeModel | ProfileRoundTime
     capacity: int
     now: float = 0.0
     rounds: int = 0
@@ -174,11 +186,9 @@ class RoundLog:
                                  "requests unfinished; the policy starves requests or max_rounds "
                                  "is too small")
 
-    def charge(self, filled: int, context_tokens: float) -> float:
+    def charge(self, slots: RoundSlots) -> float:
         """Advance the clock by the round-time model's time for this round; returns it (ms)."""
-        rt = self.round_time
-        dt_ms = (rt.overhead_ms + rt.per_slot_ms * filled
-                 + rt.per_slot_per_1k_context_ms * context_tokens / 1000.0)
+        dt_ms = self.round_time.time_round(slots)
         self.now += dt_ms / 1000.0
         return dt_ms
 

@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import ConfigError, SchedulerError
 from .arrivals import Arrivals, ArrivalSpec, make_arrivals
 from .policies import Policy
+from .costtime import ProfileRoundTime
 from .replay import ArrivalFeed, RequestProgress, RoundLog
 from .request import RESIDENT, RoundPlan, RoundResult
 from .roundtime import RoundTimeModel
@@ -94,7 +95,8 @@ def policy_inputs(workload: Workload, policy: Policy) -> dict[str, np.ndarray | 
 
 def simulate(workload: Workload, policy: Policy, *, arrivals: Arrivals | ArrivalSpec | str = "burst",
              slots: int = 128, k: int = 8, kv_pool_tokens: int = DEFAULT_KV_POOL_TOKENS,
-             round_time: RoundTimeModel | None = None, seed: int = 0, max_rounds: int | None = None,
+             round_time: RoundTimeModel | ProfileRoundTime | None = None, seed: int = 0,
+             max_rounds: int | None = None,
              check_invariants: bool = False) -> SimulationRun:
     """Replay ``workload`` under ``policy``; returns per-request and per-round records.
 
@@ -122,8 +124,9 @@ def simulate(workload: Workload, policy: Policy, *, arrivals: Arrivals | Arrival
         if check_invariants:
             _check_plan(plan, sched)
         req = feed.request_of_row[plan.rows]
-        context = float(progress.context_tokens(req, plan.prompt).sum())
-        dt_ms = log.charge(plan.rows.size, context)
+        composition = progress.round_slots(req, plan.prompt)
+        context = float(composition.context.sum())
+        dt_ms = log.charge(composition)
         finished = progress.advance(req, plan.prompt, log.now)
         refined = _refined_estimates(plan, req, inputs["refined"])
         upd_s = sched.update(RoundResult(plan.rows, finished, refined))
