@@ -1,0 +1,375 @@
+"""Fit a deployment cost profile (alpha, beta, K, delta) from request-level latencies.
+
+Why non-negative least squares with a smooth K: a profile has N x S cell costs (64 x 32 =
+2,048 for a 2K-token budget) but a profiling run serves a few hundred requests one at a time,
+and most cells are reached by few of them. K is therefore written on a coarse tensor grid of
+knots (piecewise linear between knots in b and in s) whose weights are fitted, with a small
+second-difference penalty along both axes; non-negative weights give non-negative costs,
+and cells no request reached are interpolated from their neighbours instead of left at zero.
+
+Phases are fitted where they are measured, as the cost model defines them:
+``alpha`` from the prefill time of each request (linear in prompt blocks m), ``beta`` from its
+commit/KV-refresh time (linear in output blocks n), and ``K``, ``delta`` jointly from its
+denoising time. Fitting beta and K[:, 0] together from the total would be ill-posed: every
+reached block runs its step 0, so ``beta * n`` and ``sum_b K[b, 0]`` move together. Traces
+without a phase split are fitted on the total (documented fallback; the total stays right,
+the split between beta and K[:, 0] comes from the smoothing).
+
+Cross-validation (5-fold by default) reports R^2, MAPE, Spearman rho and pairwise ordering
+accuracy of the predicted *total* request latency, the number a scheduler ranks by.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from dwise_predict.cost import CostProfile
+from dwise_predict.errors import TrainingError
+
+#: Fewest requests a profile is fitted from; below it the cross-validation means nothing.
+MIN_REQUESTS = 20
+
+
+@dataclass(frozen=True)
+class ProfiledRequest:
+    """One request served alone: its shape and its measured phase times (ms)."""
+
+    prompt_blocks: int
+    rounds_per_block: tuple[int, ...]
+    prefill_ms: float
+    denoise_ms: float
+    refresh_ms: float
+
+    @property
+    def total_ms(self) -> float:
+        return self.prefill_ms + self.denoise_ms + self.refresh_ms
+
+    @property
+    def output_blocks(self) -> int:
+        return len(self.rounds_per_block)
+
+
+@dataclass(frozen=True)
+class FitConfig:
+    """Knobs of the fit. ``smooth`` weighs the second-difference penalty on K's knots."""
+
+    n_blocks: int | None = None  # N; default: the most output blocks seen
+    block_knots: int = 8
+    step_knots: int = 8
+    smooth: float = 1e-3
+    folds: int = 5
+    seed: int = 0
+
+
+# -- the planted example ----------------------------------------------------------------
+#: The DWISE-DWS paper's LLaDA2.0-mini measurements the planted profile reproduces.
+PAPER_FORWARD_FIRST_STEP_MS = 6.0
+PAPER_FORWARD_LAST_STEP_MS = 8.6
+PAPER_ATTENTION_AT_256_MS = 0.61
+PAPER_ATTENTION_AT_32K_MS = 1.41
+
+
+def planted_paper_profile(n_blocks: int = 64, block_size: int = 32) -> CostProfile:
+    """The ``paper-llada2.0-mini`` example: heterogeneous step costs as the paper measured.
+
+    A denoising step's forward pass costs 6.0 ms at a block's first step, rising linearly to
+    8.6 ms at its last (MoE routing activates more experts as the block fills). Attention,
+    inside that forward time, costs 0.61 ms at 256 context tokens and 1.41 ms at 32K, linear
+    in the context (prompt + committed output blocks): that slope gives both K's growth
+    across output blocks and ``delta`` per prompt block. Prefill (1.5 ms per prompt block)
+    and KV refresh (6.5 ms per output block) are linear; they are chosen so prefill and
+    refresh take about the paper's shares (5.8% and 6.7%) of a typical request's latency."""
+    steps = np.arange(block_size, dtype=np.float64)
+    forward = PAPER_FORWARD_FIRST_STEP_MS + (
+        PAPER_FORWARD_LAST_STEP_MS - PAPER_FORWARD_FIRST_STEP_MS) * steps / (block_size - 1)
+    per_token = (PAPER_ATTENTION_AT_32K_MS - PAPER_ATTENTION_AT_256_MS) / (32768 - 256)
+    blocks = np.arange(n_blocks, dtype=np.float64)
+    K = forward[None, :] + per_token * (block_size * blocks[:, None] - 256)
+    return CostProfile(
+        alpha_ms=1.5, beta_ms=6.5, K_ms=np.round(K, 6), delta_ms=round(per_token * block_size, 9),
+        block_size=block_size, max_steps=block_size,
+        fingerprint={"model_id": "inclusionAI/LLaDA2.0-mini", "block_size": block_size,
+                     "decoding": "low_confidence", "threshold": 0.95},
+        hardware="planted from the DWS paper's LLaDA2.0-mini measurements (not measured here)",
+        cv=None)
+
+
+def paper_profile_json() -> str:
+    """The exact text of the shipped ``paper-llada2.0-mini.json`` (a test keeps them equal)."""
+    return json.dumps(planted_paper_profile().to_json(), indent=2, sort_keys=True) + "\n"
+
+
+def hardware_description() -> str:
+    """One line naming the machine a profile was measured on (CPU, cores, torch threads)."""
+    parts = [platform.machine(), platform.processor() or platform.system()]
+    try:
+        import os
+
+        parts.append(f"{os.cpu_count()} cpus")
+        import torch
+
+        parts.append(f"torch {torch.__version__} threads={torch.get_num_threads()}")
+        if torch.cuda.is_available():
+            parts.append(torch.cuda.get_device_name(0))
+    except ImportError:
+        pass
+    return ", ".join(p for p in parts if p)
+
+
+# -- the design ------------------------------------------------------------------------
+def knots(size: int, count: int) -> np.ndarray:
+    """Knot positions in [0, size): dense at small indices, where most activity is."""
+    if size <= count:
+        return np.arange(size)
+    return np.unique(np.round(np.geomspace(1, size, count)).astype(np.int64) - 1)
+
+
+def hat_basis(size: int, at: np.ndarray) -> np.ndarray:
+    """``(size, len(at))``: piecewise-linear interpolation weights of every index on the knots."""
+    out = np.zeros((size, len(at)))
+    if len(at) == 1:
+        out[:, 0] = 1.0
+        return out
+    for i in range(size):
+        j = int(np.searchsorted(at, i, side="right")) - 1
+        j = min(max(j, 0), len(at) - 2)
+        t = (i - at[j]) / (at[j + 1] - at[j])
+        t = min(max(t, 0.0), 1.0)
+        out[i, j], out[i, j + 1] = 1.0 - t, t
+    return out
+
+
+def _second_differences(at: np.ndarray) -> np.ndarray:
+    """Divided second differences on (unevenly spaced) knots: zero on any linear function,
+    so the penalty bends K toward straight lines, never toward a flat one."""
+    n = len(at)
+    if n < 3:
+        return np.zeros((0, n))
+    x = at.astype(np.float64)
+    D = np.zeros((n - 2, n))
+    for i in range(1, n - 1):
+        h0, h1 = x[i] - x[i - 1], x[i + 1] - x[i]
+        c = 2.0 / (h0 + h1)
+        D[i - 1, i - 1:i + 2] = (c / h0, -c * (1.0 / h0 + 1.0 / h1), c / h1)
+    # each row scaled to a unit middle coefficient: wide knot gaps are bent as hard as narrow
+    out: np.ndarray = D / np.abs(D).max(axis=1, keepdims=True)
+    return out
+
+
+@dataclass(frozen=True)
+class _Design:
+    """Everything a fit needs as arrays: one row per request."""
+
+    m: np.ndarray  # prompt blocks
+    n: np.ndarray  # output blocks
+    cells: np.ndarray  # (requests, kb * ks): activity projected on the knot grid
+    active: np.ndarray  # number of active cells
+    prefill: np.ndarray
+    denoise: np.ndarray
+    refresh: np.ndarray
+    Hb: np.ndarray
+    Hs: np.ndarray
+    knots_b: np.ndarray
+    knots_s: np.ndarray
+
+    def take(self, idx: np.ndarray) -> _Design:
+        return _Design(self.m[idx], self.n[idx], self.cells[idx], self.active[idx],
+                       self.prefill[idx], self.denoise[idx], self.refresh[idx], self.Hb, self.Hs,
+                       self.knots_b, self.knots_s)
+
+    @property
+    def total(self) -> np.ndarray:
+        out: np.ndarray = self.prefill + self.denoise + self.refresh
+        return out
+
+    @property
+    def split(self) -> bool:
+        """Whether the phases were measured apart (else only the total is trusted)."""
+        return bool(np.any(self.refresh > 0))
+
+
+def _design(requests: Sequence[ProfiledRequest], n_blocks: int, max_steps: int,
+            config: FitConfig) -> _Design:
+    kb, ks = knots(n_blocks, config.block_knots), knots(max_steps, config.step_knots)
+    Hb, Hs = hat_basis(n_blocks, kb), hat_basis(max_steps, ks)
+    # cumulative "steps reached" counts: activity of block b covers steps [0, r_b)
+    cum_s = np.cumsum(Hs, axis=0)  # row r-1 = sum of Hs rows 0..r-1
+    rows = np.zeros((len(requests), Hb.shape[1] * Hs.shape[1]))
+    for i, r in enumerate(requests):
+        rounds = np.minimum(np.asarray(r.rounds_per_block, dtype=np.int64), max_steps)
+        nb = min(len(rounds), n_blocks)
+        per_block = cum_s[rounds[:nb] - 1]  # (nb, ks)
+        grid = Hb[:nb].T @ per_block
+        if len(rounds) > n_blocks:  # blocks past N are priced by the last row (see cost.py)
+            grid += np.outer(Hb[-1], cum_s[rounds[nb:] - 1].sum(axis=0))
+        rows[i] = grid.ravel()
+    arr = np.asarray
+    return _Design(
+        m=arr([r.prompt_blocks for r in requests], dtype=np.float64),
+        n=arr([r.output_blocks for r in requests], dtype=np.float64),
+        cells=rows,
+        active=arr([sum(min(x, max_steps) for x in r.rounds_per_block) for r in requests],
+                   dtype=np.float64),
+        prefill=arr([r.prefill_ms for r in requests], dtype=np.float64),
+        denoise=arr([r.denoise_ms for r in requests], dtype=np.float64),
+        refresh=arr([r.refresh_ms for r in requests], dtype=np.float64),
+        Hb=Hb, Hs=Hs, knots_b=kb, knots_s=ks)
+
+
+def _nnls(X: np.ndarray, y: np.ndarray, penalty: np.ndarray | None = None,
+          smooth: float = 0.0) -> np.ndarray:
+    """Non-negative least squares on column-scaled X, with an optional ridge-like penalty."""
+    from scipy.optimize import nnls
+
+    scale = np.linalg.norm(X, axis=0)
+    scale[scale == 0] = 1.0
+    Xs = X / scale
+    if penalty is not None and penalty.shape[0] and smooth > 0:
+        P = penalty / scale * np.sqrt(smooth)
+        Xs = np.vstack([Xs, P])
+        y = np.concatenate([y, np.zeros(P.shape[0])])
+    coef, _ = nnls(Xs, y, maxiter=50 * Xs.shape[1])
+    out: np.ndarray = coef / scale
+    return out
+
+
+def _solve(d: _Design, config: FitConfig) -> tuple[float, float, float, np.ndarray]:
+    """alpha, beta, delta, W (kb x ks knot weights) from one design."""
+    kb, ks = d.Hb.shape[1], d.Hs.shape[1]
+    # rows are weighted by 1/latency: a relative-error fit, so short requests count as much
+    # as long ones (MAPE and the ordering of short requests are what scheduling needs)
+    Db, Ds = _second_differences(d.knots_b), _second_differences(d.knots_s)
+    pen_w = np.vstack([np.kron(Db, np.eye(ks)), np.kron(np.eye(kb), Ds)])
+    if d.split:
+        w_p = 1.0 / np.maximum(d.prefill, 1e-9)
+        alpha = float(_nnls((d.m * w_p)[:, None], d.prefill * w_p)[0])
+        w_r = 1.0 / np.maximum(d.refresh, 1e-9)
+        beta = float(_nnls((d.n * w_r)[:, None], d.refresh * w_r)[0])
+        X = np.hstack([d.cells, (d.active * d.m)[:, None]])
+        w = 1.0 / np.maximum(d.denoise, 1e-9)
+        pen = np.hstack([pen_w, np.zeros((pen_w.shape[0], 1))])
+        coef = _nnls(X * w[:, None], d.denoise * w, pen, _smooth_weight(X * w[:, None], config))
+        return alpha, beta, float(coef[-1]), coef[:-1].reshape(kb, ks)
+    X = np.hstack([d.m[:, None], d.n[:, None], (d.active * d.m)[:, None], d.cells])
+    w = 1.0 / np.maximum(d.total, 1e-9)
+    pen = np.hstack([np.zeros((pen_w.shape[0], 3)), pen_w])
+    coef = _nnls(X * w[:, None], d.total * w, pen, _smooth_weight(X * w[:, None], config))
+    return float(coef[0]), float(coef[1]), float(coef[2]), coef[3:].reshape(kb, ks)
+
+
+def _smooth_weight(X: np.ndarray, config: FitConfig) -> float:
+    """The penalty weight, relative to the data's own scale (so ``smooth`` is unit-free)."""
+    return float(config.smooth * len(X))
+
+
+def _predict_total(d: _Design, alpha: float, beta: float, delta: float,
+                   W: np.ndarray) -> np.ndarray:
+    out: np.ndarray = alpha * d.m + beta * d.n + d.cells @ W.ravel() + delta * d.active * d.m
+    return out
+
+
+# -- metrics ---------------------------------------------------------------------------
+def cost_metrics(true_ms: np.ndarray, pred_ms: np.ndarray, max_pairs: int = 2_000_000,
+                 seed: int = 0) -> dict[str, float]:
+    """R^2, MAPE (fraction), Spearman rho and pairwise ordering accuracy of predicted costs.
+
+    Pairwise accuracy counts pairs with different true costs whose predicted order agrees
+    (sampled when there are more than ``max_pairs`` pairs)."""
+    from scipy.stats import spearmanr
+
+    y, p = np.asarray(true_ms, dtype=np.float64), np.asarray(pred_ms, dtype=np.float64)
+    ss_res = float(np.sum((y - p) ** 2))
+    ss_tot = float(np.sum((y - y.mean()) ** 2))
+    n = len(y)
+    if n * (n - 1) // 2 <= max_pairs:
+        i, j = np.triu_indices(n, k=1)
+    else:
+        rng = np.random.default_rng(seed)
+        i, j = rng.integers(0, n, max_pairs), rng.integers(0, n, max_pairs)
+    keep = y[i] != y[j]
+    agree = np.sign(y[i] - y[j])[keep] == np.sign(p[i] - p[j])[keep]
+    return {
+        "r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else float("nan"),
+        "mape": float(np.mean(np.abs(p - y) / np.abs(y))),
+        "spearman": float(spearmanr(y, p).statistic),
+        "pairwise": float(agree.mean()) if agree.size else float("nan"),
+    }
+
+
+# -- the fit ---------------------------------------------------------------------------
+def _check_requests(requests: Sequence[ProfiledRequest], max_steps: int, folds: int) -> None:
+    need = max(MIN_REQUESTS, 2 * folds)
+    if len(requests) < need:
+        raise TrainingError(
+            f"a cost profile needs at least {need} profiled requests, got {len(requests)}: "
+            "profile more (`dwise-predict profile --limit 200` or more; a few hundred suffice)")
+    for r in requests:
+        vals = (r.prefill_ms, r.denoise_ms, r.refresh_ms)
+        if not all(np.isfinite(v) and v >= 0 for v in vals):
+            raise TrainingError(f"a profiled request has a non-finite or negative phase time "
+                                f"{vals}; re-profile (the measurement is broken)")
+        if not r.rounds_per_block or min(r.rounds_per_block) < 1:
+            raise TrainingError("a profiled request has no output block or a block with 0 steps")
+        if max(r.rounds_per_block) > max_steps:
+            raise TrainingError(f"a profiled request ran {max(r.rounds_per_block)} steps in a "
+                                f"block, more than max_steps={max_steps}: wrong block size?")
+
+
+def fit_cost_profile(requests: Sequence[ProfiledRequest], *, block_size: int,
+                     max_steps: int | None = None, fingerprint: dict | None = None,
+                     hardware: str | None = None, config: FitConfig | None = None,
+                     progress: Callable[[str], None] | None = None) -> CostProfile:
+    """Fit alpha, beta, K, delta from profiled requests; ``cv`` holds the k-fold metrics."""
+    config = config or FitConfig()
+    S = max_steps or block_size
+    _check_requests(requests, S, config.folds)
+    N = config.n_blocks or max(r.output_blocks for r in requests)
+    d = _design(requests, N, S, config)
+    rng = np.random.default_rng(config.seed)
+    order = rng.permutation(len(requests))
+    oof = np.zeros(len(requests))
+    for k, test in enumerate(np.array_split(order, config.folds)):
+        train = np.setdiff1d(order, test)
+        a, b, dl, W = _solve(d.take(train), config)
+        oof[test] = _predict_total(d.take(test), a, b, dl, W)
+        if progress is not None:
+            progress(f"cross-validation fold {k + 1}/{config.folds}")
+    cv = cost_metrics(d.total, oof, seed=config.seed)
+    alpha, beta, delta, W = _solve(d, config)
+    K = d.Hb @ W @ d.Hs.T
+    return CostProfile(alpha_ms=alpha, beta_ms=beta, K_ms=K, delta_ms=delta,
+                       block_size=block_size, max_steps=S, fingerprint=dict(fingerprint or {}),
+                       hardware=hardware if hardware is not None else hardware_description(),
+                       cv=cv)
+
+
+def synthetic_requests(profile: CostProfile, n: int, *, noise: float = 0.02, seed: int = 0,
+                       max_prompt_blocks: int = 1000) -> list[ProfiledRequest]:
+    """Requests priced by a known profile, with multiplicative noise on each phase.
+
+    Shapes follow what dLLM traces look like: prompt blocks log-uniform in
+    [1, max_prompt_blocks], output blocks geometric up to N, steps per block spread over
+    [1, S] with most blocks finishing early."""
+    rng = np.random.default_rng(seed)
+    N, S = profile.n_blocks, profile.max_steps
+    out = []
+    for _ in range(n):
+        m = int(np.exp(rng.uniform(0, np.log(max_prompt_blocks))))
+        nb = int(min(N, rng.geometric(0.12)))
+        rounds = np.minimum(S, 1 + rng.geometric(rng.uniform(0.05, 0.5), size=nb) - 1)
+        rounds = np.maximum(rounds, 1)
+        A = (np.arange(S)[None, :] < rounds[:, None]).astype(np.float64)
+        den = float(np.sum(A * (profile.cell_costs(nb) + profile.delta_ms * m)))
+
+        def noisy(x: float) -> float:
+            return float(x * np.exp(rng.normal(0.0, noise)))
+
+        out.append(ProfiledRequest(prompt_blocks=m, rounds_per_block=tuple(int(x) for x in rounds),
+                                   prefill_ms=noisy(profile.alpha_ms * m), denoise_ms=noisy(den),
+                                   refresh_ms=noisy(profile.beta_ms * nb)))
+    return out
