@@ -23,12 +23,14 @@ from .dataset import TraceArrays, as_table, category_counts, trace_arrays
 from .refinement import RefinementConfig, train_refinement
 
 log = logging.getLogger(__name__)
-PREDICTORS = ("admission", "refine")
+PREDICTORS = ("admission", "refine", "dws")
+#: what ``only=None`` trains (DWS joins when a cost profile is given)
+DEFAULT_PREDICTORS = ("admission", "refine")
 
 
 def parse_only(only: str | Sequence[str] | None) -> tuple[str, ...]:
     if only is None:
-        return PREDICTORS
+        return DEFAULT_PREDICTORS
     names = tuple(s.strip() for s in (only.split(",") if isinstance(only, str) else only) if s.strip())
     bad = [n for n in names if n not in PREDICTORS]
     if bad or not names:
@@ -70,9 +72,24 @@ def train_models(arrays: TraceArrays, only: tuple[str, ...], seed: int, *, featu
 def train_bundle(traces: str | Path | pa.Table, out: str | Path, *, only: str | Sequence[str] | None = None,
                  seed: int = 0, featurizer: PromptFeaturizer | None = None,
                  admission_config: AdmissionConfig | None = None, refinement_config: RefinementConfig | None = None,
-                 allow_single_category: bool = False, overwrite: bool = False, name: str | None = None) -> Path:
-    """Train the selected predictors on ``traces`` and write a bundle folder at ``out``."""
+                 allow_single_category: bool = False, overwrite: bool = False, name: str | None = None,
+                 cost_profile: Any = None, dws_config: Any = None) -> Path:
+    """Train the selected predictors on ``traces`` and write a bundle folder at ``out``.
+
+    ``cost_profile`` (a ``CostProfile``, a file or a shipped name) prices the DWS predictor's
+    baselines and evaluation; with one and ``only=None``, DWS is trained too.
+    """
     names = parse_only(only)
+    profile = None
+    if cost_profile is not None:
+        from dwise_predict.cost import CostProfile, load_cost_profile
+
+        profile = cost_profile if isinstance(cost_profile, CostProfile) else load_cost_profile(cost_profile)
+        if only is None:
+            names = (*names, "dws")
+    if "dws" in names and profile is None:
+        raise TrainingError("training DWS needs a cost profile (its baselines and evaluation are in ms): "
+                            "pass --cost-profile FILE (from `dwise-predict profile`)")
     table = as_table(traces)
     arrays = trace_arrays(table, need_hidden="refine" in names)
     check_training_data(arrays, allow_single_category=allow_single_category)
@@ -94,8 +111,16 @@ def train_bundle(traces: str | Path | pa.Table, out: str | Path, *, only: str | 
         training["admission"] = admission.info
     if refinement is not None:
         training["refinement"] = refinement.info
-    return save_bundle(out, fingerprint=fingerprint, admission=admission, refinement=refinement, training=training,
-                       overwrite=overwrite, name=name)
+    path = save_bundle(out, fingerprint=fingerprint, admission=admission, refinement=refinement, training=training,
+                       overwrite=overwrite, name=name, allow_no_predictor="dws" in names)
+    if "dws" in names:
+        from .dws_bundle import train_dws_module
+
+        t0 = time.perf_counter()
+        profile.check_compatible(fingerprint)
+        path, _ = train_dws_module(table, path, profile, config=dws_config, seed=seed)
+        log.info("DWS trained and exported in %.1f s", time.perf_counter() - t0)
+    return path
 
 
 def trace_fingerprint(table: pa.Table, featurizer: PromptFeaturizer | None) -> ModelFingerprint:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -15,14 +16,17 @@ from typing import Any
 import numpy as np
 
 from .._version import __version__
+from ..cost import CostProfile
 from ..errors import BundleError, BundleIntegrityError, FingerprintMismatchError
 from ..features import PromptFeaturizer
 from ..fingerprint import ModelFingerprint
 from ..predictors import AdmissionModel, RefinementEnsemble
 from ..predictors import admission as _adm
 from ..predictors import refinement as _ref
+from ..predictors.dws import DWSPredictor, check_prompts
 from ..predictors._files import write_json_atomic, write_text_atomic
 from .card import CARD_FILE, render_card
+from .dws import load_manifest_dws
 from .format import (
     CHAT_TEMPLATE_FILE,
     FORMAT_NAME,
@@ -51,6 +55,10 @@ class Bundle:
     fingerprint: ModelFingerprint
     admission: AdmissionModel | None = None
     refinement: RefinementEnsemble | None = None
+    #: the deployment's cost factors (``cost_profile.json``), None until profiled
+    cost_profile: CostProfile | None = None
+    #: the DWS surface predictor (``predictors.dws``), None when the bundle has none
+    dws: DWSPredictor | None = None
 
     @property
     def name(self) -> str:
@@ -84,6 +92,56 @@ class Bundle:
         """
         return self._need_refinement().predict(hidden, prompt_tokens, output_budget, raw=raw)
 
+    def with_cost_profile(self, profile: CostProfile, *, allow_mismatch: bool = False) -> Bundle:
+        """This bundle priced under another deployment's ``profile`` (in memory; the files are
+        untouched: ``dwise-predict profile --bundle`` writes a new revision). Refuses a profile
+        of another dLLM, block size or decoder unless ``allow_mismatch``."""
+        if not isinstance(profile, CostProfile):
+            raise BundleError(f"with_cost_profile needs a CostProfile, got {type(profile).__name__}; "
+                              "load one with dwise_predict.cost.load_cost_profile")
+        if not allow_mismatch:
+            profile.check_compatible(self.fingerprint)
+        return dataclasses.replace(self, cost_profile=profile)
+
+    def _need_dws(self) -> DWSPredictor:
+        if self.dws is None:
+            raise BundleError(f"bundle '{self.name}' has no DWS predictor; train one with "
+                              "`dwise-predict train --only dws`")
+        return self.dws
+
+    def predict_surface(self, prompts: str | Sequence[str]) -> np.ndarray:
+        """The DWS surface ``(n, N, S)``: P(output block b needs denoising step s), per prompt."""
+        return self._need_dws().predict_surface(prompts)
+
+    def prompt_blocks(self, prompts: str | Sequence[str],
+                      prompt_tokens: Any = None) -> np.ndarray:
+        """m per prompt: the served model's prompt blocks (chat template + tokenizer of the
+        admission featurizer, or the given ``prompt_tokens``)."""
+        texts = check_prompts(prompts)
+        bs = self.fingerprint.block_size
+        if prompt_tokens is None:
+            featurizer = self.admission.featurizer if self.admission is not None else None
+            if featurizer is None:
+                raise BundleError(f"bundle '{self.name}' has no tokenizer of the served model to "
+                                  "count prompt blocks; pass prompt_tokens=")
+            tokens = featurizer(texts)[:, 2]
+        else:
+            tokens = np.asarray(prompt_tokens, dtype=np.float64).reshape(-1)
+            if tokens.size != len(texts) or not np.all(np.isfinite(tokens)) or np.any(tokens < 0):
+                raise BundleError(f"prompt_tokens must hold {len(texts)} finite counts >= 0")
+        return np.maximum(1, np.ceil(tokens / bs)).astype(np.int64)
+
+    def predict_cost(self, prompts: str | Sequence[str], prompt_tokens: Any = None) -> np.ndarray:
+        """Expected cost (ms) per prompt under the bundle's cost profile: the DWS surface priced
+        by ``alpha*m + beta*E[n] + sum D*(K + delta*m)`` (see :mod:`dwise_predict.cost`)."""
+        profile = self.cost_profile
+        if profile is None:
+            raise BundleError(f"bundle '{self.name}' has no cost profile; profile the deployment "
+                              "(`dwise-predict profile --bundle ...`) or use "
+                              "bundle.with_cost_profile(load_cost_profile(...))")
+        m = self.prompt_blocks(prompts, prompt_tokens)
+        return profile.expected_cost(self.predict_surface(prompts), m)
+
     # -- guard ------------------------------------------------------------------------------
     def check(self, fingerprint: ModelFingerprint, allow_mismatch: bool = False) -> list[str]:
         """Refuse to serve a dLLM/decoding setting this bundle was not trained for.
@@ -110,15 +168,17 @@ class Bundle:
 def save_bundle(out: str | Path, *, fingerprint: ModelFingerprint, admission: AdmissionModel | None = None,
                 refinement: RefinementEnsemble | None = None, training: dict[str, Any] | None = None,
                 metrics: dict[str, Any] | None = None, name: str | None = None,
-                requires: str = LIBRARY_REQUIREMENT, overwrite: bool = False) -> Path:
+                requires: str = LIBRARY_REQUIREMENT, overwrite: bool = False,
+                allow_no_predictor: bool = False) -> Path:
     """Write a bundle folder atomically (built in a temporary sibling folder, then renamed).
 
     The manifest records the sha256 of every file written (the model card ``README.md`` included,
     rendered from the manifest; metrics "not evaluated yet" until :func:`record_evaluation`);
     ``requires`` is the PEP 440 range of library versions allowed to load it.
+    ``allow_no_predictor``: a module (e.g. DWS) is added right after by an update.
     """
     out = Path(out)
-    if admission is None and refinement is None:
+    if admission is None and refinement is None and not allow_no_predictor:
         raise BundleError("a bundle needs at least one predictor (admission and/or refinement)")
     if out.exists() and not overwrite:
         raise BundleError(f"{out} already exists; choose another --out or pass overwrite=True (--force)")
@@ -228,7 +288,8 @@ def load_bundle(ref: str | Path) -> Bundle:
                 f"zoo entry {str(ref)!r} promises {resolved.expected_fingerprint.short()} but the bundle at {path} is "
                 f"for {fingerprint.short()} (differs in {', '.join(wrong)}); the zoo index and bundle are out of step: "
                 "reinstall dwise-predict")
-    return Bundle(path=path, manifest=manifest, fingerprint=fingerprint, admission=admission, refinement=refinement)
+    return Bundle(path=path, manifest=manifest, fingerprint=fingerprint, admission=admission, refinement=refinement,
+                  dws=load_manifest_dws(path, manifest))
 
 
 def _load_featurizer(path: Path, spec: dict[str, Any] | None, listed: set[str]) -> PromptFeaturizer | None:
