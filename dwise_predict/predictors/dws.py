@@ -8,8 +8,10 @@ distribution, and
 
     D[b, s] = P(n > b) * P(steps_b > s | block b reached)
 
-so every surface is non-increasing along ``b`` and ``s`` by construction (a block cannot need
-step s+1 without step s, nor be reached without the one before it). A cost profile
+so every surface keeps the decoding constraints by construction: it is non-increasing along
+``s`` (a block cannot need step s+1 without step s) and its first column is non-increasing
+along ``b`` (block b+1 is reached only if block b was); a later block may still need more
+steps than an earlier one. A cost profile
 (:mod:`dwise_predict.cost`) turns a surface into milliseconds; the surface itself does not
 depend on the hardware, so moving to a new deployment re-profiles the costs, not this model.
 
