@@ -5,12 +5,15 @@ denoising steps each block needs: the activity matrix ``A[b, s]``) and a price t
 *deployment* fixes (GPU, kernels, batch settings). Keeping the two apart is what lets a
 predictor trained once be re-used on new hardware: only this profile is measured again.
 
-    cost = alpha * m + beta * n + sum_{b,s} A[b, s] * (K[b, s] + delta * m)
+    cost = alpha * m + alpha2 * m^2 + beta * n + sum_{b,s} A[b, s] * (K[b, s] + delta * m)
 
 with ``m`` prompt blocks and ``n`` output blocks. ``alpha`` prices prefill per prompt block,
 ``beta`` the commit/KV refresh of each finished output block, ``K[b, s]`` the denoising step
 ``s`` of output block ``b`` (later blocks attend to more context; on MoE models later steps
 route to more experts) and ``delta`` the extra attention a longer prompt adds to every cell.
+``alpha2`` is an optional quadratic prefill term (0 in the paper's linear form): where a
+prompt's later blocks attend to all earlier ones at a cost comparable to their own (a small
+model on a CPU), prefill grows with m^2, and a linear alpha cannot price long prompts.
 Given a predicted surface ``D = E[A]`` the expected cost uses ``E[n] = sum_b D[b, 0]``
 (a block is reached iff its first step runs).
 
@@ -64,9 +67,10 @@ class CostProfile:
     fingerprint: dict[str, Any] = field(default_factory=dict)
     hardware: str = ""
     cv: dict[str, float] | None = None
+    alpha2_ms: float = 0.0  # per prompt block squared (quadratic prefill); 0 = linear
 
     def __post_init__(self) -> None:
-        for name in ("alpha_ms", "beta_ms", "delta_ms"):
+        for name in ("alpha_ms", "beta_ms", "delta_ms", "alpha2_ms"):
             v = getattr(self, name)
             if not isinstance(v, (int, float, np.floating, np.integer)) or not math.isfinite(v):
                 raise ConfigError(f"cost profile {name}={v!r} is not a finite number; "
@@ -119,7 +123,7 @@ class CostProfile:
     # -- pricing -------------------------------------------------------------------------
     def expected_cost(self, surface: np.ndarray, prompt_blocks: np.ndarray) -> np.ndarray:
         """(n, N, S) surface D + (n,) prompt blocks -> (n,) expected ms:
-        alpha*m + beta*E[n] + sum_{b,s} D*(K + delta*m), with E[n] = sum_b D[b, 0].
+        alpha*m + alpha2*m^2 + beta*E[n] + sum_{b,s} D*(K + delta*m), E[n] = sum_b D[b, 0].
 
         ``surface`` may be a predicted DWS (probabilities) or true activity matrices (0/1);
         a single (N, S) surface with a scalar ``prompt_blocks`` gives a 1-element array."""
@@ -149,14 +153,15 @@ class CostProfile:
         expected_blocks = D[:, :, 0].sum(axis=1)
         cells = D.sum(axis=(1, 2))
         denoise = np.einsum("nbs,bs->n", D, K) + self.delta_ms * m * cells
-        out: np.ndarray = self.alpha_ms * m + self.beta_ms * expected_blocks + denoise
+        out: np.ndarray = (self.alpha_ms * m + self.alpha2_ms * m * m
+                           + self.beta_ms * expected_blocks + denoise)
         return out
 
     def request_cost(self, rounds_per_block: Sequence[int], prompt_blocks: int) -> float:
         """Cost (ms) of one request that ran ``rounds_per_block[b]`` steps in output block b."""
         rounds = np.asarray(rounds_per_block, dtype=np.int64).reshape(-1)
         if rounds.size == 0:
-            return float(self.alpha_ms * prompt_blocks)
+            return float(self.alpha_ms * prompt_blocks + self.alpha2_ms * prompt_blocks ** 2)
         if np.any(rounds < 1) or np.any(rounds > self.max_steps):
             raise PredictorInputError(f"rounds per block must lie in [1, {self.max_steps}], "
                                       f"got {rounds.tolist()}")
@@ -207,6 +212,7 @@ class CostProfile:
             "format": COST_PROFILE_FORMAT,
             "format_version": COST_PROFILE_FORMAT_VERSION,
             "alpha_ms": self.alpha_ms,
+            "alpha2_ms": self.alpha2_ms,
             "beta_ms": self.beta_ms,
             "delta_ms": self.delta_ms,
             "K_ms": self.K_ms.tolist(),
@@ -237,7 +243,7 @@ class CostProfile:
         return cls(alpha_ms=_num(d["alpha_ms"]), beta_ms=_num(d["beta_ms"]), K_ms=K,
                    delta_ms=_num(d["delta_ms"]), block_size=d["block_size"], max_steps=steps,
                    fingerprint=d.get("fingerprint") or {}, hardware=str(d.get("hardware", "")),
-                   cv=d.get("cv"))
+                   cv=d.get("cv"), alpha2_ms=_num(d.get("alpha2_ms", 0.0)))
 
     def save(self, path: str | Path) -> Path:
         """Write ``cost_profile.json`` atomically; ``path`` is the file or its folder."""

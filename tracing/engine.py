@@ -96,6 +96,8 @@ class RequestResult:
     first_round_hidden: np.ndarray | None
     #: wall time (ms) of every round this request took part in: prefill rounds, then denoising rounds
     round_wall_ms: list[float] = field(default_factory=list)
+    #: with ``split_commit``: wall time (ms) of each finished block's own commit forward
+    refresh_wall_ms: list[float] = field(default_factory=list)
 
     @property
     def total_rounds(self) -> int:
@@ -126,6 +128,7 @@ class _Seat:
     rounds: list[int] = field(default_factory=list)
     hidden: np.ndarray | None = None
     wall: list[float] = field(default_factory=list)
+    refresh: list[float] = field(default_factory=list)
     finished_eos: bool = False
     pending: list[int] = field(default_factory=list)  # a finished block's clean tokens, committed next round
     pending_start: int = 0
@@ -154,11 +157,19 @@ def validate_requests(requests: list[DecodeRequest], config: DecodeConfig, max_c
 
 
 def decode(adapter: StepAdapter, requests: Iterable[DecodeRequest], config: DecodeConfig, *,
-           batch_size: int = 8, on_round: Callable[[int, float], None] | None = None) -> Iterator[RequestResult]:
+           batch_size: int = 8, on_round: Callable[[int, float], None] | None = None,
+           split_commit: bool = False,
+           clock: Callable[[], float] = time.perf_counter) -> Iterator[RequestResult]:
     """Decode ``requests`` with continuous batching; yield each result as its request finishes.
 
     ``on_round(n_rows, seconds)`` is called after every round (for progress bars).
     Deterministic: greedy tokens, first-index tie breaks, no sampling.
+    ``split_commit=True`` (cost profiling) commits a finished block in a forward of its own,
+    timed into ``refresh_wall_ms``, instead of folding it into the next round, so the KV
+    refresh and the denoising steps are measured apart; the last block is committed too, so
+    a request of n blocks has n refreshes, as the cost model prices them.
+    ``clock`` (seconds) times every phase: ``time.thread_time`` measures the calling thread's
+    CPU time, steadier than wall time on a shared machine when torch runs one thread.
     """
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
@@ -185,9 +196,11 @@ def decode(adapter: StepAdapter, requests: Iterable[DecodeRequest], config: Deco
             active = [i for i, s in enumerate(seats) if s is not None]
             prefilling = [i for i in active if seats[i].in_prefill]  # type: ignore[union-attr]
             while prefilling:
-                _prefill(adapter, seats, prefilling, config, chunk)
+                _prefill(adapter, seats, prefilling, config, chunk, clock)
                 prefilling = [i for i in prefilling if seats[i].in_prefill]  # type: ignore[union-attr]
-            t0 = time.perf_counter()
+            if split_commit:
+                _commit(adapter, seats, active, clock)
+            t0 = clock()
             done_blocks = _round(adapter, seats, active, config, mask_id)
             finished: list[int] = []
             for slot in done_blocks:
@@ -201,13 +214,15 @@ def decode(adapter: StepAdapter, requests: Iterable[DecodeRequest], config: Deco
                     finished.append(slot)
                 elif len(seat.output) >= config.max_new_tokens:
                     finished.append(slot)
-                else:
+                if slot not in finished or split_commit:
                     seat.pending, seat.pending_start = tokens, seat.block_start
-            wall = time.perf_counter() - t0
+            wall = clock() - t0
             for slot in active:
                 seats[slot].wall.append(wall * 1e3)  # type: ignore[union-attr]
             if on_round is not None:
                 on_round(len(active), wall)
+            if split_commit and finished:  # the last block's refresh, as the cost model prices it
+                _commit(adapter, seats, finished, clock)
             for slot in finished:
                 seat = seats[slot]
                 assert seat is not None
@@ -216,7 +231,7 @@ def decode(adapter: StepAdapter, requests: Iterable[DecodeRequest], config: Deco
 
 
 def _prefill(adapter: StepAdapter, seats: list[_Seat | None], slots: list[int], config: DecodeConfig,
-             chunk: int) -> None:
+             chunk: int, clock: Callable[[], float] = time.perf_counter) -> None:
     """One forward carrying up to ``chunk`` prompt tokens (whole blocks) of each prefilling seat."""
     bs = config.block_size
     ids, pos, segs = [], [], []
@@ -229,14 +244,31 @@ def _prefill(adapter: StepAdapter, seats: list[_Seat | None], slots: list[int], 
         pos.append(list(range(start, start + len(part))))
         segs.append([(start + j) // bs - start // bs for j in range(len(part))])
     batch = _pad(slots, ids, pos, [len(r) for r in ids], pad_id=0, segments=segs)
-    t0 = time.perf_counter()
+    t0 = clock()
     adapter.forward(batch)
-    per_block = (time.perf_counter() - t0) * 1e3 / max(segs[i][-1] + 1 for i in range(len(slots)))
+    per_block = (clock() - t0) * 1e3 / max(segs[i][-1] + 1 for i in range(len(slots)))
     for row, slot in enumerate(slots):
         seat = seats[slot]
         assert seat is not None
         seat.prefilled += len(ids[row])
         seat.wall.extend([per_block] * (segs[row][-1] + 1))
+
+
+def _commit(adapter: StepAdapter, seats: list[_Seat | None], active: list[int],
+            clock: Callable[[], float] = time.perf_counter) -> None:
+    """One forward that only writes finished blocks' clean tokens to the cache (KV refresh)."""
+    ready = [(i, s) for i in active if (s := seats[i]) is not None and s.pending]
+    if not ready:
+        return
+    ids = [s.pending for _, s in ready]
+    pos = [list(range(s.pending_start, s.pending_start + len(s.pending))) for _, s in ready]
+    batch = _pad([i for i, _ in ready], ids, pos, [len(r) for r in ids], pad_id=0)
+    t0 = clock()
+    adapter.forward(batch)
+    ms = (clock() - t0) * 1e3
+    for _, seat in ready:
+        seat.refresh.append(ms)
+        seat.pending = []
 
 
 def _round(adapter: StepAdapter, seats: list[_Seat | None], active: list[int], config: DecodeConfig,
@@ -327,4 +359,5 @@ def _result(seat: _Seat, config: DecodeConfig) -> RequestResult:
         hit_budget=not seat.finished_eos and len(seat.output) >= config.max_new_tokens,
         first_round_hidden=seat.hidden,
         round_wall_ms=list(seat.wall),
+        refresh_wall_ms=list(seat.refresh),
     )

@@ -21,6 +21,7 @@ accuracy of the predicted *total* request latency, the number a scheduler ranks 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 from collections.abc import Callable, Sequence
@@ -64,6 +65,13 @@ class FitConfig:
     smooth: float = 1e-3
     folds: int = 5
     seed: int = 0
+    #: prefill form: "linear" (alpha * m, the paper's), "quadratic" (+ alpha2 * m^2), or
+    #: "auto": quadratic only where it lowers the cross-validated squared error
+    prefill: str = "auto"
+
+    @property
+    def quadratic_prefill(self) -> bool:
+        return self.prefill == "quadratic"
 
 
 # -- the planted example ----------------------------------------------------------------
@@ -238,39 +246,53 @@ def _nnls(X: np.ndarray, y: np.ndarray, penalty: np.ndarray | None = None,
     return out
 
 
-def _solve(d: _Design, config: FitConfig) -> tuple[float, float, float, np.ndarray]:
-    """alpha, beta, delta, W (kb x ks knot weights) from one design."""
+@dataclass(frozen=True)
+class _Fit:
+    alpha: float
+    alpha2: float
+    beta: float
+    delta: float
+    W: np.ndarray  # (kb, ks) knot weights of K
+
+    def predict_total(self, d: _Design) -> np.ndarray:
+        out: np.ndarray = (self.alpha * d.m + self.alpha2 * d.m * d.m + self.beta * d.n
+                           + d.cells @ self.W.ravel() + self.delta * d.active * d.m)
+        return out
+
+
+def _solve(d: _Design, config: FitConfig) -> _Fit:
+    """alpha, alpha2, beta, delta and K's knot weights from one design."""
     kb, ks = d.Hb.shape[1], d.Hs.shape[1]
     # rows are weighted by 1/latency: a relative-error fit, so short requests count as much
     # as long ones (MAPE and the ordering of short requests are what scheduling needs)
     Db, Ds = _second_differences(d.knots_b), _second_differences(d.knots_s)
     pen_w = np.vstack([np.kron(Db, np.eye(ks)), np.kron(np.eye(kb), Ds)])
     if d.split:
-        w_p = 1.0 / np.maximum(d.prefill, 1e-9)
-        alpha = float(_nnls((d.m * w_p)[:, None], d.prefill * w_p)[0])
-        w_r = 1.0 / np.maximum(d.refresh, 1e-9)
-        beta = float(_nnls((d.n * w_r)[:, None], d.refresh * w_r)[0])
+        # every phase weighted by its request's total: a request's refresh can be 0 (one
+        # block, nothing to commit), so weighting by the phase itself would be unbounded
+        w = 1.0 / np.maximum(d.total, 1e-9)
+        prefill_cols = [d.m] + ([d.m * d.m] if config.quadratic_prefill else [])
+        a = _nnls(np.stack(prefill_cols, axis=1) * w[:, None], d.prefill * w)
+        alpha, alpha2 = float(a[0]), float(a[1]) if config.quadratic_prefill else 0.0
+        beta = float(_nnls((d.n * w)[:, None], d.refresh * w)[0])
         X = np.hstack([d.cells, (d.active * d.m)[:, None]])
-        w = 1.0 / np.maximum(d.denoise, 1e-9)
         pen = np.hstack([pen_w, np.zeros((pen_w.shape[0], 1))])
         coef = _nnls(X * w[:, None], d.denoise * w, pen, _smooth_weight(X * w[:, None], config))
-        return alpha, beta, float(coef[-1]), coef[:-1].reshape(kb, ks)
-    X = np.hstack([d.m[:, None], d.n[:, None], (d.active * d.m)[:, None], d.cells])
+        return _Fit(alpha, alpha2, beta, float(coef[-1]), coef[:-1].reshape(kb, ks))
+    quad = [(d.m * d.m)[:, None]] if config.quadratic_prefill else []
+    X = np.hstack([d.m[:, None], *quad, d.n[:, None], (d.active * d.m)[:, None], d.cells])
     w = 1.0 / np.maximum(d.total, 1e-9)
-    pen = np.hstack([np.zeros((pen_w.shape[0], 3)), pen_w])
+    h = 4 if config.quadratic_prefill else 3
+    pen = np.hstack([np.zeros((pen_w.shape[0], h)), pen_w])
     coef = _nnls(X * w[:, None], d.total * w, pen, _smooth_weight(X * w[:, None], config))
-    return float(coef[0]), float(coef[1]), float(coef[2]), coef[3:].reshape(kb, ks)
+    alpha2 = float(coef[1]) if config.quadratic_prefill else 0.0
+    return _Fit(float(coef[0]), alpha2, float(coef[h - 2]), float(coef[h - 1]),
+                coef[h:].reshape(kb, ks))
 
 
 def _smooth_weight(X: np.ndarray, config: FitConfig) -> float:
     """The penalty weight, relative to the data's own scale (so ``smooth`` is unit-free)."""
     return float(config.smooth * len(X))
-
-
-def _predict_total(d: _Design, alpha: float, beta: float, delta: float,
-                   W: np.ndarray) -> np.ndarray:
-    out: np.ndarray = alpha * d.m + beta * d.n + d.cells @ W.ravel() + delta * d.active * d.m
-    return out
 
 
 # -- metrics ---------------------------------------------------------------------------
@@ -320,6 +342,19 @@ def _check_requests(requests: Sequence[ProfiledRequest], max_steps: int, folds: 
                                 f"block, more than max_steps={max_steps}: wrong block size?")
 
 
+def _out_of_fold(d: _Design, config: FitConfig,
+                 progress: Callable[[str], None] | None) -> np.ndarray:
+    """Out-of-fold predicted totals of a k-fold split (seeded permutation)."""
+    order = np.random.default_rng(config.seed).permutation(len(d.m))
+    oof = np.zeros(len(d.m))
+    for k, test in enumerate(np.array_split(order, config.folds)):
+        train = np.setdiff1d(order, test)
+        oof[test] = _solve(d.take(train), config).predict_total(d.take(test))
+        if progress is not None:
+            progress(f"{config.prefill} prefill: cross-validation fold {k + 1}/{config.folds}")
+    return oof
+
+
 def fit_cost_profile(requests: Sequence[ProfiledRequest], *, block_size: int,
                      max_steps: int | None = None, fingerprint: dict | None = None,
                      hardware: str | None = None, config: FitConfig | None = None,
@@ -328,21 +363,24 @@ def fit_cost_profile(requests: Sequence[ProfiledRequest], *, block_size: int,
     config = config or FitConfig()
     S = max_steps or block_size
     _check_requests(requests, S, config.folds)
+    if config.prefill not in ("linear", "quadratic", "auto"):
+        raise TrainingError(f"prefill form must be linear, quadratic or auto, not "
+                            f"{config.prefill!r}")
     N = config.n_blocks or max(r.output_blocks for r in requests)
     d = _design(requests, N, S, config)
-    rng = np.random.default_rng(config.seed)
-    order = rng.permutation(len(requests))
-    oof = np.zeros(len(requests))
-    for k, test in enumerate(np.array_split(order, config.folds)):
-        train = np.setdiff1d(order, test)
-        a, b, dl, W = _solve(d.take(train), config)
-        oof[test] = _predict_total(d.take(test), a, b, dl, W)
-        if progress is not None:
-            progress(f"cross-validation fold {k + 1}/{config.folds}")
+    forms = ["linear", "quadratic"] if config.prefill == "auto" else [config.prefill]
+    scored = []
+    for form in forms:
+        variant = dataclasses.replace(config, prefill=form)
+        oof = _out_of_fold(d, variant, progress)
+        scored.append((float(np.sum((oof - d.total) ** 2)), form, oof))
+    _, form, oof = min(scored, key=lambda t: t[0])
+    config = dataclasses.replace(config, prefill=form)
     cv = cost_metrics(d.total, oof, seed=config.seed)
-    alpha, beta, delta, W = _solve(d, config)
-    K = d.Hb @ W @ d.Hs.T
-    return CostProfile(alpha_ms=alpha, beta_ms=beta, K_ms=K, delta_ms=delta,
+    fit = _solve(d, config)
+    K = d.Hb @ fit.W @ d.Hs.T
+    return CostProfile(alpha_ms=fit.alpha, alpha2_ms=fit.alpha2, beta_ms=fit.beta, K_ms=K,
+                       delta_ms=fit.delta,
                        block_size=block_size, max_steps=S, fingerprint=dict(fingerprint or {}),
                        hardware=hardware if hardware is not None else hardware_description(),
                        cv=cv)

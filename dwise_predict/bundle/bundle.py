@@ -26,6 +26,7 @@ from ..predictors import refinement as _ref
 from ..predictors.dws import DWSPredictor, check_prompts
 from ..predictors._files import write_json_atomic, write_text_atomic
 from .card import CARD_FILE, render_card
+from .cost_profile import load_manifest_cost_profile
 from .dws import load_manifest_dws
 from .format import (
     CHAT_TEMPLATE_FILE,
@@ -97,8 +98,9 @@ class Bundle:
         untouched: ``dwise-predict profile --bundle`` writes a new revision). Refuses a profile
         of another dLLM, block size or decoder unless ``allow_mismatch``."""
         if not isinstance(profile, CostProfile):
-            raise BundleError(f"with_cost_profile needs a CostProfile, got {type(profile).__name__}; "
-                              "load one with dwise_predict.cost.load_cost_profile")
+            raise BundleError(f"with_cost_profile needs a CostProfile, got "
+                              f"{type(profile).__name__}; load one with "
+                              "dwise_predict.cost.load_cost_profile")
         if not allow_mismatch:
             profile.check_compatible(self.fingerprint)
         return dataclasses.replace(self, cost_profile=profile)
@@ -288,7 +290,8 @@ def load_bundle(ref: str | Path) -> Bundle:
                 f"zoo entry {str(ref)!r} promises {resolved.expected_fingerprint.short()} but the bundle at {path} is "
                 f"for {fingerprint.short()} (differs in {', '.join(wrong)}); the zoo index and bundle are out of step: "
                 "reinstall dwise-predict")
-    return Bundle(path=path, manifest=manifest, fingerprint=fingerprint, admission=admission, refinement=refinement,
+    return Bundle(path=path, manifest=manifest, fingerprint=fingerprint, admission=admission,
+                  refinement=refinement, cost_profile=load_manifest_cost_profile(path, manifest),
                   dws=load_manifest_dws(path, manifest))
 
 

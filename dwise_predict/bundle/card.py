@@ -47,6 +47,7 @@ def render_card(manifest: Mapping[str, Any], plots: Sequence[str] = ()) -> str:
         _training_section(dict(manifest.get("training") or {})),
         _evaluation_section(metrics, plots),
         _exports_section(dict(manifest.get("exports") or {})),
+        _cost_profile_section(dict(manifest.get("cost_profile") or {})),
         _usage_section(fp),
     ]
     return "\n".join(p for p in parts if p).rstrip("\n") + "\n"
@@ -227,6 +228,22 @@ def _exports_section(exports: Mapping[str, Any]) -> str:
     return ("## Exported files\n\nEach exported file is gated on parity with the native predictor; refused "
             "files are recorded with the reason.\n\n"
             + _table(["file", "predictor", "precision", "kept", "max abs error", "reason"], rows))
+
+
+def _cost_profile_section(entry: Mapping[str, Any]) -> str:
+    """The deployment the bundle's costs are priced for (re-profiling changes only this)."""
+    if not entry:
+        return ""
+    cv = entry.get("cv") or {}
+    mape = _finite(cv.get("mape"))
+    row = [str(entry.get("revision", "?")), _md(str(entry.get("hardware", ""))),
+           _num(cv.get("r2"), ".4f"), _num(None if mape is None else 100 * mape, ".2f") + "%",
+           _num(cv.get("spearman"), ".4f"), _num(cv.get("pairwise"), ".4f")]
+    return ("## Cost profile\n\n`cost_profile.json` prices denoising work in milliseconds for "
+            "one deployment (see docs/cost-model.md); re-profiling replaces it and leaves the "
+            "predictor files byte-identical.\n\n"
+            + _table(["revision", "hardware", "CV R²", "CV MAPE", "Spearman ρ", "pairwise"],
+                     [row]))
 
 
 def _usage_section(fp: Mapping[str, Any]) -> str:

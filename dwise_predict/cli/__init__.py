@@ -22,6 +22,7 @@ from ..errors import DwisePredictError
 SUBCOMMANDS: dict[str, str] = {
     "workload": ".workload",
     "trace": ".trace",
+    "profile": ".profile",
     "train": ".train",
     "eval": ".evaluate",
     "export": ".export",

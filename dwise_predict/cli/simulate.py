@@ -38,6 +38,12 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
                    help="synthetic: Spearman rho of the refined estimates with the truth (default: 0.87, the paper's)")
     p.add_argument("--spearman-admission", type=float, default=0.74,
                    help="synthetic: Spearman rho of the admission estimates (default: 0.74, the paper's)")
+    p.add_argument("--cost-profile", metavar="NAME_OR_FILE",
+                   help="time rounds with a cost profile (e.g. paper-llada2.0-mini, or a "
+                        "cost_profile.json) instead of the round-time defaults")
+    p.add_argument("--batch-share", type=float, default=0.04,
+                   help="with --cost-profile: share of each non-dearest slot's cost a batched "
+                        "round adds (default: 0.04; 1 = serial)")
     p.add_argument("--out", type=Path, required=True, help="output folder for summary.json and the plots")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.set_defaults(func=run)
@@ -72,8 +78,16 @@ def run(args: argparse.Namespace) -> int:
     workload = _workload(args)
     names = [s for s in args.policies.split(",") if s.strip()]
     bar = progress(total=len(names), desc="simulating", unit="policy", quiet=args.quiet)
+    round_time = None
+    if args.cost_profile:
+        from ..cost import load_cost_profile
+        from ..runtime.costtime import ProfileRoundTime
+
+        round_time = ProfileRoundTime(load_cost_profile(args.cost_profile), args.batch_share,
+                                      name=str(args.cost_profile))
     report = compare_policies(workload, args.policies, args.arrival, args.slots, args.k, args.seed,
-                              kv_pool_tokens=args.kv_pool_tokens, progress=lambda _n: bar.update(1))
+                              kv_pool_tokens=args.kv_pool_tokens, round_time=round_time,
+                              progress=lambda _n: bar.update(1))
     bar.close()
     print(report.table())
     path = report.to_json(args.out / "summary.json")

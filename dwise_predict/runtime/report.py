@@ -20,6 +20,7 @@ from .arrivals import ArrivalSpec
 from .metrics import per_category, summarize
 from .policies import DWISE, DWSSJF, FCFS, MLFQ, SRPT, OracleSRPT, Policy, ScoreSJF
 from .request import SimRequest
+from .costtime import ProfileRoundTime
 from .roundtime import RoundTimeModel
 from .simulator import DEFAULT_KV_POOL_TOKENS, SimulationRun, simulate
 from .workload import Workload, as_workload
@@ -65,7 +66,7 @@ class SimulationReport:
     slots: int
     k: int
     seed: int
-    round_time: RoundTimeModel
+    round_time: RoundTimeModel | ProfileRoundTime
     runs: dict[str, SimulationRun]
     summary: dict[str, dict[str, float]]
     workload: dict[str, float] = field(default_factory=dict)
@@ -130,7 +131,8 @@ class SimulationReport:
 
 def compare_policies(requests: Workload | Sequence[SimRequest], policies: str | Sequence[str | Policy] = "fcfs,dwise,oracle",
                      arrival: str | ArrivalSpec = "burst", slots: int = 128, k: int = 8, seed: int = 0, *,
-                     kv_pool_tokens: int = DEFAULT_KV_POOL_TOKENS, round_time: RoundTimeModel | None = None,
+                     kv_pool_tokens: int = DEFAULT_KV_POOL_TOKENS,
+                     round_time: RoundTimeModel | ProfileRoundTime | None = None,
                      progress: Any = None) -> SimulationReport:
     """Replay ``requests`` under each policy with the identical arrival trace; returns a report."""
     from .synthetic import describe

@@ -21,10 +21,14 @@ together with each round's composition).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from .costtime import RoundSlots
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,10 @@ class RoundTimeModel:
     def round_ms(self, filled: int | np.ndarray, context_tokens: float | np.ndarray) -> float | np.ndarray:
         """Wall time of a round (ms) with ``filled`` slots attending ``context_tokens`` tokens in total."""
         return self.overhead_ms + self.per_slot_ms * filled + self.per_slot_per_1k_context_ms * (np.asarray(context_tokens) / 1000.0)
+
+    def time_round(self, slots: RoundSlots) -> float:
+        """The round's time (ms) from its composition (the simulator's entry point)."""
+        return float(self.round_ms(slots.prompt.size, float(slots.context.sum())))
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)

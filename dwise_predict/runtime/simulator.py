@@ -22,6 +22,7 @@ from ..errors import ConfigError, SchedulerError
 from .arrivals import Arrivals, ArrivalSpec, make_arrivals
 from .policies import Policy
 from .request import RESIDENT, RoundResult
+from .costtime import ProfileRoundTime, RoundSlots
 from .roundtime import RoundTimeModel
 from .scheduler import Scheduler
 from .workload import Workload
@@ -93,7 +94,8 @@ def policy_inputs(workload: Workload, policy: Policy) -> dict[str, np.ndarray | 
 
 def simulate(workload: Workload, policy: Policy, *, arrivals: Arrivals | ArrivalSpec | str = "burst",
              slots: int = 128, k: int = 8, kv_pool_tokens: int = DEFAULT_KV_POOL_TOKENS,
-             round_time: RoundTimeModel | None = None, seed: int = 0, max_rounds: int | None = None,
+             round_time: RoundTimeModel | ProfileRoundTime | None = None, seed: int = 0,
+             max_rounds: int | None = None,
              check_invariants: bool = False) -> SimulationRun:
     """Replay ``workload`` under ``policy``; returns per-request and per-round records."""
     rt = round_time or RoundTimeModel()
@@ -165,7 +167,11 @@ def simulate(workload: Workload, policy: Policy, *, arrivals: Arrivals | Arrival
         bsr = bs[req]
         ctx = np.where(is_p, np.minimum((pdone[req] + 1) * bsr, ptok[req]), ptok[req] + (cur_block[req] + 1) * bsr)
         csum = float(ctx.sum())
-        dt_ms = rt.overhead_ms + rt.per_slot_ms * rows.size + rt.per_slot_per_1k_context_ms * csum / 1000.0
+        step = rflat[offsets[req] + np.minimum(cur_block[req], nblocks[req] - 1)] - left[req]
+        dt_ms = rt.time_round(RoundSlots(
+            prompt=is_p, context=ctx, prompt_blocks=workload.prompt_blocks[req],
+            prompt_index=pdone[req], block=cur_block[req], step=step,
+            commits=~is_p & (left[req] == 1)))
         now += dt_ms / 1000.0
         n_p = int(is_p.sum())
         fin_aligned = np.zeros(rows.size, dtype=bool)
