@@ -119,6 +119,9 @@ def train_bundle(traces: str | Path | pa.Table, out: str | Path, *, only: str | 
         t0 = time.perf_counter()
         profile.check_compatible(fingerprint)
         path, _ = train_dws_module(table, path, profile, config=dws_config, seed=seed)
+        from dwise_predict.bundle.cost_profile import write_bundle_cost_profile
+
+        write_bundle_cost_profile(path, profile)  # the profile the DWS costs are priced under
         log.info("DWS trained and exported in %.1f s", time.perf_counter() - t0)
     return path
 
