@@ -70,12 +70,13 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/dws.json"))
     args = ap.parse_args()
 
-    import dwise_predict
     from dwise_predict.export.quantize import quantize_int8
-    from dwise_predict.predictors.dws import ONNX_FILE, DWSPredictor
-    from dwise_predict.traces import read_traces
     from dwise_predict.trainers.dws import true_costs
     from dwise_predict.trainers.dws_data import dws_arrays
+
+    import dwise_predict
+    from dwise_predict.predictors.dws import ONNX_FILE, DWSPredictor
+    from dwise_predict.traces import read_traces
 
     bundle = dwise_predict.load_bundle(args.bundle)
     if bundle.dws is None or bundle.cost_profile is None:
@@ -135,9 +136,9 @@ def main() -> None:
 def torch_peer(cfg):
     """all-MiniLM-L6-v2 + heads of the bundle's shape in torch, one thread."""
     import torch
+    from dwise_predict.trainers.dws import DWSHeads, PooledEncoder, load_encoder
 
     from dwise_predict.predictors.dws import DWSTokenizer
-    from dwise_predict.trainers.dws import DWSHeads, PooledEncoder, load_encoder
 
     torch.set_num_threads(1)
     raw, tok, _ = load_encoder(None)

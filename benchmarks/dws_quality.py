@@ -51,11 +51,17 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/dws_quality.json"))
     args = ap.parse_args()
 
-    from dwise_predict.cost import load_cost_profile
-    from dwise_predict.traces import read_traces
-    from dwise_predict.trainers.dws import DWSTrainConfig, embed, train_dws, train_scalar_head, true_costs
+    from dwise_predict.trainers.dws import (
+        DWSTrainConfig,
+        train_dws,
+        train_scalar_head,
+        true_costs,
+    )
     from dwise_predict.trainers.dws_data import dws_arrays
     from dwise_predict.trainers.dws_eval import cost_metrics, profile_metrics, surface_metrics
+
+    from dwise_predict.cost import load_cost_profile
+    from dwise_predict.traces import read_traces
 
     bundle_profile = load_cost_profile(args.profile)
     paper = load_cost_profile(PAPER)
@@ -105,7 +111,6 @@ def main() -> None:
     print_cost_table(table)
     results["dws_sjf"] = sjf_table(eval_table, ev, surfaces["dws"], raw, bundle_profile, args)
 
-    from dwise_predict.trainers.dws_bundle import train_dws_module  # noqa: F401 (doc pointer)
     bundle = export_bundle(full, train, bundle_profile, args.bundle, train_table)
     results["bundle"] = str(bundle)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -134,10 +139,11 @@ def print_cost_table(table: dict) -> None:
 
 
 def sjf_table(eval_table, ev, surface, raw, profile, args) -> dict:
+    from dwise_predict.trainers.dws import true_costs
+
     from dwise_predict.runtime import Workload, requests_from_traces
     from dwise_predict.runtime.costtime import ProfileRoundTime
     from dwise_predict.runtime.sjf_share import sjf_oracle_share
-    from dwise_predict.trainers.dws import true_costs
 
     workload = Workload.from_requests(requests_from_traces(eval_table))
     m = ev.prompt_blocks.astype(np.float64)
@@ -160,29 +166,27 @@ def sjf_table(eval_table, ev, surface, raw, profile, args) -> dict:
 
 
 def export_bundle(full, train, profile, out, train_table) -> Path:
-    """The full variant as a bundle (admission too), for benchmarks/dws.py and the docs."""
+    """The full variant as a bundle (DWS + the cost profile), for benchmarks/dws.py."""
     import shutil
     import tempfile
 
-    from dwise_predict.bundle import save_bundle
-    from dwise_predict.bundle.cost_profile import write_bundle_cost_profile
-    from dwise_predict.bundle.dws import write_bundle_dws
     from dwise_predict.export.onnx_dws import export_dws
     from dwise_predict.trainers.dws import true_costs
     from dwise_predict.trainers.pipeline import trace_fingerprint
 
+    from dwise_predict.bundle import save_bundle
+
     out = Path(out)
     if out.exists():
         shutil.rmtree(out)
-    save_bundle(out, fingerprint=trace_fingerprint(train_table, None), allow_no_predictor=True)
     sub = train.subset(np.arange(train.n) < 128)
     with tempfile.TemporaryDirectory() as tmp:
         fp32, q, checks = export_dws(full, tmp, sub.prompts, profile=profile,
                                      true_cost=true_costs(sub, profile),
                                      prompt_blocks=sub.prompt_blocks)
-        write_bundle_dws(out, fp32, int8_path=q, exports=[c.to_json() for c in checks],
-                         training=full.info)
-    write_bundle_cost_profile(out, profile)
+        fp32.int8_path, fp32.exports = q, [c.to_json() for c in checks]
+        save_bundle(out, [fp32, profile], fingerprint=trace_fingerprint(train_table, None),
+                    training={"dws": full.info})
     for c in checks:
         print(f"export {c.file}: kept={c.kept} ({c.reason}), surface max err "
               f"{c.surface_max_abs_error:.4f}, cost MAE {c.cost_mae_ms}, "

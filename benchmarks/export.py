@@ -26,23 +26,23 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # b
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import platform  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-from dwise_predict.export.onnx_admission import admission_to_onnx  # noqa: E402
-from dwise_predict.export.onnx_refinement import refinement_to_onnx  # noqa: E402
-from dwise_predict.export.parity import (  # noqa: E402
-    check_admission,
+from dwise_predict.export.onnx_admission import admission_to_onnx, check_admission  # noqa: E402
+from dwise_predict.export.onnx_refinement import (  # noqa: E402
     check_refinement,
-    gate_int8,
     refinement_probes,
+    refinement_to_onnx,
 )
+from dwise_predict.export.parity import gate_int8  # noqa: E402
 from dwise_predict.export.quantize import NotQuantizable, quantize_int8  # noqa: E402
 
+from dwise_predict.atomic import write_json  # noqa: E402
+from dwise_predict.bundle import load_bundle  # noqa: E402
 from dwise_predict.cli._common import format_table  # noqa: E402
 from dwise_predict.predictors import AdmissionModel, IsotonicMap, MLPWeights, RefinementEnsemble  # noqa: E402
 from dwise_predict.predictors.onnx_runtime import OnnxRefinement  # noqa: E402
@@ -98,7 +98,8 @@ def main() -> None:
     args = ap.parse_args()
 
     if args.bundle is not None:
-        admission, refinement = AdmissionModel.load(args.bundle), RefinementEnsemble.load(args.bundle)
+        bundle = load_bundle(args.bundle)
+        admission, refinement = bundle.need(AdmissionModel), bundle.need(RefinementEnsemble)
         source = str(args.bundle)
     else:
         admission, refinement = synthetic_admission(), synthetic_refinement()
@@ -161,9 +162,7 @@ def main() -> None:
                         "lightgbm": _version("lightgbm"), "onnxmltools": _version("onnxmltools")},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = args.out.with_suffix(".json.tmp")
-    tmp_out.write_text(json.dumps(out, indent=2) + "\n")
-    os.replace(tmp_out, args.out)
+    write_json(args.out, out, sort_keys=False)
     print(f"wrote {args.out}")
 
 

@@ -65,8 +65,8 @@ def main() -> int:
     )
     from synthetic_traces import make_traces, synthetic_featurizer
 
+    from dwise_predict.atomic import write_json
     from dwise_predict.cli._common import format_table
-    from dwise_predict.predictors._files import write_json_atomic
 
     torch.set_num_threads(1)
     n_train, hidden = (512, 2048) if args.quick else (2048, 2048)
@@ -137,7 +137,7 @@ def main() -> int:
         "command": "python benchmarks/predictors.py" + (" --quick" if args.quick else ""),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(args.out, payload)
+    write_json(args.out, payload)
     print(f"\nwritten {args.out}")
     return 0
 

@@ -18,7 +18,6 @@ Prints a table and writes benchmarks/results/scheduler.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dwise_predict.atomic import write_json
 from dwise_predict.cli._common import format_table
 from dwise_predict.runtime import (
     DWISE,
@@ -163,9 +163,7 @@ def main() -> None:
         "per_round_us_median": per_round, "replay_4096_burst": replays,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(f".{args.out.name}.tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp, args.out)
+    write_json(args.out, result, sort_keys=False)
     print(f"\nwrote {args.out}")
 
 

@@ -16,7 +16,6 @@ Writes benchmarks/results/trace_throughput.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -29,6 +28,7 @@ import torch
 from dwise_predict.tracing.adapters.tiny_bd import TinyBDAdapter, load_tiny_bd
 from dwise_predict.tracing.engine import DecodeConfig, DecodeRequest, decode
 
+from dwise_predict.atomic import write_json
 from dwise_predict.cli._common import format_table
 
 RESULTS = Path(__file__).parent / "results" / "trace_throughput.json"
@@ -114,9 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         "notes": "rounds/s = batched forward rounds per second (prefill + denoising, commit forwards folded in); "
                  "request-rounds/s = request-blocks advanced per second",
     }
-    tmp = args.out.with_name(f".{args.out.name}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2) + "\n")
-    os.replace(tmp, args.out)
+    write_json(args.out, payload, sort_keys=False)
     print(f"wrote {args.out}")
     return 0
 

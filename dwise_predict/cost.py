@@ -25,23 +25,30 @@ than ``max_steps`` comes from another decoder and is refused.
 
 This module is numpy-only on purpose: a scheduler process prices requests with it.
 The fitter (which needs scipy) lives in ``dwise_predict.trainers.cost_profile``.
+
+In a bundle the profile is a module of kind ``cost_profile`` (``dwise_predict.bundle.modules``):
+``cost_profile.json`` plus a manifest entry with the hardware, the cross-validation metrics and
+a ``revision`` counted up by every re-profiling (:func:`write_bundle_cost_profile`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from .errors import ConfigError, FingerprintMismatchError, PredictorInputError
+from .atomic import write_json
+from .errors import BundleIntegrityError, ConfigError, FingerprintMismatchError, PredictorInputError
 from .fingerprint import ModelFingerprint
-from .predictors._files import write_json_atomic
+
+if TYPE_CHECKING:
+    from .bundle.modules import BundleFolder
 
 #: File name of a cost profile inside a bundle or a profiling output folder.
 COST_PROFILE_FILE = "cost_profile.json"
@@ -176,20 +183,12 @@ class CostProfile:
 
     # -- compatibility -------------------------------------------------------------------
     def mismatches(self, fingerprint: ModelFingerprint | dict[str, Any]) -> list[str]:
-        """Fingerprint fields (of :data:`PROFILE_CRITICAL_FIELDS`) where the two disagree."""
-        other = fingerprint.to_dict() if isinstance(fingerprint, ModelFingerprint) else fingerprint
-        out = []
-        for name in PROFILE_CRITICAL_FIELDS:
-            a = self.block_size if name == "block_size" else self.fingerprint.get(name)
-            b = other.get(name)
-            if a is None or b is None:
-                continue
-            if isinstance(a, float) or isinstance(b, float):
-                if abs(float(a) - float(b)) > 1e-9:
-                    out.append(name)
-            elif a != b:
-                out.append(name)
-        return out
+        """Fingerprint fields (of :data:`PROFILE_CRITICAL_FIELDS`) where the two disagree
+        (a field unknown on either side is skipped)."""
+        mine = _as_fingerprint({**self.fingerprint, "block_size": self.block_size})
+        other = fingerprint if isinstance(fingerprint, ModelFingerprint) \
+            else _as_fingerprint(fingerprint)
+        return mine.mismatches(other, PROFILE_CRITICAL_FIELDS)
 
     def check_compatible(self, fingerprint: ModelFingerprint | dict[str, Any]) -> None:
         """Refuse a profile measured for another dLLM, block size or decoder."""
@@ -245,16 +244,27 @@ class CostProfile:
                    fingerprint=d.get("fingerprint") or {}, hardware=str(d.get("hardware", "")),
                    cv=d.get("cv"), alpha2_ms=_num(d.get("alpha2_ms", 0.0)))
 
-    def save(self, path: str | Path) -> Path:
-        """Write ``cost_profile.json`` atomically; ``path`` is the file or its folder."""
+    def save(self, path: str | Path) -> list[str]:
+        """Write ``cost_profile.json`` atomically; ``path`` is the file or its folder (a bundle
+        draft, as a bundle module). Returns the written name(s), relative to the folder."""
         p = Path(path)
         if p.is_dir():
             p = p / COST_PROFILE_FILE
-        write_json_atomic(p, self.to_json())
-        return p
+        write_json(p, self.to_json())
+        return [p.name]
 
     @classmethod
-    def load(cls, path: str | Path) -> CostProfile:
+    def load(cls, path: str | Path | BundleFolder,  # type: ignore[override]
+             entry: Mapping[str, Any] | None = None) -> CostProfile:
+        """From a ``cost_profile.json`` (or its folder), or, as a bundle module, from a verified
+        bundle folder and its manifest entry."""
+        if not isinstance(path, (str, Path)):
+            name = str((entry or {}).get("file", COST_PROFILE_FILE))
+            try:
+                return cls.from_json(path.read_json(name))
+            except ConfigError as e:
+                raise BundleIntegrityError(f"{path.root}/{name} is not a valid cost profile ({e});"
+                                           " re-profile the bundle") from e
         p = Path(path)
         if p.is_dir():
             p = p / COST_PROFILE_FILE
@@ -267,6 +277,62 @@ class CostProfile:
         except json.JSONDecodeError as e:
             raise ConfigError(f"cost profile {p} is not valid JSON ({e})") from e
         return cls.from_json(data)
+
+    # -- bundle module (dwise_predict.bundle.modules) ------------------------------------
+    kind: ClassVar[str] = "cost_profile"
+    estimates: ClassVar[Mapping[str, str]] = {}
+    onnx_exporter: ClassVar[str | None] = None
+
+    def entry(self) -> dict[str, Any]:
+        """The manifest's record: what the card shows without opening the file."""
+        return {"estimate": "milliseconds of work: prices an activity matrix or a DWS surface",
+                "model": "cost_profile", "file": COST_PROFILE_FILE, "hardware": self.hardware,
+                "cv": self.cv, "block_size": self.block_size, "max_steps": self.max_steps,
+                "n_blocks": self.n_blocks, "prefill": "quadratic" if self.alpha2_ms else "linear"}
+
+    @classmethod
+    def card_summary(cls, entry: Mapping[str, Any], manifest: Mapping[str, Any]) -> str:
+        cv = entry.get("cv") or {}
+        fit = (f"; 5-fold R² {cv['r2']:.4f}, MAPE {100 * cv['mape']:.1f}%"
+               if isinstance(cv.get("r2"), float) and isinstance(cv.get("mape"), float) else "")
+        return (f"cost profile rev {entry.get('revision', 1)} (alpha, beta, K "
+                f"{entry.get('n_blocks', '?')} x {entry.get('max_steps', '?')}, delta; "
+                f"{entry.get('prefill', 'linear')} prefill) on {entry.get('hardware') or '?'}"
+                f"{fit}")
+
+    def check_fingerprint(self, fingerprint: ModelFingerprint, where: str) -> None:
+        bad = self.mismatches(fingerprint)
+        if bad:
+            raise BundleIntegrityError(f"{where}: the cost profile was measured for another "
+                                       f"dLLM/decoder ({', '.join(bad)}); re-profile the bundle")
+
+
+def write_bundle_cost_profile(ref: str | Path, profile: CostProfile, *,
+                              out: str | Path | None = None,
+                              allow_mismatch: bool = False) -> Path:
+    """Write a new revision of bundle ``ref`` holding ``profile``; returns its folder.
+
+    Only ``cost_profile.json``, its manifest entry (``revision`` + 1), the card and the manifest
+    change: the predictor files stay byte-identical, so nothing is retrained. A profile measured
+    for another dLLM, block size or decoder is refused (unless ``allow_mismatch``). Atomic: on
+    any error the bundle is left as it was."""
+    from .bundle.update import update_bundle
+
+    with update_bundle(ref, out=out) as draft:
+        if not allow_mismatch:
+            profile.check_compatible(draft.source.fingerprint)
+        files = profile.save(draft.path(COST_PROFILE_FILE))
+        parts = draft.manifest.setdefault("predictors", {})
+        previous = parts.get(CostProfile.kind) or {}
+        parts[CostProfile.kind] = {**profile.entry(), "files": files,
+                                   "revision": int(previous.get("revision", 0)) + 1}
+        return draft.destination
+
+
+def _as_fingerprint(d: dict[str, Any]) -> ModelFingerprint:
+    """A possibly partial fingerprint dict as a ModelFingerprint (missing fields unknown)."""
+    return ModelFingerprint.from_dict({"model_id": None, "block_size": None, "threshold": None,
+                                       **d})
 
 
 def _num(v: Any) -> float:

@@ -17,11 +17,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .atomic import staged_folder
 from .errors import BundleError, BundleIntegrityError, ConfigError
 
 HF_SCHEME = "hf://"
@@ -165,9 +165,7 @@ def copy_snapshot(snapshot: Path, out_dir: Path, *, overwrite: bool = False) -> 
     if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
         raise BundleError(f"{out_dir} already exists and is not empty; pass another folder, delete it, or "
                           "pass overwrite=True (--overwrite)")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
-    try:
+    with staged_folder(out_dir) as tmp:
         for src in sorted(snapshot.rglob("*")):
             rel = src.relative_to(snapshot)
             if src.is_dir() or rel.as_posix() in HUB_ONLY_FILES:
@@ -175,16 +173,6 @@ def copy_snapshot(snapshot: Path, out_dir: Path, *, overwrite: bool = False) -> 
             dst = tmp / rel
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, dst)  # follows the snapshot's symlink to the blob
-        old = None
-        if out_dir.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".old", dir=out_dir.parent))
-            os.replace(out_dir, old / "previous")
-        os.replace(tmp, out_dir)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir
 
 

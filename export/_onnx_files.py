@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dwise_predict.predictors._files import write_bytes_atomic
+from dwise_predict.atomic import write_bytes
 from dwise_predict.predictors.onnx_runtime import FORMAT, FORMAT_VERSION
 
 
@@ -34,5 +34,5 @@ def save_model_atomic(model: Any, path: str | Path) -> Path:
     """Serialize ``model`` into ``path`` through a temporary file in the same folder."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(path, model.SerializeToString())
+    write_bytes(path, model.SerializeToString())
     return path

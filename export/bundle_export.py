@@ -1,7 +1,8 @@
 """``dwise-predict export BUNDLE [--onnx] [--int8]``: add gated ONNX / INT8 files to a bundle.
 
 The bundle is loaded (so every hash, the format version and the library requirement are checked
-first), each predictor is exported, every file is gated on parity with the native predictor and
+first), each declared predictor whose kind names an exporter (its ``onnx_exporter``) is
+exported, every file is gated on parity with the native predictor and
 timed against it (:mod:`.parity`), files that fail their gate are not kept, and the result is a new
 version of the bundle folder: a copy built beside it (:func:`dwise_predict.bundle.update_bundle`),
 with the kept files' sha256 added to ``manifest.json``, their parity/latency record under
@@ -10,9 +11,10 @@ original bundle untouched.
 
 Manifest record (one entry per kept or refused file)::
 
-    "exports": {"admission.onnx": {"predictor": "admission", "precision": "fp32", "kept": true,
-                                   "reason": "...", "parity": {...max_abs_error...}, "latency_us": {...}},
-                "refinement.onnx": {...}, "refinement.int8.onnx": {...}}
+    "exports": {"KIND.onnx": {"predictor": KIND, "precision": "fp32", "kept": true,
+                              "reason": "...", "parity": {...max_abs_error...},
+                              "latency_us": {...}},
+                "KIND.int8.onnx": {...}}
 
 Only kept files are in ``manifest["files"]``; refused ones are recorded with ``kept: false`` so the
 reason travels with the bundle.
@@ -20,15 +22,14 @@ reason travels with the bundle.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dwise_predict.errors import BundleError
 
-from .onnx_admission import ADMISSION_ONNX, admission_to_onnx
-from .onnx_refinement import REFINEMENT_ONNX, refinement_to_onnx
-from .parity import ExportCheck, check_admission, check_refinement, gate_int8
+from .parity import ExportCheck, OnnxExporter, gate_int8
 from .quantize import NotQuantizable, int8_name, quantize_int8
 
 if TYPE_CHECKING:
@@ -64,42 +65,66 @@ class ExportReport:
                 "not_applicable": dict(self.not_applicable)}
 
 
+def exporter_for(cls: Any) -> OnnxExporter | None:
+    """The exporter a module class names in ``onnx_exporter`` (``"module:ATTRIBUTE"``), or None."""
+    ref = getattr(cls, "onnx_exporter", None)
+    if not ref:
+        return None
+    module_name, _, attr = str(ref).partition(":")
+    try:
+        exporter = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise BundleError(f"the {cls.kind} predictor names the exporter {ref!r}, which cannot be "
+                          f"imported ({e}); fix its onnx_exporter") from e
+    if not isinstance(exporter, OnnxExporter):
+        raise BundleError(f"{ref} is a {type(exporter).__name__}, not an OnnxExporter")
+    return exporter
+
+
 def export_bundle(ref: str | Path, *, onnx: bool = True, int8: bool = False, out: str | Path | None = None,
                   repeats: int = 20, min_speedup: float = 1.05, threads: int = 1) -> ExportReport:
     """Export the predictors of bundle ``ref`` (in place, or into a new folder ``out``).
 
-    The files are written into a draft of the bundle (:func:`dwise_predict.bundle.update_bundle`),
-    which verifies the source first, re-renders the card and swaps the new version in atomically.
+    Every declared module whose class names an ``onnx_exporter`` is written, gated and timed;
+    the files go into a draft of the bundle (:func:`dwise_predict.bundle.update_bundle`), which
+    verifies the source first, re-renders the card and swaps the new version in atomically.
     """
     from dwise_predict.bundle import update_bundle
 
     if not (onnx or int8):
         raise BundleError("nothing to export: pass --onnx and/or --int8")
     with update_bundle(ref, out=out) as draft:
-        bundle = draft.source
         for name in (draft.manifest.get(EXPORTS_KEY) or {}):  # a re-export replaces the previous files
             draft.remove_file(name)
         report = ExportReport(bundle=draft.destination)
-        if bundle.admission is not None:
-            path = admission_to_onnx(bundle.admission, draft.path(ADMISSION_ONNX))
-            report.checks.append(check_admission(bundle.admission, path, repeats=repeats, threads=threads))
-            if int8:
-                q_name = int8_name(ADMISSION_ONNX).name
-                try:
-                    quantize_int8(path, draft.path(q_name))
-                except NotQuantizable as e:
-                    draft.remove_file(q_name)
-                    report.not_applicable[q_name] = str(e)
-        if bundle.refinement is not None:
-            path = refinement_to_onnx(bundle.refinement, draft.path(REFINEMENT_ONNX))
-            fp32 = check_refinement(bundle.refinement, path, repeats=repeats, threads=threads)
-            report.checks.append(fp32)
-            if int8:
-                q = quantize_int8(path, draft.path(int8_name(REFINEMENT_ONNX).name))
-                report.checks.append(gate_int8(check_refinement(bundle.refinement, q, peer=path, repeats=repeats,
-                                                                 threads=threads), min_speedup=min_speedup))
+        for kind, predictor in draft.source.modules.items():
+            exporter = exporter_for(type(predictor))
+            if exporter is None:
+                report.not_applicable[kind] = "this predictor kind has no ONNX exporter"
+                continue
+            _export_one(draft, report, predictor, exporter, int8=int8, repeats=repeats,
+                        min_speedup=min_speedup, threads=threads)
         draft.manifest[EXPORTS_KEY] = _exports_record(draft, report)
     return report
+
+
+def _export_one(draft: BundleDraft, report: ExportReport, predictor: Any, exporter: OnnxExporter, *,
+                int8: bool, repeats: int, min_speedup: float, threads: int) -> None:
+    """FP32 file (kept iff parity holds), then optionally INT8 (kept iff parity holds and is
+    faster)."""
+    path = exporter.write(predictor, draft.path(exporter.file))
+    report.checks.append(exporter.check(predictor, path, repeats=repeats, threads=threads))
+    if not int8:
+        return
+    q_name = int8_name(exporter.file).name
+    try:
+        q = quantize_int8(path, draft.path(q_name))
+    except NotQuantizable as e:
+        draft.remove_file(q_name)
+        report.not_applicable[q_name] = str(e)
+        return
+    check = exporter.check(predictor, q, peer=path, repeats=repeats, threads=threads)
+    report.checks.append(gate_int8(check, min_speedup=min_speedup))
 
 
 def _exports_record(draft: BundleDraft, report: ExportReport) -> dict[str, Any]:

@@ -11,15 +11,25 @@ are integer counts, far below 2**24, so no split can flip, and the parity gate
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from dwise_predict.errors import MissingDependencyError, ModelError
-from dwise_predict.predictors.onnx_runtime import ADMISSION_INPUT, ADMISSION_OUTPUT
+from dwise_predict.predictors.admission import ONNX_FILE, AdmissionModel
+from dwise_predict.predictors.onnx_runtime import ADMISSION_INPUT, ADMISSION_OUTPUT, OnnxAdmission
 
 from ._onnx_files import save_model_atomic, set_metadata
+from .parity import ExportCheck, OnnxExporter, Tolerance, compare, decide, time_batches
 
-ADMISSION_ONNX = "admission.onnx"
+ADMISSION_ONNX = ONNX_FILE
+#: precision -> what is compared, and the bound
+TOLERANCES = {
+    "fp32": Tolerance(1e-4, 0.0, "log(total rounds); float32 thresholds and leaf sums in ONNX vs "
+                      "float64 in LightGBM: ~1e-6 expected, 1e-4 = 0.01% of the estimate"),
+}
 #: the main-domain opset asked of onnxmltools (it picks the matching ai.onnx.ml version); every
 #: onnxruntime >= 1.10 runs it (onnxmltools 1.16 converts up to 15)
 DEFAULT_OPSET = 15
@@ -44,7 +54,7 @@ def admission_to_onnx(model: Any, path: str | Path, *, feature_names: list[str] 
     _rename_output(onx, ADMISSION_OUTPUT)
     onx.graph.name = "dwise_admission"  # onnxmltools draws a random uuid; same model, same bytes
     set_metadata(onx, {
-        "dwise.predictor": "admission",
+        "dwise.predictor": AdmissionModel.kind,
         "dwise.precision": "fp32",
         "dwise.feature_names": json.dumps(names),
         "dwise.output": f"{ADMISSION_OUTPUT}: log(total denoising rounds), shape (n, 1); estimate = exp(output)",
@@ -79,3 +89,55 @@ def _rename_output(onx: Any, name: str) -> None:
             if inp == old:
                 node.input[i] = name
     graph.output[0].name = name
+
+
+def admission_probes(model: Any, *, n_random: int = 512, seed: int = 0) -> np.ndarray:
+    """Integer feature rows at, just below and just above every split threshold, plus random
+    rows."""
+    rng = np.random.default_rng(seed)
+    n_features = len(model.feature_names)
+    per_feature: list[np.ndarray] = []
+    for f in range(n_features):
+        th = np.concatenate([t.threshold[t.split_feature == f] for t in model.forest.trees]
+                            or [np.zeros(0)])
+        th = th[np.isfinite(th) & (th >= 0) & (th < 2**24)]
+        vals = np.unique(np.concatenate([np.floor(th), np.ceil(th), np.floor(th) - 1,
+                                         np.ceil(th) + 1, [0, 1]]))
+        per_feature.append(vals[vals >= 0])
+    rows = []
+    for f, vals in enumerate(per_feature):  # sweep one feature across its thresholds, others random
+        other = np.stack([rng.choice(per_feature[g], size=len(vals)) for g in range(n_features)],
+                         axis=1)
+        other[:, f] = vals
+        rows.append(other)
+    hi = [max(float(v.max()), 1.0) * 1.5 for v in per_feature]
+    rows.append(np.floor(rng.random((n_random, n_features)) * np.asarray(hi)))
+    return np.concatenate(rows).astype(np.float64)
+
+
+def check_admission(model: Any, onnx_path: str | Path, *, probes: np.ndarray | None = None,
+                    peer: str | Path | None = None, batches: tuple[int, ...] = (1, 128),
+                    repeats: int = 50, threads: int = 1) -> ExportCheck:
+    """Parity of ``log(total rounds)`` on probes, and latency of native vs ONNX
+    ``predict_features``."""
+    onnx_model = OnnxAdmission(onnx_path, threads=threads)
+    peer_model = OnnxAdmission(peer, threads=threads) if peer is not None else None
+    X = admission_probes(model) if probes is None else np.asarray(probes, dtype=np.float64)
+    check = ExportCheck(AdmissionModel.kind, onnx_model.precision, Path(onnx_path).name,
+                        compare(model.raw_score(X), onnx_model.raw_score(X),
+                                TOLERANCES[onnx_model.precision]))
+
+    def sides(b: int) -> dict[str, Any]:
+        xb = np.resize(X, (b, X.shape[1]))
+        fns = {"native": partial(model.predict_features, xb),
+               "exported": partial(onnx_model.predict_features, xb)}
+        if peer_model is not None:
+            fns["peer"] = partial(peer_model.predict_features, xb)
+        return fns
+
+    time_batches(check, sides, batches=batches, repeats=repeats)
+    return decide(check)
+
+
+EXPORTER = OnnxExporter(file=ONNX_FILE, write=admission_to_onnx, check=check_admission,
+                        tolerances=TOLERANCES)

@@ -20,17 +20,31 @@ from __future__ import annotations
 import logging
 import tempfile
 import warnings
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from dwise_predict.errors import MissingDependencyError, ModelError
-from dwise_predict.predictors.onnx_runtime import REFINEMENT_INPUTS, REFINEMENT_OUTPUTS
+from dwise_predict.predictors.onnx_runtime import (
+    REFINEMENT_INPUTS,
+    REFINEMENT_OUTPUTS,
+    OnnxRefinement,
+)
+from dwise_predict.predictors.refinement import ONNX_FILE, RefinementEnsemble
 
 from ._onnx_files import save_model_atomic, set_metadata
+from .parity import ExportCheck, OnnxExporter, Tolerance, compare, decide, time_batches
 
-REFINEMENT_ONNX = "refinement.onnx"
+REFINEMENT_ONNX = ONNX_FILE
+#: precision -> what is compared, and the bound
+TOLERANCES = {
+    "fp32": Tolerance(1e-2, 1e-4, "raw mean remaining rounds; float32 cumsum over K rounds vs "
+                      "float64 in numpy: far below the one-round granularity of the scheduler"),
+    "int8": Tolerance(0.5, 0.02, "raw mean remaining rounds; INT8 weights may move an estimate by "
+                      "under half a round or 2%, less than one round of the scheduler's decrement"),
+}
 DEFAULT_OPSET = 18
 
 
@@ -111,7 +125,7 @@ def refinement_to_onnx(ensemble: Any, path: str | Path, *, opset: int = DEFAULT_
         onx = onnx.load(str(raw), load_external_data=True)
     onx.graph.name = "dwise_refinement"
     set_metadata(onx, {
-        "dwise.predictor": "refinement",
+        "dwise.predictor": RefinementEnsemble.kind,
         "dwise.precision": "fp32",
         "dwise.hidden_size": str(hidden_size),
         "dwise.K": str(k),
@@ -140,3 +154,49 @@ class _quiet_exporter:
         for name, level in self._levels.items():
             logging.getLogger(name).setLevel(level)
         self._warnings.__exit__(*exc)
+
+
+def refinement_probes(ensemble: Any, *, n: int = 256,
+                      seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Hidden rows ~ N(mean, (1.5 std)^2); prompt lengths in [0, 2 scale]; budgets in [1, scale]."""
+    rng = np.random.default_rng(seed)
+    mean = np.asarray(ensemble.hidden_mean, dtype=np.float64)
+    std = np.asarray(ensemble.hidden_std, dtype=np.float64)
+    hidden = (mean + 1.5 * std * rng.standard_normal((n, mean.shape[0]))).astype(np.float32)
+    prompt = np.floor(rng.random(n) * 2 * ensemble.prompt_tokens_scale)
+    budget = np.maximum(1.0, np.floor(rng.random(n) * ensemble.output_budget_scale))
+    return hidden, prompt, budget
+
+
+def check_refinement(ensemble: Any, onnx_path: str | Path, *,
+                     probes: tuple[Any, Any, Any] | None = None, peer: str | Path | None = None,
+                     batches: tuple[int, ...] = (1, 128), repeats: int = 30,
+                     threads: int = 1) -> ExportCheck:
+    """Parity of the raw restricted mean on probes; latency of native vs ONNX ``predict(raw=True)``.
+
+    ``peer``: the FP32 file an INT8 file would replace, timed interleaved with it (for
+    :func:`~.parity.gate_int8`).
+    """
+    onnx_model = OnnxRefinement(onnx_path, threads=threads)
+    peer_model = OnnxRefinement(peer, threads=threads) if peer is not None else None
+    h, p, b = refinement_probes(ensemble) if probes is None else probes
+    check = ExportCheck(RefinementEnsemble.kind, onnx_model.precision, Path(onnx_path).name,
+                        compare(ensemble.predict(h, p, b, raw=True),
+                                onnx_model.predict(h, p, b, raw=True),
+                                TOLERANCES[onnx_model.precision]))
+
+    def sides(n: int) -> dict[str, Any]:
+        idx = np.arange(n) % len(h)
+        args = (h[idx], p[idx], b[idx])
+        fns = {"native": partial(ensemble.predict, *args, raw=True),
+               "exported": partial(onnx_model.predict, *args, raw=True)}
+        if peer_model is not None:
+            fns["peer"] = partial(peer_model.predict, *args, raw=True)
+        return fns
+
+    time_batches(check, sides, batches=batches, repeats=repeats)
+    return decide(check)
+
+
+EXPORTER = OnnxExporter(file=ONNX_FILE, write=refinement_to_onnx, check=check_refinement,
+                        tolerances=TOLERANCES)

@@ -4,7 +4,8 @@ Every exported file is compared with the native predictor it came from, on probe
 it (admission: integer feature rows at every split threshold of the forest and around it;
 refinement: hidden vectors drawn around the training mean and standard deviation, prompt lengths
 and budgets across their scales), and the **max abs error** is reported against a tolerance set
-per predictor and precision (:data:`TOLERANCES`, with the reason for each). Latency is the median
+per predictor kind and precision (each exporter's ``TOLERANCES``, with the reason for each).
+Latency is the median
 of many timed calls of both sides in the same run, at batch 1 (one arrival) and 128 (one round's
 slots ``B``).
 
@@ -22,13 +23,10 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from dwise_predict.predictors.onnx_runtime import OnnxAdmission, OnnxRefinement
 
 
 @dataclass(frozen=True)
@@ -41,17 +39,6 @@ class Tolerance:
 
     def bound(self, native: np.ndarray) -> np.ndarray:
         return self.abs + self.rel * np.abs(native)
-
-
-#: per (predictor, precision): what is compared, and the bound
-TOLERANCES: dict[tuple[str, str], Tolerance] = {
-    ("admission", "fp32"): Tolerance(1e-4, 0.0, "log(total rounds); float32 thresholds and leaf sums in ONNX vs "
-                                     "float64 in LightGBM: ~1e-6 expected, 1e-4 = 0.01% of the estimate"),
-    ("refinement", "fp32"): Tolerance(1e-2, 1e-4, "raw mean remaining rounds; float32 cumsum over K rounds vs "
-                                      "float64 in numpy: far below the one-round granularity of the scheduler"),
-    ("refinement", "int8"): Tolerance(0.5, 0.02, "raw mean remaining rounds; INT8 weights may move an estimate by "
-                                      "under half a round or 2%, less than one round of the scheduler's decrement"),
-}
 
 
 @dataclass(frozen=True)
@@ -120,78 +107,35 @@ class ExportCheck:
         return d
 
 
-# -- probes -------------------------------------------------------------------------------------
-def admission_probes(model: Any, *, n_random: int = 512, seed: int = 0) -> np.ndarray:
-    """Integer feature rows at, just below and just above every split threshold, plus random rows."""
-    rng = np.random.default_rng(seed)
-    n_features = len(model.feature_names)
-    per_feature: list[np.ndarray] = []
-    for f in range(n_features):
-        th = np.concatenate([t.threshold[t.split_feature == f] for t in model.forest.trees] or [np.zeros(0)])
-        th = th[np.isfinite(th) & (th >= 0) & (th < 2**24)]
-        vals = np.unique(np.concatenate([np.floor(th), np.ceil(th), np.floor(th) - 1, np.ceil(th) + 1, [0, 1]]))
-        per_feature.append(vals[vals >= 0])
-    rows = []
-    for f, vals in enumerate(per_feature):  # sweep one feature across its thresholds, others random
-        other = np.stack([rng.choice(per_feature[g], size=len(vals)) for g in range(n_features)], axis=1)
-        other[:, f] = vals
-        rows.append(other)
-    hi = [max(float(v.max()), 1.0) * 1.5 for v in per_feature]
-    rows.append(np.floor(rng.random((n_random, n_features)) * np.asarray(hi)))
-    return np.concatenate(rows).astype(np.float64)
+@dataclass(frozen=True)
+class OnnxExporter:
+    """How one predictor kind becomes gated ONNX files (named by its ``onnx_exporter``).
 
-
-def refinement_probes(ensemble: Any, *, n: int = 256, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Hidden rows ~ N(mean, (1.5 std)^2); prompt lengths in [0, 2 scale]; budgets in [1, scale]."""
-    rng = np.random.default_rng(seed)
-    mean = np.asarray(ensemble.hidden_mean, dtype=np.float64)
-    std = np.asarray(ensemble.hidden_std, dtype=np.float64)
-    hidden = (mean + 1.5 * std * rng.standard_normal((n, mean.shape[0]))).astype(np.float32)
-    prompt = np.floor(rng.random(n) * 2 * ensemble.prompt_tokens_scale)
-    budget = np.maximum(1.0, np.floor(rng.random(n) * ensemble.output_budget_scale))
-    return hidden, prompt, budget
-
-
-# -- checks -------------------------------------------------------------------------------------
-def check_admission(model: Any, onnx_path: str | Path, *, probes: np.ndarray | None = None,
-                    batches: tuple[int, ...] = (1, 128), repeats: int = 50, threads: int = 1) -> ExportCheck:
-    """Parity of ``log(total rounds)`` on probes, and latency of native vs ONNX ``predict_features``."""
-    onnx_model = OnnxAdmission(onnx_path, threads=threads)
-    X = admission_probes(model) if probes is None else np.asarray(probes, dtype=np.float64)
-    tol = TOLERANCES[("admission", onnx_model.precision)]
-    check = ExportCheck("admission", onnx_model.precision, Path(onnx_path).name,
-                        compare(model.raw_score(X), onnx_model.raw_score(X), tol))
-    for b in batches:
-        xb = np.resize(X, (b, X.shape[1]))
-        med = median_seconds({"native": partial(model.predict_features, xb),
-                              "exported": partial(onnx_model.predict_features, xb)}, repeats=repeats)
-        check.latency_us[str(b)] = {k: 1e6 * v for k, v in med.items()}
-    check.kept, check.reason = _fp32_decision(check)
-    return check
-
-
-def check_refinement(ensemble: Any, onnx_path: str | Path, *, probes: tuple[Any, Any, Any] | None = None,
-                     peer: str | Path | None = None, batches: tuple[int, ...] = (1, 128), repeats: int = 30,
-                     threads: int = 1) -> ExportCheck:
-    """Parity of the raw restricted mean on probes, and latency of native vs ONNX ``predict(raw=True)``.
-
-    ``peer``: the FP32 file an INT8 file would replace, timed interleaved with it (for :func:`gate_int8`).
+    ``write(predictor, path) -> path`` writes the FP32 file; ``check(predictor, path, *,
+    peer=None, repeats=..., threads=...) -> ExportCheck`` compares a written file (FP32 or INT8)
+    with the native predictor against ``tolerances[precision]`` and times both (``peer``: the
+    FP32 file an INT8 file would replace, timed alongside). INT8 is tried for every kind; a
+    model without weight matrices says :class:`~.quantize.NotQuantizable`.
     """
-    onnx_model = OnnxRefinement(onnx_path, threads=threads)
-    peer_model = OnnxRefinement(peer, threads=threads) if peer is not None else None
-    h, p, b = refinement_probes(ensemble) if probes is None else probes
-    tol = TOLERANCES[("refinement", onnx_model.precision)]
-    check = ExportCheck("refinement", onnx_model.precision, Path(onnx_path).name,
-                        compare(ensemble.predict(h, p, b, raw=True), onnx_model.predict(h, p, b, raw=True), tol))
+
+    file: str
+    write: Callable[[Any, Path], Path]
+    check: Callable[..., ExportCheck]
+    tolerances: dict[str, Tolerance]
+
+
+# -- timing -------------------------------------------------------------------------------------
+def time_batches(check: ExportCheck, sides: Callable[[int], dict[str, Callable[[], Any]]], *,
+                 batches: tuple[int, ...], repeats: int) -> None:
+    """Fill ``check.latency_us``: per batch size, the median µs of each side (timed interleaved)."""
     for n in batches:
-        idx = np.arange(n) % len(h)
-        args = (h[idx], p[idx], b[idx])
-        fns: dict[str, Callable[[], Any]] = {"native": partial(ensemble.predict, *args, raw=True),
-                                             "exported": partial(onnx_model.predict, *args, raw=True)}
-        if peer_model is not None:
-            fns["peer"] = partial(peer_model.predict, *args, raw=True)
-        check.latency_us[str(n)] = {k: 1e6 * v for k, v in median_seconds(fns, repeats=repeats).items()}
-    if onnx_model.precision == "fp32":
+        med = median_seconds(sides(n), repeats=repeats)
+        check.latency_us[str(n)] = {k: 1e6 * v for k, v in med.items()}
+
+
+def decide(check: ExportCheck) -> ExportCheck:
+    """Set ``kept``/``reason`` of an FP32 file (an INT8 file waits for :func:`gate_int8`)."""
+    if check.precision == "fp32":
         check.kept, check.reason = _fp32_decision(check)
     return check
 
@@ -207,8 +151,8 @@ def gate_int8(int8: ExportCheck, fp32: ExportCheck | None = None, *, decision_ba
               min_speedup: float = 1.05) -> ExportCheck:
     """Keep the INT8 file iff its parity passes and it beats FP32 by ``min_speedup`` at ``decision_batch``.
 
-    The FP32 time is the ``peer`` timed interleaved with the INT8 file when present (see
-    :func:`check_refinement`), else the FP32 check's own measurement.
+    The FP32 time is the ``peer`` timed interleaved with the INT8 file when present (an
+    exporter's ``check(..., peer=fp32_path)``), else the FP32 check's own measurement.
     """
     key = str(decision_batch)
     lat = int8.latency_us.get(key, {})

@@ -55,7 +55,7 @@ def test_round_trip_predicts_identically(bundle_dir, traces, tmp_path):
     raw = b.predict_refined(ev.hidden, ev.prompt_tokens, ev.output_budget, raw=True)
     assert refined.shape == raw.shape == (200,) and not np.array_equal(refined, raw)
     # save the loaded predictors again: same predictions, same hashes for the model files
-    again = save_bundle(tmp_path / "again", fingerprint=b.fingerprint, admission=b.admission, refinement=b.refinement,
+    again = save_bundle(tmp_path / "again", b.modules.values(), fingerprint=b.fingerprint,
                         training=b.manifest["training"])
     b2 = load_bundle(again)
     assert np.array_equal(b2.predict_refined(ev.hidden, ev.prompt_tokens, ev.output_budget), refined)
@@ -66,11 +66,13 @@ def test_round_trip_predicts_identically(bundle_dir, traces, tmp_path):
 
 def test_manifest_declares_everything(bundle_dir):
     m = read_manifest(bundle_dir)
-    assert m["format"] == "dwise-predict-bundle" and m["format_version"] == 1
+    assert m["format"] == "dwise-predict-bundle" and m["format_version"] == 2
     assert m["library"]["requires"] and m["fingerprint"]["hidden_size"] == H
     assert set(m["files"]) == {p.name for p in bundle_dir.iterdir()} - {"manifest.json"}
-    assert m["features"]["admission"]["names"] == ["word_count", "newline_count", "prompt_tokens"]
-    assert m["features"]["refinement"]["hidden_size"] == H
+    adm, ref = m["predictors"]["admission"], m["predictors"]["refinement"]
+    assert adm["feature_names"] == ["word_count", "newline_count", "prompt_tokens"]
+    assert ref["hidden_size"] == H and ref["members"] >= 1 and "features" not in m
+    assert "refinement.json" not in m["files"]  # its description lives in the entry only
     assert sum(m["training"]["categories"].values()) == 400
     assert not any(p.suffix in (".pkl", ".pt", ".ckpt", ".pickle") for p in bundle_dir.iterdir())
 
@@ -103,10 +105,10 @@ def _edit_manifest(d, **changes):
 def test_newer_format_and_unmet_requirement_are_refused_before_loading(bundle_dir, tmp_path):
     d = _copy(bundle_dir, tmp_path)
     (d / "refinement.safetensors").write_bytes(b"garbage")  # never reached: the version check comes first
-    _edit_manifest(d, format_version=2)
-    with pytest.raises(BundleVersionError, match="format v2.*upgrade"):
+    _edit_manifest(d, format_version=3)
+    with pytest.raises(BundleVersionError, match="format v3.*upgrade"):
         load_bundle(d)
-    _edit_manifest(d, format_version=1, requires=">=99")
+    _edit_manifest(d, format_version=2, requires=">=99")
     with pytest.raises(BundleVersionError, match="requires dwise-predict>=99"):
         load_bundle(d)
 

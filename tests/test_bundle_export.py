@@ -67,7 +67,7 @@ def inputs(n: int = 64, seed: int = 3):
 def exported(tmp_path_factory):
     """A freshly trained bundle and its exported copy (exported once: the torch export takes seconds)."""
     root = tmp_path_factory.mktemp("bundles")
-    fresh = save_bundle(root / "fresh", fingerprint=FP, admission=train_admission(), refinement=make_refinement(),
+    fresh = save_bundle(root / "fresh", [train_admission(), make_refinement()], fingerprint=FP,
                         name="tiny-bd-test")
     shutil.copytree(fresh, root / "exported")
     report = export_bundle(root / "exported", int8=True, repeats=3)
@@ -142,7 +142,7 @@ def test_round_trip_train_export_push_pull_load(exported, tmp_path, monkeypatch)
 
 
 def test_cli_export_admission_only_bundle_twice(tmp_path, capsys):
-    path = save_bundle(tmp_path / "adm", fingerprint=FP, admission=train_admission(seed=5))
+    path = save_bundle(tmp_path / "adm", [train_admission(seed=5)], fingerprint=FP)
     report = tmp_path / "report.json"
     for _ in range(2):  # re-exporting replaces the previous export files and records
         assert main(["export", str(path), "--int8", "--repeats", "2", "--report", str(report), "-q"]) == 0
@@ -158,7 +158,7 @@ def test_cli_export_admission_only_bundle_twice(tmp_path, capsys):
 def test_export_errors(tmp_path, capsys):
     with pytest.raises(BundleError, match="does not exist"):
         export_bundle(tmp_path / "none")
-    path = save_bundle(tmp_path / "adm", fingerprint=FP, admission=train_admission(seed=6))
+    path = save_bundle(tmp_path / "adm", [train_admission(seed=6)], fingerprint=FP)
     with pytest.raises(BundleError, match="already exists"):
         export_bundle(path, out=path)
     with pytest.raises(BundleError, match="carries no ONNX predictor"):

@@ -75,8 +75,8 @@ def test_nan_or_negative_profile_is_refused_at_construction_and_on_load(tmp_path
 
 def test_save_load_round_trip_is_exact(tmp_path):
     p = _profile(cv={"r2": 0.99, "mape": 0.03, "spearman": 0.98, "pairwise": 0.95})
-    path = p.save(tmp_path)
-    assert path.name == "cost_profile.json"
+    assert p.save(tmp_path) == ["cost_profile.json"]
+    path = tmp_path / "cost_profile.json"
     d = json.loads(path.read_text())
     assert set(d) >= {"alpha_ms", "beta_ms", "K_ms", "delta_ms", "cv", "fingerprint", "hardware",
                       "block_size", "max_steps"}

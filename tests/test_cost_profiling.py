@@ -62,6 +62,15 @@ def test_profile_cli_measures_fits_and_writes_nothing_on_bad_input(model_dir, wo
     assert main([*args, "--limit", "10"]) == 1
     assert "at least 20" in capsys.readouterr().err
     assert not out.exists()
+    # an empty prompt is refused before anything runs
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(workload.read_text() + json.dumps(
+        {"id": "empty", "category": "chat", "source": "t", "prompt": "  ", "reference": None,
+         "meta": {}}) + "\n")
+    bad_args = [a if a != str(workload) else str(bad) for a in args]
+    assert main([*bad_args, "--limit", "25"]) == 1
+    assert "empty prompt" in capsys.readouterr().err
+    assert not out.exists()
     assert main([*args, "--limit", "24"]) == 0
     requests, fingerprint, hardware = read_profile_traces(out)
     assert len(requests) == 24 and fingerprint["block_size"] == BS and "clock=cpu" in hardware
@@ -108,12 +117,15 @@ def test_reprofiling_a_bundle_changes_only_its_cost_profile(bundle_copy, tmp_pat
     assert changed == {"manifest.json", "cost_profile.json", "README.md"}
     b = dwise_predict.load_bundle(bundle_copy)  # every hash verifies
     assert b.cost_profile is not None and b.cost_profile.hardware == "hw-B"
-    assert b.manifest["cost_profile"]["revision"] == 1
+    assert b.manifest["predictors"]["cost_profile"]["revision"] == 1
     assert b.manifest["files"]["cost_profile.json"]["sha256"] == after["cost_profile.json"]
     # a second deployment: a new revision, predictor files still byte-identical
     traces2 = _profile_traces(tmp_path / "2", fp, n=40)
     assert main(["profile", "--bundle", str(bundle_copy), "--traces", str(traces2), "-q"]) == 0
-    assert dwise_predict.load_bundle(bundle_copy).manifest["cost_profile"]["revision"] == 2
+    b2 = dwise_predict.load_bundle(bundle_copy)
+    assert b2.manifest["predictors"]["cost_profile"]["revision"] == 2
+    assert "cost profile rev 2" in (bundle_copy / "README.md").read_text()
+    assert b2.predict_admission(["hello"]) == pytest.approx(b.predict_admission(["hello"]))
     again = _hashes(bundle_copy)
     assert {k for k in again if before.get(k) != again[k]} == changed
 

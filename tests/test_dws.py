@@ -20,6 +20,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from synthetic_traces import make_traces, synthetic_featurizer  # noqa: E402
+
 import dwise_predict  # noqa: E402
 from dwise_predict.cost import CostProfile, load_cost_profile  # noqa: E402
 from dwise_predict.errors import (  # noqa: E402
@@ -31,8 +33,6 @@ from dwise_predict.errors import (  # noqa: E402
     TrainingError,
 )
 from dwise_predict.predictors.dws import Truncation, surface_from_logits  # noqa: E402
-
-from synthetic_traces import make_traces, synthetic_featurizer  # noqa: E402
 
 BS, BUDGET = 8, 32  # N = 4 output blocks, S = 8 steps
 
@@ -61,9 +61,8 @@ def labelled_traces(n: int, seed: int):
 def tiny_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random 1-layer BERT saved like a Hub folder, with MiniLM's real tokenizer."""
     import torch
-    from transformers import BertConfig, BertModel
-
     from dwise_predict.trainers.dws import default_encoder_path
+    from transformers import BertConfig, BertModel
 
     folder = tmp_path_factory.mktemp("tiny-bert")
     torch.manual_seed(0)
@@ -108,7 +107,6 @@ def test_surface_keeps_the_decoding_constraints(trained: dict) -> None:
 
 def test_numpy_surface_twin_matches_torch() -> None:
     import torch
-
     from dwise_predict.trainers.dws import surface_torch
 
     rng = np.random.default_rng(0)
@@ -127,8 +125,7 @@ def test_predict_cost_prices_the_surface_with_the_profile(trained: dict) -> None
     bundle = dwise_predict.load_bundle(trained["path"])
     prompts = trained["eval"].column("prompt").to_pylist()[:16]
     profile = planted_profile()
-    with pytest.raises(dwise_predict.errors.BundleError, match="cost profile"):
-        bundle.predict_cost(prompts)
+    assert bundle.cost_profile is not None  # the training profile is stored in the bundle
     priced = bundle.with_cost_profile(profile)
     cost = priced.predict_cost(prompts)
     m = priced.prompt_blocks(prompts)
@@ -172,7 +169,8 @@ def test_manifest_records_the_module_and_the_gate(trained: dict) -> None:
     for f in entry["files"]:
         assert f in manifest["files"]
     assert "dws" in manifest["training"] and manifest["training"]["dws"]["N"] == BUDGET // BS
-    assert "DWS" in (trained["path"] / "README.md").read_text() or entry["kind"] == "dws_surface"
+    assert "DWS surface 4 x 8" in (trained["path"] / "README.md").read_text()
+    assert "cost_profile" in manifest["predictors"]
 
 
 def test_tampered_dws_file_is_refused(trained: dict, tmp_path: Path) -> None:
@@ -209,13 +207,10 @@ def test_truncation_rule_keeps_head_and_tail() -> None:
         Truncation(window=10, head_tokens=9)
 
 
-def test_predict_cost_runs_without_torch_or_transformers(trained: dict, tmp_path: Path) -> None:
-    profile = planted_profile().save(tmp_path / "cost_profile.json")
+def test_predict_cost_runs_without_torch_or_transformers(trained: dict) -> None:
     code = (
         "import sys, json, dwise_predict\n"
-        "from dwise_predict.cost import load_cost_profile\n"
-        f"b = dwise_predict.load_bundle({str(trained['path'])!r})\n"
-        f"b = b.with_cost_profile(load_cost_profile({str(profile)!r}))\n"
+        f"b = dwise_predict.load_bundle({str(trained['path'])!r})  # its stored cost profile\n"
         "c = b.predict_cost(['what is 2 + 2?', 'write a long story'])\n"
         "heavy = [m for m in ('torch', 'transformers', 'lightning', 'pytorch_lightning') "
         "if m in sys.modules]\n"
@@ -242,6 +237,6 @@ def test_bad_training_inputs(tiny_encoder: Path, tmp_path: Path) -> None:
         train_bundle(few, tmp_path / "x", only="dws")
     assert not (tmp_path / "x").exists()
     with pytest.raises(ConfigError, match="block size"):
-        train_dws_module(few, tmp_path / "y", planted_profile(block_size=4))
+        train_dws_module(few, planted_profile(block_size=4), tmp_path)
     with pytest.raises(ConfigError):
         DWSTrainConfig(stage_a="everything")

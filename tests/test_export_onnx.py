@@ -12,19 +12,20 @@ import lightgbm as lgb
 import numpy as np
 import onnx
 import pytest
-from dwise_predict.export.onnx_admission import admission_to_onnx
-from dwise_predict.export.onnx_refinement import refinement_to_onnx
+from dwise_predict.export.onnx_admission import TOLERANCES as ADMISSION_TOLERANCES
+from dwise_predict.export.onnx_admission import admission_probes, admission_to_onnx, check_admission
+from dwise_predict.export.onnx_refinement import TOLERANCES as REFINEMENT_TOLERANCES
+from dwise_predict.export.onnx_refinement import (
+    check_refinement,
+    refinement_probes,
+    refinement_to_onnx,
+)
 from dwise_predict.export.parity import (
-    TOLERANCES,
     ExportCheck,
     ParityReport,
     Tolerance,
-    admission_probes,
-    check_admission,
-    check_refinement,
     compare,
     gate_int8,
-    refinement_probes,
 )
 from dwise_predict.export.quantize import NotQuantizable, quantize_int8
 
@@ -82,7 +83,8 @@ def test_admission_onnx_matches_lightgbm_at_every_split_threshold(admission, boo
     onx = OnnxAdmission(files["admission"])
     assert onx.feature_names == tuple(FEATURE_NAMES) and onx.precision == "fp32"
     raw = onx.raw_score(X)
-    assert np.max(np.abs(raw - booster.predict(X, raw_score=True))) < TOLERANCES[("admission", "fp32")].abs
+    err = np.max(np.abs(raw - booster.predict(X, raw_score=True)))
+    assert err < ADMISSION_TOLERANCES["fp32"].abs
     np.testing.assert_allclose(onx.predict_features(X), admission.predict_features(X), rtol=1e-4)
     assert onx.predict_one(X[3]) == pytest.approx(admission.predict_one(X[3]), rel=1e-4)
     assert onx.raw_score(np.zeros((0, 3))).shape == (0,)
@@ -112,7 +114,7 @@ def test_refinement_onnx_matches_numpy_for_any_batch(ensemble, files, batch):
     assert (onx.hidden_size, onx.K, onx.precision) == (H, K, "fp32")
     native_s = ensemble.survival(h, p, b)
     assert np.max(np.abs(onx.survival(h, p, b) - native_s)) < 1e-5
-    tol = TOLERANCES[("refinement", "fp32")]
+    tol = REFINEMENT_TOLERANCES["fp32"]
     raw = onx.predict(h, p, b, raw=True)
     assert np.all(np.abs(raw - ensemble.predict(h, p, b, raw=True)) <= tol.bound(ensemble.predict(h, p, b, raw=True)))
     np.testing.assert_allclose(onx.predict(h, p, b), ensemble.predict(h, p, b), rtol=1e-4, atol=1e-3)

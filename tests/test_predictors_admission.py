@@ -7,6 +7,7 @@ from dwise_predict.trainers.admission import AdmissionConfig, train_admission
 from dwise_predict.trainers.dataset import trace_arrays
 from synthetic_traces import make_traces, synthetic_featurizer
 
+from dwise_predict.bundle.modules import BundleFolder
 from dwise_predict.errors import ModelError, PredictorInputError, TrainingError
 from dwise_predict.predictors import AdmissionModel
 from dwise_predict.predictors.trees import CompiledForest, parse_lightgbm_text
@@ -94,10 +95,12 @@ def test_same_seed_same_model_text(traces):
 
 def test_save_load_round_trip(model, traces, tmp_path):
     files = model.save(tmp_path)
-    assert sorted(files) == ["admission.json", "admission.lgb.txt"]
-    loaded = AdmissionModel.load(tmp_path)
+    assert sorted(files) == ["admission.lgb.txt", "chat_template.jinja", "tokenizer.json"]
+    loaded = AdmissionModel.load(BundleFolder(tmp_path, frozenset(files)), model.entry())
     X = trace_arrays(traces).features
     assert np.array_equal(loaded.predict_features(X), model.predict_features(X))
+    prompts = traces.column("prompt").to_pylist()[:20]
+    assert np.array_equal(loaded.predict(prompts), model.predict(prompts))
 
 
 def test_bad_inputs(model, traces):

@@ -16,6 +16,7 @@ from dwise_predict.trainers.refinement import (
 )
 from synthetic_traces import make_traces
 
+from dwise_predict.bundle.modules import BundleFolder
 from dwise_predict.errors import PredictorInputError, TrainingError
 from dwise_predict.predictors import RefinementEnsemble
 
@@ -99,8 +100,8 @@ def test_survival_nll_matches_hand_computation():
 
 
 def test_save_load_identical(ensemble, data, tmp_path):
-    ensemble.save(tmp_path)
-    back = RefinementEnsemble.load(tmp_path)
+    files = ensemble.save(tmp_path)
+    back = RefinementEnsemble.load(BundleFolder(tmp_path, frozenset(files)), ensemble.entry())
     ev = data[1]
     assert np.array_equal(back.predict(ev.hidden, ev.prompt_tokens, ev.output_budget),
                           ensemble.predict(ev.hidden, ev.prompt_tokens, ev.output_budget))

@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dwise_predict.atomic import TEMP_SUFFIX, atomic_path
 from dwise_predict.errors import TraceError
 from dwise_predict.fingerprint import ModelFingerprint
 from dwise_predict.traces import (
@@ -70,15 +69,8 @@ def rows_to_table(rows: list[dict[str, Any]], fingerprint: ModelFingerprint) -> 
 
 def write_table_atomic(table: pa.Table, path: Path) -> Path:
     """Write ``table`` to ``path`` through a temporary file in the same folder and a rename."""
-    fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, suffix=".parquet.tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
     return path
 
 
@@ -114,7 +106,7 @@ class TraceWriter:
 
     def _remove_stale_temps(self) -> None:
         """Temp files of a run killed hard (SIGKILL) are ours to remove; readers skip them anyway."""
-        for p in self.out_dir.glob(f"{_TMP_PREFIX}*.parquet.tmp"):
+        for p in self.out_dir.glob(f"{_TMP_PREFIX}*{TEMP_SUFFIX}"):
             with contextlib.suppress(OSError):
                 p.unlink()
 

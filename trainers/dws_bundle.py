@@ -1,4 +1,4 @@
-"""Traces -> the DWS module of a bundle: train, export to ONNX (+ INT8, gated), add to the bundle.
+"""Traces -> the DWS bundle module: train, export to ONNX (+ INT8, gated) into a folder.
 
 The ONNX file is written at once: it is the light core's only way to run the predictor. The
 export's parity probes are the first ``probes`` training prompts (the gate compares the file
@@ -9,7 +9,6 @@ uses their true costs under the bundle's profile.
 from __future__ import annotations
 
 import logging
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,9 +16,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from dwise_predict.bundle.dws import write_bundle_dws
 from dwise_predict.cost import CostProfile, load_cost_profile
 from dwise_predict.errors import ConfigError
+from dwise_predict.predictors.dws import DWSPredictor
 
 from .dws import DWSTrainConfig, DWSTrained, train_dws, true_costs
 from .dws_data import dws_arrays
@@ -29,10 +28,11 @@ log = logging.getLogger(__name__)
 PAPER_PROFILE = "paper-llada2.0-mini"
 
 
-def train_dws_module(table: pa.Table, bundle: str | Path, profile: CostProfile, *,
+def train_dws_module(table: pa.Table, profile: CostProfile, folder: str | Path, *,
                      config: DWSTrainConfig | None = None, seed: int = 0, int8: bool = True,
-                     probes: int = 64) -> tuple[Path, DWSTrained]:
-    """Train DWS on ``table``, export it and add it to ``bundle``; returns (bundle, trained)."""
+                     probes: int = 64) -> tuple[DWSPredictor, DWSTrained]:
+    """Train DWS on ``table`` and export it into ``folder`` (which must outlive the predictor
+    until it is saved into a bundle); returns (the bundle module, the torch model)."""
     config = replace(config or DWSTrainConfig(), seed=seed)
     arrays = dws_arrays(table)
     N, S = arrays.shape  # noqa: N806
@@ -47,14 +47,12 @@ def train_dws_module(table: pa.Table, bundle: str | Path, profile: CostProfile, 
         log.warning("shipped profile %s not found; baselines calibrated for the bundle's only",
                     PAPER_PROFILE)
     trained = train_dws(arrays, profile if config.baselines else None, config, profiles=extra)
-    k = min(probes, arrays.n)
-    sub = arrays.subset(np.arange(arrays.n) < k)
+    sub = arrays.subset(np.arange(arrays.n) < min(probes, arrays.n))
     from dwise_predict.export.onnx_dws import export_dws
 
-    with tempfile.TemporaryDirectory(prefix="dwise-dws-") as tmp:
-        fp32, q, checks = export_dws(trained, tmp, sub.prompts, int8=int8, profile=profile,
-                                     true_cost=true_costs(sub, profile),
-                                     prompt_blocks=sub.prompt_blocks)
-        out = write_bundle_dws(bundle, fp32, int8_path=q,
-                               exports=[c.to_json() for c in checks], training=trained.info)
-    return out, trained
+    fp32, q, checks = export_dws(trained, folder, sub.prompts, int8=int8, profile=profile,
+                                 true_cost=true_costs(sub, profile),
+                                 prompt_blocks=sub.prompt_blocks)
+    fp32.int8_path = q
+    fp32.exports = [c.to_json() for c in checks]
+    return fp32, trained

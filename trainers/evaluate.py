@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from dwise_predict.bundle import Bundle
 from dwise_predict.errors import ConfigError, TrainingError
+from dwise_predict.runtime.plots import save_figure
 
 from .admission import AdmissionConfig
 from .dataset import TraceArrays, category_counts, trace_arrays
@@ -96,7 +97,7 @@ def holdout_evaluation(bundle: Bundle, train_traces: str | Path | pa.Table, eval
 
     from dwise_predict.bundle import load_bundle
 
-    from .pipeline import train_bundle
+    from .pipeline import TRAINERS, train_bundle
 
     train = trace_arrays(train_traces, need_hidden=bundle.refinement is not None)
     evals = trace_arrays(eval_traces, need_hidden=bundle.refinement is not None)
@@ -108,7 +109,7 @@ def holdout_evaluation(bundle: Bundle, train_traces: str | Path | pa.Table, eval
     in_cat = evals.category == category
     if not in_cat.any():
         raise ConfigError(f"category {category!r} is not in the evaluation traces; pass traces that contain it")
-    only = [n for n, p in (("admission", bundle.admission), ("refine", bundle.refinement)) if p is not None]
+    only = [kind for kind in bundle.modules if kind in TRAINERS]
     cfg_r = refinement_config
     if cfg_r is None and bundle.refinement is not None:
         saved = dict(bundle.refinement.info.get("config", {}))
@@ -161,8 +162,7 @@ def write_plots(preds: dict[str, tuple[np.ndarray, np.ndarray]], out_dir: str | 
         ax.set(xscale="log", yscale="log", xlabel="actual + 1", ylabel="predicted + 1",
                title=f"{n} (ρ={spearman(p, a) or float('nan'):.3f})")
     fig.tight_layout()
-    paths.append(out_dir / f"{stem}_pred_vs_actual.png")
-    fig.savefig(paths[-1], dpi=110)
+    paths.append(save_figure(fig, out_dir / f"{stem}_pred_vs_actual.png", dpi=110, bbox_inches=None))
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(5, 4.2))
@@ -180,7 +180,6 @@ def write_plots(preds: dict[str, tuple[np.ndarray, np.ndarray]], out_dir: str | 
     ax.set(xlabel="predicted (decile median)", ylabel="actual (decile median)", title="calibration")
     ax.legend()
     fig.tight_layout()
-    paths.append(out_dir / f"{stem}_calibration.png")
-    fig.savefig(paths[-1], dpi=110)
+    paths.append(save_figure(fig, out_dir / f"{stem}_calibration.png", dpi=110, bbox_inches=None))
     plt.close(fig)
     return paths

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,11 @@ import numpy as np
 import pyarrow as pa
 
 from dwise_predict.bundle import save_bundle
+from dwise_predict.bundle.modules import BundleModule
 from dwise_predict.errors import ConfigError, TrainingError
 from dwise_predict.features import PromptFeaturizer
 from dwise_predict.fingerprint import ModelFingerprint
+from dwise_predict.predictors import AdmissionModel, RefinementEnsemble
 from dwise_predict.traces import META_FINGERPRINT, TRACE_SCHEMA_VERSION
 
 from .admission import AdmissionConfig, train_admission
@@ -23,18 +26,51 @@ from .dataset import TraceArrays, as_table, category_counts, trace_arrays
 from .refinement import RefinementConfig, train_refinement
 
 log = logging.getLogger(__name__)
-PREDICTORS = ("admission", "refine", "dws")
-#: what ``only=None`` trains (DWS joins when a cost profile is given)
-DEFAULT_PREDICTORS = ("admission", "refine")
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """What every kind's trainer may use: the seed, the featurizer and per-kind configs."""
+
+    seed: int = 0
+    featurizer: PromptFeaturizer | None = None
+    admission_config: AdmissionConfig | None = None
+    refinement_config: RefinementConfig | None = None
+
+
+def _train_admission(arrays: TraceArrays, s: TrainSettings) -> AdmissionModel:
+    cfg = replace(s.admission_config or AdmissionConfig(), seed=s.seed)
+    return train_admission((arrays.features, arrays.total_rounds), cfg, featurizer=s.featurizer)
+
+
+def _train_refinement(arrays: TraceArrays, s: TrainSettings) -> RefinementEnsemble:
+    if arrays.hidden is None:
+        raise TrainingError("the traces have no first_round_hidden; re-trace with hidden-state "
+                            f"capture, or train with --only {AdmissionModel.kind}")
+    return train_refinement(arrays, replace(s.refinement_config or RefinementConfig(), seed=s.seed))
+
+
+#: bundle module kind -> its trainer; a new kind adds one line here to be trainable
+TRAINERS: dict[str, Callable[[TraceArrays, TrainSettings], BundleModule]] = {
+    AdmissionModel.kind: _train_admission,
+    RefinementEnsemble.kind: _train_refinement,
+}
+#: kinds whose trainer reads the first-round hidden state
+NEEDS_HIDDEN = frozenset({RefinementEnsemble.kind})
+
+
+#: trained from prompt text with a cost profile, outside TRAINERS (see trainers/dws_bundle.py)
+DWS = "dws"
 
 
 def parse_only(only: str | Sequence[str] | None) -> tuple[str, ...]:
+    """The kinds to train: all trainable kinds by default, else the comma list given."""
     if only is None:
-        return DEFAULT_PREDICTORS
+        return tuple(TRAINERS)
     names = tuple(s.strip() for s in (only.split(",") if isinstance(only, str) else only) if s.strip())
-    bad = [n for n in names if n not in PREDICTORS]
+    bad = [n for n in names if n not in TRAINERS and n != DWS]
     if bad or not names:
-        raise ConfigError(f"--only takes a comma list of {PREDICTORS}, got {only!r}")
+        raise ConfigError(f"--only takes a comma list of {[*TRAINERS, DWS]}, got {only!r}")
     return names
 
 
@@ -47,26 +83,16 @@ def check_training_data(arrays: TraceArrays, *, allow_single_category: bool = Fa
                             "(`dwise-predict workload`), or pass allow_single_category=True (--allow-single-category)")
 
 
-def train_models(arrays: TraceArrays, only: tuple[str, ...], seed: int, *, featurizer: PromptFeaturizer | None = None,
-                 admission_config: AdmissionConfig | None = None, refinement_config: RefinementConfig | None = None
-                 ) -> tuple[Any, Any, dict[str, float]]:
-    """Train the selected predictors on arrays; returns (admission | None, refinement | None, seconds)."""
+def train_models(arrays: TraceArrays, only: Sequence[str], settings: TrainSettings
+                 ) -> tuple[list[BundleModule], dict[str, float]]:
+    """Train the selected kinds on ``arrays``; returns the modules and seconds per kind."""
+    modules: list[BundleModule] = []
     seconds: dict[str, float] = {}
-    admission = refinement = None
-    if "admission" in only:
+    for kind in only:
         t0 = time.perf_counter()
-        adm_cfg = replace(admission_config or AdmissionConfig(), seed=seed)
-        admission = train_admission((arrays.features, arrays.total_rounds), adm_cfg, featurizer=featurizer)
-        seconds["admission"] = time.perf_counter() - t0
-    if "refine" in only:
-        if arrays.hidden is None:
-            raise TrainingError("the traces have no first_round_hidden; re-trace with hidden-state capture, or "
-                                "train with --only admission")
-        t0 = time.perf_counter()
-        ref_cfg = replace(refinement_config or RefinementConfig(), seed=seed)
-        refinement = train_refinement(arrays, ref_cfg)
-        seconds["refine"] = time.perf_counter() - t0
-    return admission, refinement, seconds
+        modules.append(TRAINERS[kind](arrays, settings))
+        seconds[kind] = time.perf_counter() - t0
+    return modules, seconds
 
 
 def train_bundle(traces: str | Path | pa.Table, out: str | Path, *, only: str | Sequence[str] | None = None,
@@ -77,7 +103,8 @@ def train_bundle(traces: str | Path | pa.Table, out: str | Path, *, only: str | 
     """Train the selected predictors on ``traces`` and write a bundle folder at ``out``.
 
     ``cost_profile`` (a ``CostProfile``, a file or a shipped name) prices the DWS predictor's
-    baselines and evaluation; with one and ``only=None``, DWS is trained too.
+    baselines and evaluation and is stored in the bundle; with one and ``only=None``, DWS is
+    trained too.
     """
     names = parse_only(only)
     profile = None
@@ -86,19 +113,19 @@ def train_bundle(traces: str | Path | pa.Table, out: str | Path, *, only: str | 
 
         profile = cost_profile if isinstance(cost_profile, CostProfile) else load_cost_profile(cost_profile)
         if only is None:
-            names = (*names, "dws")
-    if "dws" in names and profile is None:
+            names = (*names, DWS)
+    if DWS in names and profile is None:
         raise TrainingError("training DWS needs a cost profile (its baselines and evaluation are in ms): "
                             "pass --cost-profile FILE (from `dwise-predict profile`)")
     table = as_table(traces)
-    arrays = trace_arrays(table, need_hidden="refine" in names)
+    arrays = trace_arrays(table, need_hidden=bool(NEEDS_HIDDEN & set(names)))
     check_training_data(arrays, allow_single_category=allow_single_category)
     fingerprint = trace_fingerprint(table, featurizer)
     if featurizer is not None:
         check_featurizer(table, featurizer)
-    admission, refinement, seconds = train_models(arrays, names, seed, featurizer=featurizer,
-                                                  admission_config=admission_config,
-                                                  refinement_config=refinement_config)
+    settings = TrainSettings(seed=seed, featurizer=featurizer, admission_config=admission_config,
+                             refinement_config=refinement_config)
+    modules, seconds = train_models(arrays, tuple(n for n in names if n != DWS), settings)
     training = {
         "n_requests": arrays.n, "categories": category_counts(arrays.category),
         "trace_schema_version": TRACE_SCHEMA_VERSION, "seed": seed, "predictors": list(names),
@@ -107,23 +134,22 @@ def train_bundle(traces: str | Path | pa.Table, out: str | Path, *, only: str | 
                          "max": int(arrays.total_rounds.max())},
         "hit_budget_fraction": float(arrays.hit_budget.mean()),
     }
-    if admission is not None:
-        training["admission"] = admission.info
-    if refinement is not None:
-        training["refinement"] = refinement.info
-    path = save_bundle(out, fingerprint=fingerprint, admission=admission, refinement=refinement, training=training,
-                       overwrite=overwrite, name=name, allow_no_predictor="dws" in names)
-    if "dws" in names:
-        from .dws_bundle import train_dws_module
+    if profile is None:
+        return save_bundle(out, modules, fingerprint=fingerprint, training=training,
+                           overwrite=overwrite, name=name)
+    profile.check_compatible(fingerprint)
+    with tempfile.TemporaryDirectory(prefix="dwise-dws-") as tmp:
+        parts = [*modules, profile]
+        if DWS in names:
+            from .dws_bundle import train_dws_module
 
-        t0 = time.perf_counter()
-        profile.check_compatible(fingerprint)
-        path, _ = train_dws_module(table, path, profile, config=dws_config, seed=seed)
-        from dwise_predict.bundle.cost_profile import write_bundle_cost_profile
-
-        write_bundle_cost_profile(path, profile)  # the profile the DWS costs are priced under
-        log.info("DWS trained and exported in %.1f s", time.perf_counter() - t0)
-    return path
+            t0 = time.perf_counter()
+            dws, trained = train_dws_module(table, profile, tmp, config=dws_config, seed=seed)
+            training["seconds"][DWS] = round(time.perf_counter() - t0, 3)
+            training[DWS] = trained.info
+            parts.append(dws)
+        return save_bundle(out, parts, fingerprint=fingerprint, training=training,
+                           overwrite=overwrite, name=name)
 
 
 def trace_fingerprint(table: pa.Table, featurizer: PromptFeaturizer | None) -> ModelFingerprint:

@@ -17,8 +17,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dwise_predict.atomic import write_bytes
 from dwise_predict.errors import TraceError
-from dwise_predict.predictors._files import write_bytes_atomic
 from dwise_predict.traces import read_trace_fingerprint, read_traces, trace_files
 
 from .cost_profile import ProfiledRequest
@@ -65,7 +65,7 @@ def write_profile_traces(path: str | Path, requests: Sequence[ProfiledRequest],
         META_HARDWARE: hardware.encode()})
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
-    write_bytes_atomic(p, sink.getvalue().to_pybytes())
+    write_bytes(p, sink.getvalue().to_pybytes())
     return p
 
 

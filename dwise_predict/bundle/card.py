@@ -19,23 +19,21 @@ from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
+from .format import migrate
+from .modules import all_estimates, declared, registered
+
 CARD_FILE = "README.md"
 LIBRARY_NAME = "dwise-predict"
 LICENSE = "apache-2.0"
 BASE_TAGS = ("dllm", "diffusion-llm", "scheduling", "dwise-predict")
 TASK_TYPE = "other"
 TASK_NAME = "remaining-work prediction"
-#: estimate name -> what it is compared with in an evaluation (SPEC §4, §7)
-ESTIMATE_TARGETS: dict[str, str] = {
-    "admission": "total denoising rounds",
-    "refined_raw": "rounds still to go after the first denoising round (uncalibrated restricted mean)",
-    "refined": "rounds still to go after the first denoising round (isotonic-calibrated)",
-}
 NOT_EVALUATED = "Not evaluated yet."
 
 
 def render_card(manifest: Mapping[str, Any], plots: Sequence[str] = ()) -> str:
     """The model card for a bundle ``manifest``; ``plots`` are bundle-relative image paths (``plots/x.png``)."""
+    manifest = migrate(dict(manifest))
     name = str(manifest.get("name") or "bundle")
     fp = dict(manifest.get("fingerprint") or {})
     metrics = dict(manifest.get("metrics") or {})
@@ -47,15 +45,14 @@ def render_card(manifest: Mapping[str, Any], plots: Sequence[str] = ()) -> str:
         _training_section(dict(manifest.get("training") or {})),
         _evaluation_section(metrics, plots),
         _exports_section(dict(manifest.get("exports") or {})),
-        _cost_profile_section(dict(manifest.get("cost_profile") or {})),
         _usage_section(fp),
     ]
     return "\n".join(p for p in parts if p).rstrip("\n") + "\n"
 
 
 def evaluated_estimates(metrics: Mapping[str, Any]) -> list[str]:
-    """The estimates an evaluation recorded, in SPEC order."""
-    return [n for n in ESTIMATE_TARGETS if isinstance(metrics.get(n), Mapping)]
+    """The estimates an evaluation recorded, in the registered kinds' order."""
+    return [n for n in all_estimates() if isinstance(metrics.get(n), Mapping)]
 
 
 # -- front matter ---------------------------------------------------------------------------
@@ -113,10 +110,10 @@ def _intro(name: str, fp: Mapping[str, Any], manifest: Mapping[str, Any]) -> str
             f"readable by dwise-predict{lib.get('requires', '')}). It estimates how much work each request to a "
             "block-diffusion LLM still has, so a scheduler can run shortest-remaining-work-first (DWISE): "
             "remaining work R = prompt blocks P + estimated denoising rounds r̂.\n\n"
-            "- **admission** estimate: the request's TOTAL denoising rounds, from the prompt alone (at arrival);\n"
-            "- **refined** estimate: the rounds STILL TO GO after the first denoising round, from that round's "
-            "hidden state (used once, after the first round).\n\n"
-            "The predictors are valid only for the dLLM and decoding setting below: another model, block size "
+            + "".join(f"- **{_md(kind)}** estimate: {_md(entry.get('estimate', '?'))};\n"
+                      for kind, entry in declared(manifest))
+            + "\nThe predictors are valid only for the dLLM and decoding setting below: "
+            "another model, block size "
             "or confidence threshold denoises differently, and a bundle loaded into the wrong server would "
             "silently mis-rank every request. Loading checks this (see *Refusal* below).\n")
 
@@ -128,29 +125,13 @@ def _fingerprint_section(fp: Mapping[str, Any]) -> str:
 
 
 def _predictors_section(manifest: Mapping[str, Any]) -> str:
-    predictors = manifest.get("predictors") or {}
-    features = manifest.get("features") or {}
-    training = manifest.get("training") or {}
     rows = []
-    adm = predictors.get("admission")
-    if isinstance(adm, Mapping):
-        cfg = ((training.get("admission") or {}).get("config") or {})
-        trees = adm.get("n_trees", cfg.get("n_trees", "?"))
-        leaves = adm.get("max_leaves", cfg.get("num_leaves", "?"))
-        names = ", ".join((features.get("admission") or {}).get("names") or [])
-        rows.append(["admission", f"LightGBM regressor: {trees} trees, ≤ {leaves} leaves; features ({names}); "
-                     "target log(total rounds)", _md(adm.get("estimate", "")), ", ".join(adm.get("files", []))])
-    ref = predictors.get("refinement")
-    if isinstance(ref, Mapping):
-        fr = features.get("refinement") or {}
-        cfg = ((training.get("refinement") or {}).get("config") or {})
-        h, k = fr.get("hidden_size", "?"), ref.get("K", fr.get("K", "?"))
-        members, width = ref.get("members", cfg.get("members", "?")), ref.get("width", cfg.get("width", "?"))
-        params = ref.get("n_params")
-        shape = (f"survival-MLP ensemble: {members} × [(H+2 = {h}+2) → {width} GELU → K = {k} hazard logits]"
-                 + (f", {params:,} parameters" if isinstance(params, int) else "")
-                 + ("; isotonic calibration" if ref.get("calibrated") else "; uncalibrated"))
-        rows.append(["refinement", shape, _md(ref.get("estimate", "")), ", ".join(ref.get("files", []))])
+    for kind, entry in declared(manifest):
+        known = registered().get(kind)
+        summary = (known.card_summary(entry, manifest) if known is not None
+                   else "a kind this dwise-predict does not know (written by a newer version)")
+        rows.append([_md(kind), summary, _md(entry.get("estimate", "")),
+                     ", ".join(entry.get("files", []))])
     if not rows:
         return ""
     return "## Predictors\n\n" + _table(["predictor", "model", "estimate", "files"], rows)
@@ -188,7 +169,7 @@ def _evaluation_section(metrics: Mapping[str, Any], plots: Sequence[str]) -> str
            "actual work (overall and within each category); the median ratio is the median of predicted / "
            "actual (1.0 = on scale).\n\n")
     out += _table(["estimate", "compared with", "ρ overall", "ρ within category (mean)", "median ratio", "n"],
-                  [[n, ESTIMATE_TARGETS[n], _num(metrics[n].get("spearman")),
+                  [[n, all_estimates()[n], _num(metrics[n].get("spearman")),
                     _num(metrics[n].get("within_category_mean_spearman")), _num(metrics[n].get("median_ratio")),
                     metrics[n].get("n", "")] for n in names])
     cats = sorted({c for n in names for c in (metrics[n].get("per_category") or {})})
@@ -228,22 +209,6 @@ def _exports_section(exports: Mapping[str, Any]) -> str:
     return ("## Exported files\n\nEach exported file is gated on parity with the native predictor; refused "
             "files are recorded with the reason.\n\n"
             + _table(["file", "predictor", "precision", "kept", "max abs error", "reason"], rows))
-
-
-def _cost_profile_section(entry: Mapping[str, Any]) -> str:
-    """The deployment the bundle's costs are priced for (re-profiling changes only this)."""
-    if not entry:
-        return ""
-    cv = entry.get("cv") or {}
-    mape = _finite(cv.get("mape"))
-    row = [str(entry.get("revision", "?")), _md(str(entry.get("hardware", ""))),
-           _num(cv.get("r2"), ".4f"), _num(None if mape is None else 100 * mape, ".2f") + "%",
-           _num(cv.get("spearman"), ".4f"), _num(cv.get("pairwise"), ".4f")]
-    return ("## Cost profile\n\n`cost_profile.json` prices denoising work in milliseconds for "
-            "one deployment (see docs/cost-model.md); re-profiling replaces it and leaves the "
-            "predictor files byte-identical.\n\n"
-            + _table(["revision", "hardware", "CV R²", "CV MAPE", "Spearman ρ", "pairwise"],
-                     [row]))
 
 
 def _usage_section(fp: Mapping[str, Any]) -> str:

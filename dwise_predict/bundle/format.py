@@ -1,4 +1,6 @@
-"""Bundle format v1: names, versions and the integrity record (see ``docs/bundle-format.md``).
+"""Bundle format: names, versions, the v1 migration and the integrity record.
+
+See ``docs/bundle-format.md``.
 
 A bundle is a folder of small declared parts. ``manifest.json`` is the only file read before
 anything is verified: it names the format and its version, the library versions that can read
@@ -16,12 +18,12 @@ from .._version import __version__
 from ..errors import BundleError, BundleIntegrityError, BundleVersionError
 
 FORMAT_NAME = "dwise-predict-bundle"
-FORMAT_VERSION = 1
+#: v2: each predictor's description lives in its own manifest entry (v1 split it across
+#: ``predictors``, ``features`` and a config file); v1 bundles load through :func:`migrate`
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
-#: library versions able to read format v1 (written into new manifests)
+#: library versions able to read the current format (written into new manifests)
 LIBRARY_REQUIREMENT = ">=0.1"
-TOKENIZER_FILE = "tokenizer.json"
-CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -86,3 +88,29 @@ def verify_files(folder: Path, manifest: dict[str, Any], where: str) -> None:
         if sha256_file(path) != rec.get("sha256"):
             raise BundleIntegrityError(f"{where}/{name} does not match its sha256 in the manifest (tampered or "
                                        "corrupted); re-download or re-save the bundle")
+
+
+def migrate(manifest: dict[str, Any]) -> dict[str, Any]:
+    """A manifest in the current layout; a format v1 manifest is converted in memory.
+
+    v1 kept part of each predictor's description in a separate ``features`` table (and the
+    rest in a config file the predictor's loader still reads when its entry lists it), and
+    used ``kind`` inside an entry for the model family. v2 keeps one entry per kind under
+    ``predictors``: v1's ``features[kind]`` is merged into it and the old ``kind`` field becomes
+    ``model``. Nothing on disk changes until the bundle is next updated.
+    """
+    if manifest.get("format_version") != 1:
+        return manifest
+    out = {k: v for k, v in manifest.items() if k != "features"}
+    features = manifest.get("features") or {}
+    predictors = {}
+    for kind, entry in (manifest.get("predictors") or {}).items():
+        merged = {k: v for k, v in dict(entry).items() if k != "kind"}
+        if "kind" in entry:
+            merged.setdefault("model", entry["kind"])
+        for key, value in dict(features.get(kind) or {}).items():
+            merged.setdefault(key, value)
+        predictors[kind] = merged
+    out["predictors"] = predictors
+    out["format_version"] = FORMAT_VERSION
+    return out

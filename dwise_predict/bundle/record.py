@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from .card import ESTIMATE_TARGETS, evaluated_estimates
+from .card import evaluated_estimates
+from .modules import all_estimates, declared, estimate_owner
 from .update import update_bundle
 
 PLOTS_DIR = "plots"
@@ -25,8 +26,6 @@ PLOT_SUFFIXES = (".png", ".jpg", ".jpeg", ".svg", ".gif", ".webp")
 #: a plot larger than this is almost certainly not a plot (the card would not render it either)
 MAX_PLOT_BYTES = 20 * 1024 * 1024
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-#: estimate -> the predictor the bundle needs to have produced it
-_NEEDS = {"admission": "admission", "refined_raw": "refinement", "refined": "refinement"}
 #: keys of the eval JSON that describe the local run, not the bundle (a local path means nothing on the Hub)
 _LOCAL_KEYS = ("bundle", "plots")
 
@@ -42,12 +41,14 @@ def record_evaluation(bundle: str | Path, metrics: Mapping[str, Any], plot_files
     clean = _check_metrics(metrics)
     plots = _check_plots(plot_files)
     with update_bundle(bundle, out=out) as draft:
-        held = set(draft.manifest.get("predictors") or {})
-        missing = [e for e in evaluated_estimates(clean) if _NEEDS[e] not in held]
+        held = {kind for kind, _ in declared(draft.manifest)}
+        missing = [e for e in evaluated_estimates(clean) if estimate_owner(e) not in held]
         if missing:
             raise ConfigError(f"the metrics hold {missing} but bundle {str(bundle)!r} has no "
-                              f"{sorted({_NEEDS[e] for e in missing})} predictor: these metrics belong to another "
-                              "bundle; evaluate this one with `dwise-predict eval --bundle ... --record`")
+                              f"{sorted({str(estimate_owner(e)) for e in missing})} predictor: "
+                              "these "
+                              "metrics belong to another bundle; evaluate this one with "
+                              "`dwise-predict eval --bundle ... --record`")
         for name in draft.files():
             if PurePosixPath(name).parts[0] == PLOTS_DIR:
                 draft.remove_file(name)
@@ -79,7 +80,8 @@ def _check_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"metrics must be a dict (the JSON `dwise-predict eval` writes), got {type(metrics).__name__}")
     clean = {k: v for k, v in json_safe(metrics).items() if k not in _LOCAL_KEYS}
     if not evaluated_estimates(clean):
-        raise ConfigError(f"the metrics hold none of the estimates {list(ESTIMATE_TARGETS)}; pass the dict "
+        raise ConfigError(f"the metrics hold none of the estimates {list(all_estimates())}; "
+                          "pass the dict "
                           "`dwise-predict eval` writes (or evaluate_bundle returns)")
     try:
         json.dumps(clean, allow_nan=False)

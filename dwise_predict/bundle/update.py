@@ -18,17 +18,15 @@ Any exception before the swap removes the draft and leaves the original untouche
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..atomic import staged_folder, write_json, write_text
 from ..errors import BundleError
-from ..predictors._files import write_json_atomic, write_text_atomic
 from .card import CARD_FILE, render_card
 from .format import MANIFEST, file_record, safe_name
 
@@ -91,19 +89,13 @@ def update_bundle(ref: str | Path, *, out: str | Path | None = None) -> Iterator
     dst = Path(out).expanduser() if out is not None else bundle.path
     if out is not None and dst.exists():
         raise BundleError(f"{dst} already exists; pass a new folder (or omit it to update the bundle in place)")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".update", dir=dst.parent))
-    try:
+    with staged_folder(dst) as tmp:
         _copy_tree(bundle.path, tmp, listed=set(bundle.manifest["files"]))
-        draft = BundleDraft(source=bundle, folder=tmp, destination=dst, manifest=json.loads(json.dumps(bundle.manifest)))
+        draft = BundleDraft(source=bundle, folder=tmp, destination=dst,
+                            manifest=json.loads(json.dumps(bundle.manifest)))
         yield draft
         finish_draft(draft)
         load_bundle(tmp)  # the new version verifies before it replaces anything
-        os.chmod(tmp, 0o755)  # mkdtemp creates 0700
-        swap_in(tmp, dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def finish_draft(draft: BundleDraft) -> None:
@@ -115,9 +107,9 @@ def finish_draft(draft: BundleDraft) -> None:
             raise BundleError(f"the update declared {name} but did not write it; nothing was changed")
         files[name] = file_record(path)
     plots = [n for n in sorted(files) if n.startswith("plots/")]
-    write_text_atomic(draft.folder / CARD_FILE, render_card(draft.manifest, plots=plots))
+    write_text(draft.folder / CARD_FILE, render_card(draft.manifest, plots=plots))
     files[CARD_FILE] = file_record(draft.folder / CARD_FILE)
-    write_json_atomic(draft.folder / MANIFEST, draft.manifest)
+    write_json(draft.folder / MANIFEST, draft.manifest)
 
 
 def _copy_tree(src: Path, dst: Path, listed: set[str]) -> None:
@@ -131,17 +123,3 @@ def _copy_tree(src: Path, dst: Path, listed: set[str]) -> None:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, target)
 
-
-def swap_in(tmp: Path, dst: Path) -> None:
-    """Put folder ``tmp`` at ``dst``: two renames on the same file system.
-
-    A directory cannot be exchanged atomically with portable calls; between the two renames the
-    previous version sits intact in a ``.NAME.*.old/previous`` sibling (never half-written).
-    """
-    if not dst.exists():
-        os.replace(tmp, dst)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".old", dir=dst.parent))
-    os.replace(dst, old / "previous")
-    os.replace(tmp, dst)
-    shutil.rmtree(old, ignore_errors=True)

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..atomic import write_text
 from ..errors import ConfigError, DwisePredictError
 
 #: a file the demo leaves in its output folder, so a rerun knows it may replace the folder
@@ -54,7 +55,7 @@ def _prepare(out: Path) -> None:
         else:
             shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text("made by `dwise-predict demo`; the next demo run replaces this folder\n")
+    write_text(out / MARKER, "made by `dwise-predict demo`; the next demo run replaces this folder\n")
 
 
 def run(args: argparse.Namespace) -> int:

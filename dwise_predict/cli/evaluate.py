@@ -34,9 +34,9 @@ def _fmt(v: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dwise_predict.atomic import write_json
     from dwise_predict.bundle import load_bundle, record_evaluation
     from dwise_predict.bundle.record import json_safe
-    from dwise_predict.predictors._files import write_json_atomic
     from dwise_predict.trainers.dataset import trace_arrays
     from dwise_predict.trainers.evaluate import (
         ESTIMATES,
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         plots += _evaluate_dws(bundle, args, metrics, out)
     if plots:
         metrics["plots"] = [p.name for p in plots]
-    write_json_atomic(out, json_safe(metrics))
+    write_json(out, json_safe(metrics))
     print(f"\nmetrics written to {out}")
     if args.record:
         where = record_evaluation(args.bundle, metrics, plots)

@@ -7,10 +7,9 @@ extra: torch, onnx, onnxmltools) and prints the parity/latency table it measured
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 from typing import Any
 
+from ..atomic import write_json
 from ..errors import MissingDependencyError
 from ._common import format_table
 
@@ -44,6 +43,6 @@ def run(args: argparse.Namespace) -> int:
     for name, why in report.not_applicable.items():
         print(f"{name}: not applicable ({why})")
     if args.report:
-        Path(args.report).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        write_json(args.report, report.to_dict(), sort_keys=False)
     print(f"exported into {report.bundle}: {', '.join(report.kept_files()) or 'no file kept'}")
     return 0

@@ -6,7 +6,7 @@
 
 Composes :func:`dwise_predict.tracing.profile.profile_workload` (serve one request at a time,
 time every phase), :func:`dwise_predict.trainers.cost_profile.fit_cost_profile` (NNLS with
-smoothing, k-fold metrics) and :func:`dwise_predict.bundle.cost_profile.write_bundle_cost_profile`
+smoothing, k-fold metrics) and :func:`dwise_predict.cost.write_bundle_cost_profile`
 (new bundle revision, predictor files untouched). torch/scipy load inside :func:`run` only.
 """
 
@@ -129,9 +129,9 @@ def run(args: argparse.Namespace) -> int:
             written.append(write_profile_traces(
                 args.out, measured.requests, measured.request_ids, measured.prompt_tokens,
                 measured.step_ms, fingerprint, hardware))
-        written.append(profile.save(args.out))
+        written.append(args.out / profile.save(args.out)[0])
     if args.bundle is not None:
-        from dwise_predict.bundle.cost_profile import write_bundle_cost_profile
+        from dwise_predict.cost import write_bundle_cost_profile
 
         written.append(write_bundle_cost_profile(args.bundle, profile, out=args.bundle_out,
                                                  allow_mismatch=args.allow_mismatch))

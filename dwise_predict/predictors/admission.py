@@ -14,21 +14,28 @@ matters because the scheduler predicts on every arrival. Training lives in
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from ..errors import BundleError, ModelError, PredictorInputError
+from ..atomic import write_text
+from ..errors import BundleError, BundleIntegrityError, ModelError, PredictorInputError
 from ..features import FEATURE_NAMES, PromptFeaturizer
-from ._files import write_json_atomic, write_text_atomic
 from .trees import DEFAULT_GRID_LIMIT, CompiledForest, parse_lightgbm_text
 
+if TYPE_CHECKING:
+    from ..bundle.modules import BundleFolder
+    from ..fingerprint import ModelFingerprint
+
 MODEL_FILE = "admission.lgb.txt"
+#: format v1 only: the config now lives in the manifest entry
 CONFIG_FILE = "admission.json"
+TOKENIZER_FILE = "tokenizer.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+ONNX_FILE = "admission.onnx"
 #: what the estimate means, recorded in files and manifests
 ESTIMATE = "total denoising rounds of the request (exp of the log-rounds regression; prefill blocks excluded)"
 
@@ -90,28 +97,49 @@ class AdmissionModel:
 
         return lgb.Booster(model_str=self.model_text)
 
-    # -- files ------------------------------------------------------------------------------
+    # -- bundle module (dwise_predict.bundle.modules) ----------------------------------------
+    kind: ClassVar[str] = "admission"
+    estimates: ClassVar[Mapping[str, str]] = {"admission": "total denoising rounds"}
+    onnx_exporter: ClassVar[str | None] = "dwise_predict.export.onnx_admission:EXPORTER"
+
     def save(self, folder: str | Path) -> list[str]:
-        """Write ``admission.lgb.txt`` and ``admission.json`` into ``folder``; returns the file names."""
+        """Write the LightGBM text and the featurizer's tokenizer/template; returns the names."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(folder / MODEL_FILE, self.model_text)
-        config = {"feature_names": list(self.feature_names), "target": "log(total_rounds)", "estimate": ESTIMATE,
-                  "n_trees": self.forest.n_trees, "max_leaves": self.forest.max_leaves, "info": self.info}
-        write_json_atomic(folder / CONFIG_FILE, config)
-        return [MODEL_FILE, CONFIG_FILE]
+        write_text(folder / MODEL_FILE, self.model_text)
+        return [MODEL_FILE, *save_featurizer(self.featurizer, folder)]
+
+    def entry(self) -> dict[str, Any]:
+        """The manifest's record of this predictor: everything but the trees themselves."""
+        return {"estimate": ESTIMATE, "model": "lightgbm",
+                "feature_names": list(self.feature_names),
+                "target": "log(total_rounds)", "n_trees": self.forest.n_trees,
+                "max_leaves": self.forest.max_leaves,
+                "featurizer": featurizer_spec(self.featurizer), "info": self.info}
 
     @classmethod
-    def load(cls, folder: str | Path, featurizer: PromptFeaturizer | None = None) -> AdmissionModel:
-        folder = Path(folder)
+    def load(cls, folder: BundleFolder, entry: Mapping[str, Any]) -> AdmissionModel:
+        config = dict(entry)
+        if folder.has(CONFIG_FILE):  # bundle format v1 kept the config in admission.json
+            config.update(folder.read_json(CONFIG_FILE))
+        text = folder.read_text(MODEL_FILE)
         try:
-            config = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
-            text = (folder / MODEL_FILE).read_text(encoding="utf-8")
-        except FileNotFoundError as e:
-            raise BundleError(f"admission model file missing: {e.filename}; re-save the bundle") from e
-        except (ValueError, UnicodeDecodeError) as e:
-            raise BundleError(f"admission model files in {folder} are corrupt ({e}); re-save the bundle") from e
-        return cls(text, config["feature_names"], featurizer=featurizer, info=config.get("info"))
+            names = config["feature_names"]
+        except KeyError as e:
+            raise BundleIntegrityError(f"{folder.root}: the admission record lacks {e}; "
+                                       "re-save the bundle") from e
+        return cls(text, names, featurizer=load_featurizer(folder, config.get("featurizer")),
+                   info=config.get("info"))
+
+    @classmethod
+    def card_summary(cls, entry: Mapping[str, Any], manifest: Mapping[str, Any]) -> str:
+        names = ", ".join(entry.get("feature_names") or entry.get("names") or [])
+        return (f"LightGBM regressor: {entry.get('n_trees', '?')} trees, "
+                f"≤ {entry.get('max_leaves', '?')} leaves; features ({names}); "
+                "target log(total rounds)")
+
+    def check_fingerprint(self, fingerprint: ModelFingerprint, where: str) -> None:
+        """Nothing to cross-check: the features are prompt counts, not model internals."""
 
     def __repr__(self) -> str:
         return f"AdmissionModel(trees={self.forest.n_trees}, features={list(self.feature_names)})"
@@ -137,3 +165,53 @@ def check_features(X: Any, n_features: int, names: Sequence[str] = (), *, float3
     if float32 and (np.finfo(np.float32).max < X).any():
         raise PredictorInputError("admission features exceed float32 range; counts that large are not prompts")
     return X
+
+
+def featurizer_spec(featurizer: PromptFeaturizer | None) -> dict[str, Any] | None:
+    """How the featurizer is stored: file names and hashes (None without a featurizer)."""
+    if featurizer is None:
+        return None
+    spec: dict[str, Any] = {"tokenizer": TOKENIZER_FILE,
+                            "tokenizer_hash": featurizer.tokenizer_hash,
+                            "add_special_tokens": featurizer.add_special_tokens,
+                            "template_kwargs": featurizer.template_kwargs, "chat_template": None}
+    if featurizer.chat_template is not None:
+        spec["chat_template"] = CHAT_TEMPLATE_FILE
+        spec["chat_template_hash"] = featurizer.chat_template_hash
+    return spec
+
+
+def save_featurizer(featurizer: PromptFeaturizer | None, folder: Path) -> list[str]:
+    """Write the tokenizer (and chat template) so raw prompts featurize as at training time."""
+    if featurizer is None:
+        return []
+    write_text(folder / TOKENIZER_FILE, featurizer.tokenizer.to_str())
+    if featurizer.chat_template is None:
+        return [TOKENIZER_FILE]
+    write_text(folder / CHAT_TEMPLATE_FILE, featurizer.chat_template.source)
+    return [TOKENIZER_FILE, CHAT_TEMPLATE_FILE]
+
+
+def load_featurizer(folder: BundleFolder,
+                    spec: Mapping[str, Any] | None) -> PromptFeaturizer | None:
+    """The featurizer a bundle stored (``spec`` from :func:`featurizer_spec`), or None."""
+    if not spec:
+        return None
+    from tokenizers import Tokenizer
+
+    tok_name = spec.get("tokenizer")
+    tpl_name = spec.get("chat_template")
+    if not isinstance(tok_name, str):
+        raise BundleIntegrityError(f"{folder.root}: the featurizer names no tokenizer file; "
+                                   "re-save the bundle")
+    tok_path = folder.path(tok_name)
+    template = folder.read_text(tpl_name) if tpl_name else None
+    try:
+        tokenizer = Tokenizer.from_file(str(tok_path))
+    except Exception as e:  # tokenizers raises a bare Exception
+        raise BundleIntegrityError(f"{tok_path} is not a valid tokenizer ({e}); "
+                                   "re-save the bundle") from e
+    return PromptFeaturizer(tokenizer, template,
+                            add_special_tokens=bool(spec.get("add_special_tokens", False)),
+                            template_kwargs=spec.get("template_kwargs") or {})
+

@@ -32,15 +32,19 @@ encoder sees ``[CLS] [SEP]`` and predicts the workload of an empty request.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from ..atomic import write_bytes, write_json, write_text
 from ..errors import BundleError, BundleIntegrityError, PredictorInputError
-from ._files import write_json_atomic, write_text_atomic
+from ..fingerprint import ModelFingerprint
+
+if TYPE_CHECKING:
+    from ..bundle.modules import BundleFolder
 
 ONNX_FILE = "dws.onnx"
 INT8_FILE = "dws.int8.onnx"
@@ -189,10 +193,20 @@ def check_prompts(prompts: str | Sequence[str]) -> list[str]:
 
 
 class DWSPredictor:
-    """Prompt text -> DWS surface ``(n, N, S)`` with onnxruntime (FP32 or INT8 file)."""
+    """Prompt text -> DWS surface ``(n, N, S)`` with onnxruntime (FP32 or INT8 file).
+
+    A bundle module of kind ``dws`` (:mod:`dwise_predict.bundle.modules`): its files are
+    ``dws.onnx`` (+ ``dws.int8.onnx`` when INT8 passed its gate), ``dws_tokenizer.json`` and
+    ``dws.json``; ``int8_path`` and ``exports`` (the gate's records) travel with it to ``save``.
+    """
+
+    kind: ClassVar[str] = "dws"
+    estimates: ClassVar[Mapping[str, str]] = {}
+    onnx_exporter: ClassVar[str | None] = None
 
     def __init__(self, onnx_path: str | Path, tokenizer: DWSTokenizer, config: DWSConfig, *,
-                 threads: int = 1, batch_size: int = 32) -> None:
+                 threads: int = 1, batch_size: int = 32, int8_path: str | Path | None = None,
+                 exports: list[dict[str, Any]] | None = None) -> None:
         from .onnx_runtime import open_session
 
         self.path = Path(onnx_path)
@@ -202,6 +216,8 @@ class DWSPredictor:
         self.batch_size = max(1, int(batch_size))
         self.precision = self.meta.get("dwise.precision", "fp32")
         self.outputs = tuple(o.name for o in self.session.get_outputs())
+        self.int8_path = Path(int8_path) if int8_path is not None else None
+        self.exports = list(exports or [])
         shape = (int(self.meta.get("dwise.n_blocks", -1)), int(self.meta.get("dwise.max_steps", -1)))
         if shape != (config.n_blocks, config.max_steps):
             raise BundleIntegrityError(
@@ -241,39 +257,82 @@ class DWSPredictor:
                               "train with baselines on and re-export")
         return self._run([BASELINES_OUTPUT], prompts)[0]
 
-    # -- files ----------------------------------------------------------------------------
-    def save(self, folder: str | Path, *, int8_path: str | Path | None = None) -> list[str]:
-        """Copy the ONNX file(s), tokenizer and ``dws.json`` into ``folder``; returns the names."""
-        folder = Path(folder)
-        from ._files import write_bytes_atomic
+    # -- files (bundle module) ------------------------------------------------------------
+    def save(self, folder: str | Path) -> list[str]:
+        """Write the ONNX file(s), tokenizer and ``dws.json`` into ``folder``; returns the names.
 
-        write_bytes_atomic(folder / ONNX_FILE, self.path.read_bytes())
+        The FP32 file is the one this predictor was built from, unless it runs the INT8 file
+        (loaded from a bundle that kept one): then both are copied from beside it."""
+        folder = Path(folder)
+        fp32 = self.path if self.precision == "fp32" else self.path.with_name(ONNX_FILE)
+        int8 = self.int8_path or (self.path if self.precision == "int8" else None)
+        write_bytes(folder / ONNX_FILE, fp32.read_bytes())
         names = [ONNX_FILE]
-        if int8_path is not None:
-            write_bytes_atomic(folder / INT8_FILE, Path(int8_path).read_bytes())
+        if int8 is not None:
+            write_bytes(folder / INT8_FILE, int8.read_bytes())
             names.append(INT8_FILE)
-        write_text_atomic(folder / TOKENIZER_FILE, self.tokenizer.tokenizer.to_str())
-        write_json_atomic(folder / CONFIG_FILE, self.config.to_json())
+        write_text(folder / TOKENIZER_FILE, self.tokenizer.tokenizer.to_str())
+        write_json(folder / CONFIG_FILE, self.config.to_json())
         return [*names, TOKENIZER_FILE, CONFIG_FILE]
 
+    def entry(self) -> dict[str, Any]:
+        """The manifest's record: shape, encoder, truncation rule, precision, export gate."""
+        c = self.config
+        has_int8 = self.int8_path is not None or self.precision == "int8"
+        return {"kind": self.kind, "estimate": ESTIMATE, "model": "dws_surface", "N": c.n_blocks,
+                "S": c.max_steps, "block_size": c.block_size, "encoder": c.encoder,
+                "pooling": c.pooling, "truncation": asdict(c.truncation),
+                "precision": "int8" if has_int8 else "fp32",
+                "n_params": int(c.info.get("encoder_params", 0) + c.info.get("head_params", 0)),
+                "exports": self.exports}
+
     @classmethod
-    def load(cls, folder: str | Path, *, int8: bool = True, threads: int = 1) -> DWSPredictor:
-        """Load from a folder holding ``dws.json``, the tokenizer and ``dws[.int8].onnx``.
+    def load(cls, folder: str | Path | BundleFolder,  # type: ignore[override]
+             entry: Mapping[str, Any] | None = None, *, int8: bool = True,
+             threads: int = 1) -> DWSPredictor:
+        """From a folder holding ``dws.json``, the tokenizer and ``dws[.int8].onnx``, or, as a
+        bundle module, from a verified bundle folder (only listed files are opened).
 
         The INT8 file is preferred when present and ``int8`` is true: an exporter keeps it only
         when it passed its parity gate.
         """
-        folder = Path(folder)
+        if isinstance(folder, (str, Path)):
+            root = Path(folder)
+
+            def path(name: str) -> Path:
+                return root / name
+
+            def has(name: str) -> bool:
+                return (root / name).is_file()
+        else:
+            root, path, has = folder.root, folder.path, folder.has
+        if not has(CONFIG_FILE):
+            raise BundleError(f"{root} has no {CONFIG_FILE}; train the DWS predictor with "
+                              "`dwise-predict train --only dws`")
         try:
-            config = DWSConfig.from_json(json.loads((folder / CONFIG_FILE).read_text("utf-8")))
-        except FileNotFoundError as e:
-            raise BundleError(f"{folder} has no {CONFIG_FILE}; train the DWS predictor with "
-                              "`dwise-predict train --only dws`") from e
+            config = DWSConfig.from_json(json.loads(path(CONFIG_FILE).read_text("utf-8")))
         except ValueError as e:
-            raise BundleIntegrityError(f"{folder}/{CONFIG_FILE} is not valid JSON ({e})") from e
-        tok = DWSTokenizer.from_file(folder / TOKENIZER_FILE, config)
-        onnx = folder / INT8_FILE if int8 and (folder / INT8_FILE).is_file() else folder / ONNX_FILE
-        return cls(onnx, tok, config, threads=threads)
+            raise BundleIntegrityError(f"{root}/{CONFIG_FILE} is not valid JSON ({e})") from e
+        tok = DWSTokenizer.from_file(path(TOKENIZER_FILE), config)
+        exports = list((entry or {}).get("exports") or [])
+        if int8 and has(INT8_FILE):
+            return cls(path(INT8_FILE), tok, config, threads=threads, exports=exports)
+        return cls(path(ONNX_FILE), tok, config, threads=threads, exports=exports)
+
+    @classmethod
+    def card_summary(cls, entry: Mapping[str, Any], manifest: Mapping[str, Any]) -> str:
+        trunc = entry.get("truncation") or {}
+        return (f"DWS surface {entry.get('N', '?')} x {entry.get('S', '?')} blocks x steps: "
+                f"{entry.get('encoder', '?')} ({entry.get('pooling', 'mean')} pooled, window "
+                f"{trunc.get('window', '?')} tokens, {trunc.get('rule', '?')} truncation) + "
+                f"block-count and per-block step heads, {entry.get('precision', 'fp32')} ONNX")
+
+    def check_fingerprint(self, fingerprint: ModelFingerprint, where: str) -> None:
+        bs = fingerprint.block_size
+        if bs is not None and bs != self.config.block_size:
+            raise BundleIntegrityError(f"{where}: the DWS predictor was trained on block size "
+                                       f"{self.config.block_size} but the bundle is for {bs}; "
+                                       "retrain it on this bundle's traces")
 
     def __repr__(self) -> str:
         n, s = self.shape

@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import BundleError, BundleIntegrityError
+from . import admission as _adm
+from . import refinement as _ref
 from .admission import check_features
 from .calibration import IsotonicMap
 from .refinement import check_hidden, per_row
@@ -75,7 +77,7 @@ class OnnxAdmission:
 
     def __init__(self, path: str | Path, *, threads: int = 1) -> None:
         self.path = Path(path)
-        self.session, self.meta = open_session(self.path, "admission", threads=threads)
+        self.session, self.meta = open_session(self.path, _adm.AdmissionModel.kind, threads=threads)
         self.feature_names: tuple[str, ...] = tuple(json.loads(self.meta.get("dwise.feature_names", "[]")))
         self.precision = self.meta.get("dwise.precision", "fp32")
         if not self.feature_names:
@@ -105,7 +107,8 @@ class OnnxRefinement:
 
     def __init__(self, path: str | Path, calibration: IsotonicMap | None = None, *, threads: int = 1) -> None:
         self.path = Path(path)
-        self.session, self.meta = open_session(self.path, "refinement", threads=threads)
+        self.session, self.meta = open_session(self.path, _ref.RefinementEnsemble.kind,
+                                               threads=threads)
         try:
             self.hidden_size = int(self.meta["dwise.hidden_size"])
             self.K = int(self.meta["dwise.K"])  # noqa: N815 - SPEC's name
@@ -173,8 +176,10 @@ def onnx_predictors(bundle: Any, *, int8: bool = True,
     def kept(name: str) -> bool:
         return name in files and bool((exports.get(name) or {}).get("kept"))
 
-    admission = OnnxAdmission(bundle.path / "admission.onnx", threads=threads) if kept("admission.onnx") else None
-    candidates = (["refinement.int8.onnx"] if int8 else []) + ["refinement.onnx"]
+    adm_file = _adm.ONNX_FILE
+    admission = OnnxAdmission(bundle.path / adm_file, threads=threads) if kept(adm_file) else None
+    ref_int8 = _ref.ONNX_FILE.replace(".onnx", ".int8.onnx")
+    candidates = ([ref_int8] if int8 else []) + [_ref.ONNX_FILE]
     ref_name = next((n for n in candidates if kept(n)), None)
     refinement = None
     if ref_name is not None:

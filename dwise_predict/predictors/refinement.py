@@ -20,19 +20,25 @@ for a GPU stream is :func:`dwise_predict.trainers.refinement.ensemble_to_torch`.
 
 from __future__ import annotations
 
-import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from ..errors import BundleError, PredictorInputError
-from ._files import write_bytes_atomic, write_json_atomic
+from ..atomic import write_bytes, write_json
+from ..errors import BundleError, BundleIntegrityError, PredictorInputError
 from .calibration import IsotonicMap
 
+if TYPE_CHECKING:
+    from ..bundle.modules import BundleFolder
+    from ..fingerprint import ModelFingerprint
+
 WEIGHTS_FILE = "refinement.safetensors"
+#: format v1 only: the config now lives in the manifest entry
 CONFIG_FILE = "refinement.json"
+ONNX_FILE = "refinement.onnx"
 CALIBRATION_FILE = "calibration.json"
 ESTIMATE = "denoising rounds still to go after the first denoising round (total_rounds - 1)"
 _GELU_C = float(np.sqrt(2.0 / np.pi))
@@ -143,52 +149,86 @@ class RefinementEnsemble:
                 out[f"member{i}.{name}"] = np.ascontiguousarray(getattr(m, name), dtype=np.float32)
         return out
 
-    def config(self) -> dict[str, Any]:
+    # -- bundle module (dwise_predict.bundle.modules) ----------------------------------------
+    kind: ClassVar[str] = "refinement"
+    estimates: ClassVar[Mapping[str, str]] = {
+        "refined_raw": "rounds still to go after the first denoising round "
+                       "(uncalibrated restricted mean)",
+        "refined": "rounds still to go after the first denoising round (isotonic-calibrated)",
+    }
+    onnx_exporter: ClassVar[str | None] = "dwise_predict.export.onnx_refinement:EXPORTER"
+
+    def entry(self) -> dict[str, Any]:
+        """The ensemble's description and input normalization: the one place they are stored."""
         return {
-            "estimate": ESTIMATE, "hidden_size": self.hidden_size, "K": self.K, "members": len(self.members),
+            "estimate": ESTIMATE, "model": "survival_mlp_ensemble",
+            "hidden": "first-round final-layer hidden rows of the first output block, mean-pooled",
+            "hidden_size": self.hidden_size, "K": self.K, "members": len(self.members),
             "width": self._width, "activation": "gelu_tanh",
             "inputs": ["(hidden - hidden_mean) / hidden_std", "prompt_tokens / prompt_tokens_scale",
                        "output_budget / output_budget_scale"],
-            "prompt_tokens_scale": float(self.prompt_tokens_scale), "output_budget_scale": float(self.output_budget_scale),
+            "prompt_tokens_scale": float(self.prompt_tokens_scale),
+            "output_budget_scale": float(self.output_budget_scale),
             "survival": "S(k) = prod_{j<=k} (1 - sigmoid(z_j)); members' S averaged; raw = sum_k S(k)",
-            "n_params": int(self.n_params), "info": self.info,
+            "n_params": int(self.n_params), "calibrated": self.calibration is not None,
+            "info": self.info,
         }
 
     def save(self, folder: str | Path) -> list[str]:
-        """Write weights (safetensors), config and isotonic map (JSON); returns the file names."""
+        """Write the weights (safetensors) and the isotonic map (JSON); returns the file names."""
         from safetensors.numpy import save
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomic(folder / WEIGHTS_FILE, save(self.tensors(), metadata={"format": "dwise-refinement-v1"}))
-        write_json_atomic(folder / CONFIG_FILE, self.config())
-        files = [WEIGHTS_FILE, CONFIG_FILE]
-        if self.calibration is not None:
-            write_json_atomic(folder / CALIBRATION_FILE, self.calibration.to_dict())
-            files.append(CALIBRATION_FILE)
-        return files
+        write_bytes(folder / WEIGHTS_FILE, save(self.tensors(), metadata={"format": "dwise-refinement-v1"}))
+        if self.calibration is None:
+            return [WEIGHTS_FILE]
+        write_json(folder / CALIBRATION_FILE, self.calibration.to_dict())
+        return [WEIGHTS_FILE, CALIBRATION_FILE]
 
     @classmethod
-    def load(cls, folder: str | Path) -> RefinementEnsemble:
+    def load(cls, folder: BundleFolder, entry: Mapping[str, Any]) -> RefinementEnsemble:
         from safetensors import SafetensorError
         from safetensors.numpy import load_file
 
-        folder = Path(folder)
+        config = dict(entry)
+        if folder.has(CONFIG_FILE):  # bundle format v1 kept the config in refinement.json
+            config.update(folder.read_json(CONFIG_FILE))
         try:
-            config = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
-            t = load_file(str(folder / WEIGHTS_FILE))
-            cal = folder / CALIBRATION_FILE
-            calibration = IsotonicMap.from_dict(json.loads(cal.read_text(encoding="utf-8"))) if cal.exists() else None
-        except FileNotFoundError as e:
-            raise BundleError(f"refinement file missing: {e.filename}; re-save the bundle") from e
-        except (ValueError, UnicodeDecodeError, SafetensorError) as e:
-            raise BundleError(f"refinement files in {folder} are corrupt ({e}); re-save the bundle") from e
+            t = load_file(str(folder.path(WEIGHTS_FILE)))
+        except (ValueError, SafetensorError) as e:
+            raise BundleIntegrityError(f"{folder.root}/{WEIGHTS_FILE} is corrupt ({e}); "
+                                       "re-save the bundle") from e
+        calibration = None
+        if folder.has(CALIBRATION_FILE):
+            calibration = IsotonicMap.from_dict(folder.read_json(CALIBRATION_FILE))
         try:
-            members = [MLPWeights(*(t[f"member{i}.{n}"] for n in ("w1", "b1", "w2", "b2"))) for i in range(config["members"])]
-            return cls(members, t["input.hidden_mean"], t["input.hidden_std"], config["prompt_tokens_scale"],
-                       config["output_budget_scale"], calibration, config.get("info", {}))
+            members = [MLPWeights(*(t[f"member{i}.{n}"] for n in ("w1", "b1", "w2", "b2")))
+                       for i in range(config["members"])]
+            return cls(members, t["input.hidden_mean"], t["input.hidden_std"],
+                       config["prompt_tokens_scale"], config["output_budget_scale"], calibration,
+                       config.get("info", {}))
         except KeyError as e:
-            raise BundleError(f"refinement weights lack {e}; the file is from another format or truncated") from e
+            raise BundleIntegrityError(f"{folder.root}: the refinement weights or record lack {e}; "
+                                       "the bundle is from another format or truncated") from e
+
+    @classmethod
+    def card_summary(cls, entry: Mapping[str, Any], manifest: Mapping[str, Any]) -> str:
+        params = entry.get("n_params")
+        return (f"survival-MLP ensemble: {entry.get('members', '?')} × [(H+2 = "
+                f"{entry.get('hidden_size', '?')}+2) → {entry.get('width', '?')} GELU → "
+                f"K = {entry.get('K', '?')} hazard logits]"
+                + (f", {params:,} parameters" if isinstance(params, int) else "")
+                + ("; isotonic calibration" if entry.get("calibrated") else "; uncalibrated"))
+
+    def check_fingerprint(self, fingerprint: ModelFingerprint, where: str) -> None:
+        """The hidden vectors come from the fingerprinted dLLM: their sizes must agree."""
+        fp_h = fingerprint.hidden_size
+        if fp_h is not None and fp_h != self.hidden_size:
+            raise BundleIntegrityError(
+                f"{where}: refinement hidden size {self.hidden_size} differs from the "
+                "fingerprint's "
+                f"{fp_h}; the bundle is inconsistent, retrain it")
 
     def __repr__(self) -> str:
         return (f"RefinementEnsemble(members={len(self.members)}, hidden_size={self.hidden_size}, K={self.K}, "

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from ..atomic import atomic_path
 from ..errors import MissingDependencyError
 from .simulator import SimulationRun
 
@@ -23,10 +24,11 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path: Path) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120, bbox_inches="tight")
-    os.replace(tmp, path)
+def save_figure(fig: Any, path: str | Path, **savefig: Any) -> Path:
+    """Save a matplotlib figure as PNG, atomically (``savefig`` options pass through)."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, **{"dpi": 120, "bbox_inches": "tight", **savefig, "format": "png"})
     return path
 
 
@@ -43,7 +45,7 @@ def latency_cdf(runs: Mapping[str, SimulationRun], path: str | Path, title: str 
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(title or "Latency CDF per policy")
-    out = _save(fig, Path(path))
+    out = save_figure(fig, path)
     plt.close(fig)
     return out
 
@@ -83,6 +85,6 @@ def round_composition(runs: Mapping[str, SimulationRun], path: str | Path, title
     ax.legend(fontsize=8)
     fig.suptitle(title or "Round composition")
     fig.tight_layout()
-    out = _save(fig, Path(path))
+    out = save_figure(fig, path)
     plt.close(fig)
     return out

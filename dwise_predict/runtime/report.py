@@ -7,14 +7,13 @@ DWISE-vs-FCFS gain beside the paper's LLaDA2.1-mini figures.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..atomic import write_json
 from ..errors import ConfigError
 from .arrivals import ArrivalSpec
 from .metrics import per_category, summarize
@@ -113,10 +112,7 @@ class SimulationReport:
         """Write the summary as JSON (to a temp name, then renamed: never half-written)."""
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=False, allow_nan=True) + "\n")
-        os.replace(tmp, p)
-        return p
+        return write_json(p, self.to_dict(), sort_keys=False, allow_nan=True)
 
     def plot(self, out_dir: str | Path) -> list[Path]:
         """``latency_cdf.png`` and ``round_composition.png`` in ``out_dir``."""

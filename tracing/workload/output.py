@@ -14,9 +14,9 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from dwise_predict.atomic import fsync_dir, remove_quietly, write_temp
 from dwise_predict.errors import WorkloadError
 
-from ._atomic import remove_quietly, write_temp
 from .builder import WorkloadSplits
 from .records import encode_workload
 
@@ -37,10 +37,11 @@ def write_splits(splits: WorkloadSplits, out_dir: str | os.PathLike[str]) -> dic
     placed: list[Path] = []  # renamed into place by this call; removed again if a later one fails
     try:
         for name, data in payloads.items():
-            temps[name] = write_temp(out, name, data)
+            temps[name] = write_temp(out / name, data)
         for name, tmp in temps.items():  # summary.json last: its presence means the set is whole
             os.replace(tmp, out / name)
             placed.append(out / name)
+        fsync_dir(out)
     except OSError as e:
         _cleanup([*temps.values(), *placed], created)
         raise WorkloadError(f"cannot write the workload to {out}: {e.strerror or e}; "

@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dwise_predict import atomic
 from dwise_predict.errors import WorkloadError
-
-from ._atomic import remove_quietly, write_temp
 
 #: the six categories of the default workload mix (DWISE paper, Table 1), in output order
 CATEGORIES: tuple[str, ...] = ("chat", "code", "instruction", "math", "mcq", "long_context")
@@ -113,24 +112,14 @@ def encode_workload(records: Iterable[WorkloadRecord]) -> bytes:
                             "drop or clean the record") from e
 
 
-def write_bytes_atomic(data: bytes, path: str | os.PathLike[str]) -> Path:
-    """Write ``data`` to ``path`` whole or not at all: temp file in the same folder, then rename."""
-    path = Path(path)
-    tmp: Path | None = None
-    try:
-        tmp = write_temp(path.parent, path.name, data)
-        os.replace(tmp, path)
-    except OSError as e:
-        if tmp is not None:
-            remove_quietly(tmp)
-        raise WorkloadError(f"cannot write {path}: {e.strerror or e}; choose a writable folder "
-                            "with free space") from e
-    return path
-
-
 def write_workload(records: Iterable[WorkloadRecord], path: str | os.PathLike[str]) -> Path:
     """Write records as JSONL (one object per line, UTF-8), atomically. Returns the path."""
-    return write_bytes_atomic(encode_workload(records), path)
+    path = Path(path)
+    try:
+        return atomic.write_bytes(path, encode_workload(records))
+    except OSError as e:
+        raise WorkloadError(f"cannot write {path}: {e.strerror or e}; choose a writable folder "
+                            "with free space") from e
 
 
 def read_workload(path: str | os.PathLike[str]) -> list[WorkloadRecord]:

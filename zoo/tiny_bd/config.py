@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dwise_predict.atomic import write_json
 from dwise_predict.errors import ConfigError
 
 
@@ -51,7 +52,7 @@ class TinyBDConfig:
         return cls(**{k: v for k, v in data.items() if k in known})
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+        write_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | Path) -> TinyBDConfig:

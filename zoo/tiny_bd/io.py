@@ -9,8 +9,6 @@ Hugging Face models) and a ``README.md`` model card. The shipped reference model
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
+from dwise_predict.atomic import staged_folder, write_json, write_text
 from dwise_predict.errors import ModelError
 
 from .config import TinyBDConfig
@@ -49,12 +48,11 @@ def save_pretrained(model: TinyBDModel, out_dir: str | Path, *, card: str | None
                     extra_config: dict[str, Any] | None = None) -> Path:
     """Write a checkpoint folder atomically (temp folder, then rename)."""
     out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with staged_folder(out) as tmp:
         model.config.save(tmp / "config.json")
         state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt", "model_type": "tiny-bd"})
+        save_file(state, str(tmp / "model.safetensors"),
+                  metadata={"format": "pt", "model_type": "tiny-bd"})
         build_tokenizer().save(str(tmp / "tokenizer.json"))
         tok_cfg = {
             "chat_template": CHAT_TEMPLATE,
@@ -64,19 +62,9 @@ def save_pretrained(model: TinyBDModel, out_dir: str | Path, *, card: str | None
             "model_max_length": model.config.max_position,
             **(extra_config or {}),
         }
-        (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
+        write_json(tmp / "tokenizer_config.json", tok_cfg, sort_keys=False)
         if card is not None:
-            (tmp / "README.md").write_text(card)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old")
-            os.replace(out, old)
-            os.replace(tmp, out)
-            _rmtree(old)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        _rmtree(tmp)
-        raise
+            write_text(tmp / "README.md", card)
     return out
 
 
@@ -116,12 +104,6 @@ def _weights_revision(weights: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()[:12]
-
-
-def _rmtree(p: Path) -> None:
-    import shutil
-
-    shutil.rmtree(p, ignore_errors=True)
 
 
 __all__ = ["NAME", "WEIGHTS_DIR", "TinyBD", "from_pretrained", "save_pretrained", "PAD", "MASK", "EOS"]

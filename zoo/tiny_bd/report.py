@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import sys
@@ -33,7 +32,9 @@ from typing import Any
 
 import numpy as np
 
+from dwise_predict.atomic import write_text
 from dwise_predict.errors import ConfigError
+from dwise_predict.runtime.plots import save_figure
 
 from .card import MEASURED_HEADING
 
@@ -249,7 +250,7 @@ def plot(per_tau: dict[str, list[RequestStats]], img_dir: Path, weights_dir: Pat
     ax.set_title(f"tiny-bd, {len(next(iter(per_tau.values())))} eval requests, budget {BUDGET} tokens")
     ax.legend()
     fig.tight_layout()
-    _save(fig, img_dir / "tiny-bd-rounds-hist.png")
+    save_figure(fig, img_dir / "tiny-bd-rounds-hist.png", dpi=110, bbox_inches=None)
     names.append("tiny-bd-rounds-hist.png")
     plt.close(fig)
 
@@ -270,7 +271,7 @@ def plot(per_tau: dict[str, list[RequestStats]], img_dir: Path, weights_dir: Pat
     ax.set_title("rounds per output block by category (box: p25-p75, whiskers 1.5 IQR)")
     ax.legend()
     fig.tight_layout()
-    _save(fig, img_dir / "tiny-bd-rounds-per-block.png")
+    save_figure(fig, img_dir / "tiny-bd-rounds-per-block.png", dpi=110, bbox_inches=None)
     names.append("tiny-bd-rounds-per-block.png")
     plt.close(fig)
     logs = sorted(weights_dir.glob("train_log*.csv")) if weights_dir is not None else []
@@ -289,16 +290,10 @@ def plot(per_tau: dict[str, list[RequestStats]], img_dir: Path, weights_dir: Pat
         ax.set_title("tiny-bd training loss (batches are length-bucketed, so tasks alternate)")
         ax.legend()
         fig.tight_layout()
-        _save(fig, img_dir / "tiny-bd-train-loss.png")
+        save_figure(fig, img_dir / "tiny-bd-train-loss.png", dpi=110, bbox_inches=None)
         names.append("tiny-bd-train-loss.png")
         plt.close(fig)
     return names
-
-
-def _save(fig: Any, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
 
 
 def _f(x: float, nd: int = 1) -> str:
@@ -365,9 +360,7 @@ def write_markdown(md_path: Path, block: str) -> None:
 
 def _write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_text(path, text)
 
 
 def main(argv: list[str] | None = None) -> int:

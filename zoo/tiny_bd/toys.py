@@ -17,7 +17,6 @@ Both print a table and write JSON next to the other training runs (``--out``).
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import tempfile
@@ -26,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from dwise_predict.atomic import write_json
 
 from .config import TinyBDConfig
 from .data import (
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         result = {"toy": "mcq-curve", "kind": args.kind, "d_model": args.d_model, "n_layers": args.n_layers,
                   "curve": curve}
         path = args.out / f"mcq-curve-{args.kind}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(path, result, sort_keys=False)
     print(f"wrote {path}", file=sys.stderr)
     return 0
 

@@ -19,7 +19,6 @@ import argparse
 import csv
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -32,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from dwise_predict.atomic import write_json
 from dwise_predict.errors import TrainingError
 
 from .config import TinyBDConfig
@@ -363,9 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     from .io import save_pretrained
 
     save_pretrained(model, args.out, card=model_card(model_config, training))
-    tmp = args.out / ".training.json.tmp"
-    tmp.write_text(json.dumps(training, indent=2, default=str) + "\n")
-    os.replace(tmp, args.out / "training.json")
+    write_json(args.out / "training.json", training, sort_keys=False, default=str)
     return 0
 
 
