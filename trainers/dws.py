@@ -36,7 +36,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytorch_lightning as pl
@@ -125,7 +125,8 @@ class PooledEncoder(nn.Module):
     def __init__(self, encoder: nn.Module) -> None:
         super().__init__()
         self.encoder = encoder
-        self.dim = int(encoder.config.hidden_size)
+        config: Any = encoder.config  # a Hugging Face model
+        self.dim = int(config.hidden_size)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         out = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
@@ -327,7 +328,7 @@ class HeadFit(pl.LightningModule):
         if self.loss == "brier":
             loss = ((pred - target) ** 2).sum(dim=(1, 2)).mean()
         else:
-            scale = self.head.scale  # type: ignore[union-attr]
+            scale = self.head.get_buffer("scale")
             loss = (torch.abs(pred - target) / scale).mean()
         self.log("head_loss", loss, on_step=False, on_epoch=True, batch_size=len(emb))
         return loss
@@ -462,7 +463,7 @@ def train_dws(arrays: DWSArrays, profile: Any = None, config: DWSTrainConfig | N
             constants = {name: baseline_constants(arrays, p)
                          for name, p in {**(profiles or {}), "bundle": profile}.items()}
             constants["direct_cost_profile"] = "bundle"
-        model = DWSModel(encoder, heads, baseline_heads).eval()
+        model = DWSModel(encoder, cast(DWSHeads, heads), baseline_heads).eval()
     finally:
         torch.set_num_threads(threads)
     info = {"config": asdict(config), "n_train": arrays.n, "N": N, "S": S,
@@ -483,7 +484,7 @@ def train_scalar_head(emb: np.ndarray, target: np.ndarray, config: DWSTrainConfi
     head = ScalarHead(emb, scale, config.width, config.dropout)
     with torch.no_grad():  # start at the median: softplus(b) * scale = median
         med = float(np.median(target)) / scale
-        head.net[3].bias.fill_(float(np.log(np.expm1(max(med, 1e-3)))))  # type: ignore[index]
+        cast(nn.Linear, head.net[3]).bias.fill_(float(np.log(np.expm1(max(med, 1e-3)))))
     fit_head(head, emb, target.astype(np.float32), loss="l1", epochs=config.baseline_epochs,
              batch_size=config.stage_b_batch_size, lr=config.head_lr,
              weight_decay=config.weight_decay, seed=config.seed + 101 + index)

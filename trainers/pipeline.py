@@ -126,7 +126,7 @@ def train_bundle(traces: str | Path | pa.Table, out: str | Path, *, only: str | 
     settings = TrainSettings(seed=seed, featurizer=featurizer, admission_config=admission_config,
                              refinement_config=refinement_config)
     modules, seconds = train_models(arrays, tuple(n for n in names if n != DWS), settings)
-    training = {
+    training: dict[str, Any] = {
         "n_requests": arrays.n, "categories": category_counts(arrays.category),
         "trace_schema_version": TRACE_SCHEMA_VERSION, "seed": seed, "predictors": list(names),
         "seconds": {k: round(v, 3) for k, v in seconds.items()},

@@ -48,16 +48,20 @@ def sjf_oracle_share(workload: Workload, scores: dict[str, np.ndarray], true_cos
         a = np.asarray(s, dtype=np.float64)
         if a.shape != (n,) or not np.all(np.isfinite(a)):
             raise ConfigError(f"score {name!r} must hold {n} finite numbers, one per request")
-    kw = {"arrivals": arrival, "slots": slots, "k": k, "round_time": round_time, "seed": seed}
-    lat = {"fcfs": summarize(simulate(workload, FCFS(), **kw))}
+
+    def run(w: Workload, policy: Any) -> dict[str, float]:
+        return summarize(simulate(w, policy, arrivals=arrival, slots=slots, k=k,
+                                  round_time=round_time, seed=seed))
+
+    lat = {"fcfs": run(workload, FCFS())}
     for name, s in {**scores, ORACLE: true_cost}.items():
         a = np.asarray(s, dtype=np.float64)
         w = workload.with_estimates(score=a, cost=a)  # "dws-sjf" reads cost, other names score
-        lat[name] = summarize(simulate(w, ScoreSJF(name=name), **kw))
+        lat[name] = run(w, ScoreSJF(name=name))
     base, best = lat["fcfs"]["mean_latency"], lat[ORACLE]["mean_latency"]
     rows = []
-    for name, s in lat.items():
-        m = s["mean_latency"]
+    for name, summary in lat.items():
+        m = float(summary["mean_latency"])
         share = (base - m) / (base - best) if base != best else float("nan")
-        rows.append(SJFRow(name, m, s["p99_latency"], base / m, share))
+        rows.append(SJFRow(name, m, float(summary["p99_latency"]), base / m, share))
     return rows
