@@ -48,7 +48,7 @@ from dwise_predict.errors import ConfigError, MissingDependencyError, TrainingEr
 from dwise_predict.predictors.dws import DWSConfig, DWSTokenizer, Truncation
 
 from .dws_data import DWSArrays
-from .refinement import _quiet_lightning
+from .refinement import _BatchDataset, _quiet_lightning
 
 STAGE_A_KINDS = ("multi_horizon", "total_steps", "none")
 
@@ -293,18 +293,6 @@ class StageA(pl.LightningModule):
 
 
 # -- stage B and the baselines: small heads on cached embeddings -----------------------------
-class _Rows(Dataset):
-    def __init__(self, *tensors: torch.Tensor) -> None:
-        self.tensors = tensors
-
-    def __len__(self) -> int:
-        return len(self.tensors[0])
-
-    def __getitem__(self, rows: list[int]) -> tuple[torch.Tensor, ...]:
-        idx = torch.as_tensor(rows)
-        return tuple(t[idx] for t in self.tensors)
-
-
 def _rows_loader(batch_size: int, *arrays: np.ndarray) -> DataLoader:
     from torch.utils.data import BatchSampler, RandomSampler
 
@@ -312,7 +300,7 @@ def _rows_loader(batch_size: int, *arrays: np.ndarray) -> DataLoader:
     g = torch.Generator().manual_seed(int(torch.initial_seed()) % (2**63))
     sampler = BatchSampler(RandomSampler(range(len(tensors[0])), generator=g), batch_size,
                            drop_last=False)
-    return DataLoader(_Rows(*tensors), sampler=sampler, batch_size=None, num_workers=0)
+    return DataLoader(_BatchDataset(*tensors), sampler=sampler, batch_size=None, num_workers=0)
 
 
 class HeadFit(pl.LightningModule):
