@@ -15,8 +15,15 @@ def test_share_is_one_for_the_truth_and_falls_with_noise() -> None:
     true = (w.prompt_blocks + w.total_rounds).astype(np.float64)  # work as the cost
     rng = np.random.default_rng(0)
     noisy = true * np.exp(rng.normal(0.0, 1.5, size=w.n))
-    rows = {r.policy: r for r in sjf_oracle_share(
-        w, {"dws-sjf": true.copy(), "noisy": noisy, "reverse": true.max() + 1 - true}, true, slots=16)}
+    rows = {
+        r.policy: r
+        for r in sjf_oracle_share(
+            w,
+            {"dws-sjf": true.copy(), "noisy": noisy, "reverse": true.max() + 1 - true},
+            true,
+            slots=16,
+        )
+    }
     assert rows["fcfs"].share_of_oracle_gain == 0.0
     assert rows[ORACLE].share_of_oracle_gain == pytest.approx(1.0)
     assert rows[ORACLE].gain_vs_fcfs > 1.5  # SJF by true cost beats arrival order on burst

