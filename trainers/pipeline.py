@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -57,14 +59,18 @@ TRAINERS: dict[str, Callable[[TraceArrays, TrainSettings], BundleModule]] = {
 NEEDS_HIDDEN = frozenset({RefinementEnsemble.kind})
 
 
+#: trained from prompt text with a cost profile, outside TRAINERS (see trainers/dws_bundle.py)
+DWS = "dws"
+
+
 def parse_only(only: str | Sequence[str] | None) -> tuple[str, ...]:
     """The kinds to train: all trainable kinds by default, else the comma list given."""
     if only is None:
         return tuple(TRAINERS)
     names = tuple(s.strip() for s in (only.split(",") if isinstance(only, str) else only) if s.strip())
-    bad = [n for n in names if n not in TRAINERS]
+    bad = [n for n in names if n not in TRAINERS and n != DWS]
     if bad or not names:
-        raise ConfigError(f"--only takes a comma list of {list(TRAINERS)}, got {only!r}")
+        raise ConfigError(f"--only takes a comma list of {[*TRAINERS, DWS]}, got {only!r}")
     return names
 
 
@@ -92,9 +98,27 @@ def train_models(arrays: TraceArrays, only: Sequence[str], settings: TrainSettin
 def train_bundle(traces: str | Path | pa.Table, out: str | Path, *, only: str | Sequence[str] | None = None,
                  seed: int = 0, featurizer: PromptFeaturizer | None = None,
                  admission_config: AdmissionConfig | None = None, refinement_config: RefinementConfig | None = None,
-                 allow_single_category: bool = False, overwrite: bool = False, name: str | None = None) -> Path:
-    """Train the selected predictors on ``traces`` and write a bundle folder at ``out``."""
+                 allow_single_category: bool = False, overwrite: bool = False,
+                 name: str | None = None, cost_profile: Any = None,
+                 dws_config: Any = None) -> Path:
+    """Train the selected predictors on ``traces`` and write a bundle folder at ``out``.
+
+    ``cost_profile`` (a ``CostProfile``, a file or a shipped name) prices the DWS predictor's
+    baselines and evaluation and is stored in the bundle; with one and ``only=None``, DWS is
+    trained too.
+    """
     names = parse_only(only)
+    profile = None
+    if cost_profile is not None:
+        from dwise_predict.cost import CostProfile, load_cost_profile
+
+        profile = (cost_profile if isinstance(cost_profile, CostProfile)
+                   else load_cost_profile(cost_profile))
+        if only is None:
+            names = (*names, DWS)
+    if DWS in names and profile is None:
+        raise TrainingError("training DWS needs a cost profile (its baselines and evaluation are "
+                            "in ms): pass --cost-profile FILE (from `dwise-predict profile`)")
     table = as_table(traces)
     arrays = trace_arrays(table, need_hidden=bool(NEEDS_HIDDEN & set(names)))
     check_training_data(arrays, allow_single_category=allow_single_category)
@@ -103,8 +127,8 @@ def train_bundle(traces: str | Path | pa.Table, out: str | Path, *, only: str | 
         check_featurizer(table, featurizer)
     settings = TrainSettings(seed=seed, featurizer=featurizer, admission_config=admission_config,
                              refinement_config=refinement_config)
-    modules, seconds = train_models(arrays, names, settings)
-    training = {
+    modules, seconds = train_models(arrays, tuple(n for n in names if n != DWS), settings)
+    training: dict[str, Any] = {
         "n_requests": arrays.n, "categories": category_counts(arrays.category),
         "trace_schema_version": TRACE_SCHEMA_VERSION, "seed": seed, "predictors": list(names),
         "seconds": {k: round(v, 3) for k, v in seconds.items()},
@@ -112,8 +136,22 @@ def train_bundle(traces: str | Path | pa.Table, out: str | Path, *, only: str | 
                          "max": int(arrays.total_rounds.max())},
         "hit_budget_fraction": float(arrays.hit_budget.mean()),
     }
-    return save_bundle(out, modules, fingerprint=fingerprint, training=training,
-                       overwrite=overwrite, name=name)
+    if profile is None:
+        return save_bundle(out, modules, fingerprint=fingerprint, training=training,
+                           overwrite=overwrite, name=name)
+    profile.check_compatible(fingerprint)
+    with tempfile.TemporaryDirectory(prefix="dwise-dws-") as tmp:
+        parts = [*modules, profile]
+        if DWS in names:
+            from .dws_bundle import train_dws_module
+
+            t0 = time.perf_counter()
+            dws, trained = train_dws_module(table, profile, tmp, config=dws_config, seed=seed)
+            training["seconds"][DWS] = round(time.perf_counter() - t0, 3)
+            training[DWS] = trained.info
+            parts.append(dws)
+        return save_bundle(out, parts, fingerprint=fingerprint, training=training,
+                           overwrite=overwrite, name=name)
 
 
 def trace_fingerprint(table: pa.Table, featurizer: PromptFeaturizer | None) -> ModelFingerprint:

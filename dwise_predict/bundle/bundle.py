@@ -18,6 +18,7 @@ from ..cost import CostProfile
 from ..errors import BundleError, BundleIntegrityError, FingerprintMismatchError, PredictorError
 from ..fingerprint import ModelFingerprint
 from ..predictors import AdmissionModel, RefinementEnsemble
+from ..predictors.dws import DWSPredictor, check_prompts
 from .card import CARD_FILE, render_card
 from .format import (
     FORMAT_NAME,
@@ -77,6 +78,11 @@ class Bundle:
         """The deployment's cost factors (``dwise-predict profile --bundle``), None until then."""
         return self.module(CostProfile)
 
+    @property
+    def dws(self) -> DWSPredictor | None:
+        """The DWS surface predictor, None when the bundle has none."""
+        return self.module(DWSPredictor)
+
     def with_cost_profile(self, profile: CostProfile, *, allow_mismatch: bool = False) -> Bundle:
         """This bundle priced under another deployment's ``profile``, in memory (the files are
         untouched: ``dwise-predict profile --bundle`` writes a new revision). Refuses a profile
@@ -106,6 +112,37 @@ class Bundle:
         ``raw=True`` gives the ensemble's uncalibrated restricted mean.
         """
         return self.need(RefinementEnsemble).predict(hidden, prompt_tokens, output_budget, raw=raw)
+
+    def predict_surface(self, prompts: str | Sequence[str]) -> np.ndarray:
+        """The DWS surface ``(n, N, S)``: P(output block b needs denoising step s), per prompt."""
+        return self.need(DWSPredictor).predict_surface(prompts)
+
+    def prompt_blocks(self, prompts: str | Sequence[str], prompt_tokens: Any = None) -> np.ndarray:
+        """m per prompt: the served model's prompt blocks (chat template + tokenizer of the
+        admission featurizer, or the given ``prompt_tokens``)."""
+        texts = check_prompts(prompts)
+        if prompt_tokens is None:
+            featurizer = self.admission.featurizer if self.admission is not None else None
+            if featurizer is None:
+                raise BundleError(f"bundle '{self.name}' has no tokenizer of the served model to "
+                                  "count prompt blocks; pass prompt_tokens=")
+            tokens = featurizer(texts)[:, 2]
+        else:
+            tokens = np.asarray(prompt_tokens, dtype=np.float64).reshape(-1)
+            if tokens.size != len(texts) or not np.all(np.isfinite(tokens)) or np.any(tokens < 0):
+                raise BundleError(f"prompt_tokens must hold {len(texts)} finite counts >= 0")
+        return np.maximum(1, np.ceil(tokens / self.fingerprint.block_size)).astype(np.int64)
+
+    def predict_cost(self, prompts: str | Sequence[str], prompt_tokens: Any = None) -> np.ndarray:
+        """Expected cost (ms) per prompt under the bundle's cost profile: the DWS surface priced
+        by ``alpha*m + beta*E[n] + sum D*(K + delta*m)`` (see :mod:`dwise_predict.cost`)."""
+        profile = self.cost_profile
+        if profile is None:
+            raise BundleError(f"bundle '{self.name}' has no cost profile; profile the deployment "
+                              "(`dwise-predict profile --bundle ...`) or use "
+                              "bundle.with_cost_profile(load_cost_profile(...))")
+        m = self.prompt_blocks(prompts, prompt_tokens)
+        return profile.expected_cost(self.predict_surface(prompts), m)
 
     # -- guard ------------------------------------------------------------------------------
     def check(self, fingerprint: ModelFingerprint, allow_mismatch: bool = False) -> list[str]:

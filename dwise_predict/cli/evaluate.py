@@ -71,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
                            [[n, _fmt(h[n]["in_training"]), _fmt(h[n]["held_out"]), _fmt(h[n]["overall_held_out"])]
                             for n in names if n in h]))
     plots = [] if args.no_plots else write_plots(preds, out.parent, stem=out.stem)
+    if bundle.dws is not None:
+        plots += _evaluate_dws(bundle, args, metrics, out)
     if plots:
         metrics["plots"] = [p.name for p in plots]
     write_json(out, json_safe(metrics))
@@ -79,3 +81,28 @@ def run(args: argparse.Namespace) -> int:
         where = record_evaluation(args.bundle, metrics, plots)
         print(f"recorded in {where} (manifest metrics, {len(plots)} plots, README.md)")
     return 0
+
+
+def _evaluate_dws(bundle: Any, args: argparse.Namespace, metrics: dict[str, Any],
+                  out: Path) -> list[Path]:
+    """metrics["dws"] under each profile, a table of it, and the surface heatmaps."""
+    from dwise_predict.trainers.dws_data import dws_arrays
+    from dwise_predict.trainers.dws_eval import evaluate_dws, write_surface_plot
+
+    cfg = bundle.dws.config
+    arrays = dws_arrays(args.traces, n_blocks=cfg.n_blocks, max_steps=cfg.max_steps)
+    dws, surface = evaluate_dws(bundle, arrays)
+    metrics["dws"] = dws
+    rows = []
+    for name, m in dws["profiles"].items():
+        base = m.get("baselines") or {}
+        kinds = ("output_length", "total_steps", "direct_cost")
+        rows.append([name, m["cost_mae"], m["cost_mape"],
+                     *(_fmt((base.get(k) or {}).get("cost_mae")) for k in kinds)])
+    print()
+    print(format_table(["DWS cost profile", "cost MAE ms", "MAPE", "output-length MAE",
+                        "total-steps MAE", "direct-cost MAE"], rows))
+    print(f"DWS Brier {dws['brier']:.3f}, total-steps MAE {dws['total_steps_mae']:.2f}")
+    if args.no_plots:
+        return []
+    return [write_surface_plot(surface, arrays, out.parent / f"{out.stem}_dws_surfaces.png")]

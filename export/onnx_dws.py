@@ -1,0 +1,168 @@
+"""DWS predictor -> ONNX (encoder + pooling + heads in one graph), INT8, and their parity gate.
+
+Why one graph: the light core has no torch, so the exported file is the only way a scheduler
+process runs the predictor. Inputs ``input_ids`` and ``attention_mask`` ``(n, L)`` int64 (batch
+and length dynamic; the tokenizer and truncation rule live in the bundle), outputs ``surface``
+``(n, N, S)`` and, when the baselines were trained, ``baselines`` ``(n, 3)`` (evaluation only).
+
+INT8 is onnxruntime's dynamic quantization of the MatMul/Gemm weights (:mod:`.quantize`). The
+gate compares each exported file with the torch model on held-out prompts, on the surface
+(max abs error per cell) and on what a scheduler consumes, the expected cost (relative error
+of the cost MAE); an INT8 file is kept only when it passes and is faster than FP32 in the same
+run, as for every other export.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dwise_predict.errors import MissingDependencyError
+from dwise_predict.predictors.dws import (
+    BASELINES_OUTPUT,
+    INPUTS,
+    SURFACE_OUTPUT,
+    DWSPredictor,
+)
+
+from ._onnx_files import save_model_atomic, set_metadata
+from .onnx_refinement import DEFAULT_OPSET, _quiet_exporter
+from .parity import Tolerance, compare
+from .quantize import int8_name, quantize_int8
+
+#: surface cells are probabilities: FP32 graph vs torch differ by float rounding only
+SURFACE_FP32 = Tolerance(1e-4, 0.0, "surface cells (probabilities); float32 in both, op order only")
+#: INT8 moves cells by a few hundredths; what matters is the cost a scheduler ranks by
+SURFACE_INT8 = Tolerance(0.1, 0.0, "surface cells (probabilities); INT8 weights of a 6-layer "
+                         "encoder move a cell by a few hundredths; the cost gate below decides")
+#: the paper's INT8 cost: +0.54% MAE; we allow 1% of the FP32 cost MAE
+COST_MAE_REL = 0.01
+
+
+def dws_to_onnx(trained: Any, path: str | Path, *, opset: int = DEFAULT_OPSET) -> Path:
+    """Export ``trained`` (a ``DWSTrained``) to ``path`` (FP32); returns the path."""
+    try:
+        import onnx
+        import torch
+    except ImportError as e:
+        raise MissingDependencyError(f"ONNX export needs torch and onnx ({e}); "
+                                     "pip install 'dwise-predict[train]'") from e
+    model = trained.model.eval()
+    cfg = trained.config
+    ids, mask = trained.tokenizer.encode(["an example prompt", "and a second, longer one"])
+    example = (torch.as_tensor(ids), torch.as_tensor(mask))
+    outputs = [SURFACE_OUTPUT] + ([BASELINES_OUTPUT] if len(model.baselines) else [])
+    with tempfile.TemporaryDirectory(prefix="dwise-onnx-") as tmp:
+        raw = Path(tmp) / "dws.onnx"
+        # the TorchScript exporter: the dynamo one takes 30+ s to trace a BERT on a CPU, this
+        # one ~2 s, and the parity gate below checks the graph either way
+        axes = {name: {0: "batch", 1: "length"} for name in INPUTS}
+        with _quiet_exporter(), torch.no_grad():
+            torch.onnx.export(model, example, str(raw), input_names=list(INPUTS),
+                              output_names=outputs, opset_version=opset, dynamo=False,
+                              dynamic_axes=axes, verbose=False)
+        onx = onnx.load(str(raw), load_external_data=True)
+    onx.graph.name = "dwise_dws"
+    set_metadata(onx, {
+        "dwise.predictor": "dws",
+        "dwise.precision": "fp32",
+        "dwise.n_blocks": str(cfg.n_blocks),
+        "dwise.max_steps": str(cfg.max_steps),
+        "dwise.inputs": "input_ids, attention_mask (n, L) int64 from the bundle's tokenizer "
+                        "(dws_tokenizer.json) and truncation rule (dws.json)",
+        "dwise.output": "surface (n, N, S): P(output block b needs denoising step s | prompt)"
+                        + ("; baselines (n, 3): output tokens, total steps, direct cost ms"
+                           if len(outputs) > 1 else ""),
+    })
+    return save_model_atomic(onx, path)
+
+
+@dataclass(frozen=True)
+class DWSExportCheck:
+    """One exported file against the torch model on the same prompts."""
+
+    file: str
+    precision: str
+    kept: bool
+    reason: str
+    surface_max_abs_error: float
+    cost_mae_ms: float | None
+    cost_mae_rel_change: float | None
+    latency_ms_per_request: float
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _latency(predictor: DWSPredictor, prompts: list[str], repeats: int = 3) -> float:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        predictor.predict_surface(prompts)
+        times.append((time.perf_counter() - t) / len(prompts))
+    return 1e3 * statistics.median(times)
+
+
+def export_dws(trained: Any, folder: str | Path, probes: list[str], *, int8: bool = True,
+               profile: Any = None, true_cost: np.ndarray | None = None,
+               prompt_blocks: np.ndarray | None = None, min_speedup: float = 1.05,
+               ) -> tuple[DWSPredictor, Path | None, list[DWSExportCheck]]:
+    """Export FP32 (+ INT8) into ``folder``; returns the FP32 predictor, the kept INT8 path.
+
+    ``probes`` are prompts the gate predicts (held-out prompts, or the training ones when none
+    are held out); with ``profile``, ``true_cost`` and ``prompt_blocks`` the INT8 file must
+    also keep the cost MAE within 1% of the FP32 file's.
+    """
+    from dwise_predict.errors import ModelError
+
+    folder = Path(folder)
+    ref = trained.predict_surface(probes)
+    fp32_path = dws_to_onnx(trained, folder / "dws.onnx")
+    fp32 = DWSPredictor(fp32_path, trained.tokenizer, trained.config)
+    s32 = fp32.predict_surface(probes)
+    gate = compare(ref, s32, SURFACE_FP32)
+    if not gate.passed:
+        fp32_path.unlink(missing_ok=True)
+        raise ModelError(f"the DWS ONNX export differs from the torch model by up to "
+                         f"{gate.max_abs_error:.2e} per surface cell (tolerance "
+                         f"{SURFACE_FP32.abs:g}); nothing was written")
+
+    def cost_mae(surface: np.ndarray) -> float | None:
+        if profile is None or true_cost is None or prompt_blocks is None:
+            return None
+        return float(np.mean(np.abs(profile.expected_cost(surface, prompt_blocks) - true_cost)))
+
+    mae32 = cost_mae(s32)
+    lat32 = _latency(fp32, probes)
+    checks = [DWSExportCheck("dws.onnx", "fp32", True, "parity passed", gate.max_abs_error, mae32,
+                             None, lat32)]
+    if not int8:
+        return fp32, None, checks
+    q_path = quantize_int8(fp32_path, int8_name(fp32_path))
+    q = DWSPredictor(q_path, trained.tokenizer, trained.config)
+    s8 = q.predict_surface(probes)
+    g8 = compare(ref, s8, SURFACE_INT8)
+    mae8 = cost_mae(s8)
+    rel = None if mae8 is None or mae32 is None else (mae8 - mae32) / max(mae32, 1e-12)
+    lat8 = _latency(q, probes)
+    reasons = []
+    if not g8.passed:
+        reasons.append(f"surface error {g8.max_abs_error:.3f} > {SURFACE_INT8.abs:g}")
+    if rel is not None and rel > COST_MAE_REL:
+        reasons.append(f"cost MAE {100 * rel:+.2f}% vs FP32 (> +{100 * COST_MAE_REL:g}%)")
+    if lat8 * min_speedup > lat32:
+        reasons.append(f"not faster than FP32 ({lat8:.2f} vs {lat32:.2f} ms/request)")
+    kept = not reasons
+    checks.append(DWSExportCheck(q_path.name, "int8", kept, "; ".join(reasons) or
+                                 "parity passed and faster than FP32", g8.max_abs_error, mae8,
+                                 rel, lat8))
+    if not kept:
+        q_path.unlink(missing_ok=True)
+        return fp32, None, checks
+    return fp32, q_path, checks

@@ -1,0 +1,242 @@
+"""The DWS surface predictor: training on a tiny random BERT, ONNX export, the light core.
+
+One module-scoped training run (a 1-layer, 32-wide random BERT with the real all-MiniLM-L6-v2
+tokenizer, on synthetic traces with block size 8 and a 32-token budget: N = 4, S = 8) serves
+every test, so the file costs one short training plus one export.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from synthetic_traces import make_traces, synthetic_featurizer  # noqa: E402
+
+import dwise_predict  # noqa: E402
+from dwise_predict.cost import CostProfile, load_cost_profile  # noqa: E402
+from dwise_predict.errors import (  # noqa: E402
+    BundleIntegrityError,
+    ConfigError,
+    FingerprintMismatchError,
+    PredictorInputError,
+    TraceError,
+    TrainingError,
+)
+from dwise_predict.predictors.dws import Truncation, surface_from_logits  # noqa: E402
+
+BS, BUDGET = 8, 32  # N = 4 output blocks, S = 8 steps
+
+
+def planted_profile(block_size: int = BS, model_id: str = "synthetic/planted-bd") -> CostProfile:
+    b, s = np.arange(BUDGET // block_size)[:, None], np.arange(block_size)[None, :]
+    return CostProfile(alpha_ms=2.0, beta_ms=1.0, K_ms=1.0 + 0.3 * b + 0.05 * s, delta_ms=0.01,
+                       block_size=block_size, max_steps=block_size,
+                       fingerprint={"model_id": model_id, "block_size": block_size,
+                                    "decoding": "low_confidence", "threshold": 0.9})
+
+
+def labelled_traces(n: int, seed: int):
+    """Synthetic traces whose prompts open with their category's name: the category sets the
+    work, and a 48-token window would otherwise see only interchangeable filler words."""
+    import pyarrow as pa
+
+    table = make_traces(n, block_size=BS, output_budget=BUDGET, seed=seed)
+    prompts = [" ".join([c] * 4) + ": " + p for c, p in
+               zip(table.column("category").to_pylist(), table.column("prompt").to_pylist())]
+    i = table.schema.get_field_index("prompt")
+    return table.set_column(i, table.schema.field(i), pa.array(prompts, pa.string()))
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random 1-layer BERT saved like a Hub folder, with MiniLM's real tokenizer."""
+    import torch
+    from dwise_predict.trainers.dws import default_encoder_path
+    from transformers import BertConfig, BertModel
+
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=128)
+    BertModel(cfg).save_pretrained(folder)
+    shutil.copy(default_encoder_path() / "tokenizer.json", folder / "tokenizer.json")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_encoder: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    from dwise_predict.trainers.dws import DWSTrainConfig
+    from dwise_predict.trainers.pipeline import train_bundle
+
+    out = tmp_path_factory.mktemp("dws") / "bundle"
+    cfg = DWSTrainConfig(encoder_path=str(tiny_encoder), stage_a_epochs=2, stage_b_epochs=30,
+                         baseline_epochs=15, window=48, head_tokens=16, num_threads=1,
+                         encoder_lr=1e-3)
+    traces = labelled_traces(128, seed=0)
+    train_bundle(traces, out, only="admission,dws", cost_profile=planted_profile(),
+                 featurizer=synthetic_featurizer(), dws_config=cfg)
+    return {"path": out, "eval": labelled_traces(96, seed=1), "train": traces,
+            "config": cfg}
+
+
+def test_surface_keeps_the_decoding_constraints(trained: dict) -> None:
+    bundle = dwise_predict.load_bundle(trained["path"])
+    prompts = trained["eval"].column("prompt").to_pylist()[:40]
+    D = bundle.predict_surface(prompts)
+    assert D.shape == (40, BUDGET // BS, BS) and D.dtype == np.float32
+    assert np.all(D >= 0) and np.all(D <= 1 + 1e-6)
+    np.testing.assert_allclose(D[:, 0, 0], 1.0, atol=1e-5)  # every request runs block 0, step 0
+    # within a block, step s+1 needs step s; block b+1 is reached only if block b was
+    assert np.all(np.diff(D, axis=2) <= 1e-6) and np.all(np.diff(D[:, :, 0], axis=1) <= 1e-6)
+    # batching and order do not change a prediction (INT8 quantizes activations per batch:
+    # a few hundredths at most)
+    tol = 1e-5 if bundle.dws.precision == "fp32" else 0.05
+    np.testing.assert_allclose(bundle.predict_surface(prompts[::-1])[::-1], D, atol=tol)
+    np.testing.assert_allclose(bundle.predict_surface(prompts[3]), D[3:4], atol=tol)
+
+
+def test_numpy_surface_twin_matches_torch() -> None:
+    import torch
+    from dwise_predict.trainers.dws import surface_torch
+
+    rng = np.random.default_rng(0)
+    blocks, steps = rng.normal(size=(5, 4)), rng.normal(size=(5, 4, 8)) * 3
+    got = surface_from_logits(blocks, steps)
+    want = surface_torch(torch.as_tensor(blocks), torch.as_tensor(steps)).numpy()
+    np.testing.assert_allclose(got, want, atol=1e-12)
+    # one-hot logits give the activity matrix of that request exactly
+    sharp = surface_from_logits(np.array([[-50.0, 50, -50, -50]]),
+                                np.tile(np.where(np.arange(8) == 2, 50.0, -50.0), (1, 4, 1)))
+    np.testing.assert_allclose(sharp[0], np.array([[1, 1, 1, 0, 0, 0, 0, 0]] * 2 + [[0] * 8] * 2),
+                               atol=1e-9)
+
+
+def test_predict_cost_prices_the_surface_with_the_profile(trained: dict) -> None:
+    bundle = dwise_predict.load_bundle(trained["path"])
+    prompts = trained["eval"].column("prompt").to_pylist()[:16]
+    profile = planted_profile()
+    assert bundle.cost_profile is not None  # the training profile is stored in the bundle
+    priced = bundle.with_cost_profile(profile)
+    cost = priced.predict_cost(prompts)
+    m = priced.prompt_blocks(prompts)
+    np.testing.assert_allclose(cost, profile.expected_cost(priced.predict_surface(prompts), m))
+    assert np.all(cost > profile.alpha_ms * m)
+    # another deployment re-prices the same surface without retraining
+    paper = load_cost_profile("paper-llada2.0-mini")
+    with pytest.raises(FingerprintMismatchError):
+        bundle.with_cost_profile(paper)
+    other = bundle.with_cost_profile(paper, allow_mismatch=True).predict_cost(prompts)
+    assert not np.allclose(other, cost)
+    tokens = np.full(len(prompts), 40)
+    np.testing.assert_allclose(priced.prompt_blocks(prompts, tokens), 5)
+
+
+def test_dws_learns_the_workload_and_beats_a_constant_surface(trained: dict) -> None:
+    from dwise_predict.trainers.dws_data import dws_arrays
+    from dwise_predict.trainers.dws_eval import evaluate_dws, profile_metrics
+
+    bundle = dwise_predict.load_bundle(trained["path"]).with_cost_profile(planted_profile())
+    metrics, surface = evaluate_dws(bundle, trained["eval"])
+    assert set(metrics["baselines"]) == {"output_length", "total_steps", "direct_cost"}
+    assert set(metrics["profiles"]) == {"bundle", "paper-llada2.0-mini"}
+    arrays = dws_arrays(trained["eval"])
+    train = dws_arrays(trained["train"])
+    constant = np.broadcast_to(train.activity.mean(0), surface.shape)
+    flat = profile_metrics(constant, None, arrays, planted_profile(), None)
+    # the prompt carries the category, the category the work: the surface must use it
+    assert metrics["cost_mae"] < 0.9 * flat["cost_mae"], (metrics["cost_mae"], flat["cost_mae"])
+    assert metrics["brier"] < float(((constant - arrays.activity) ** 2).sum(axis=(1, 2)).mean())
+
+
+def test_manifest_records_the_module_and_the_gate(trained: dict) -> None:
+    manifest = json.loads((trained["path"] / "manifest.json").read_text())
+    entry = manifest["predictors"]["dws"]
+    assert entry["N"] == BUDGET // BS and entry["S"] == BS
+    assert entry["truncation"] == {"rule": "head+tail", "window": 48, "head_tokens": 16,
+                                   "max_chars": 16384}
+    fp32 = next(e for e in entry["exports"] if e["precision"] == "fp32")
+    assert fp32["kept"] and fp32["surface_max_abs_error"] < 1e-4
+    for f in entry["files"]:
+        assert f in manifest["files"]
+    assert "dws" in manifest["training"] and manifest["training"]["dws"]["N"] == BUDGET // BS
+    assert "DWS surface 4 x 8" in (trained["path"] / "README.md").read_text()
+    assert "cost_profile" in manifest["predictors"]
+
+
+def test_tampered_dws_file_is_refused(trained: dict, tmp_path: Path) -> None:
+    copy = tmp_path / "b"
+    shutil.copytree(trained["path"], copy)
+    with open(copy / "dws.onnx", "r+b") as f:
+        f.seek(200)
+        f.write(b"\x00\x01\x02")
+    with pytest.raises(BundleIntegrityError, match="dws.onnx"):
+        dwise_predict.load_bundle(copy)
+
+
+def test_empty_and_huge_prompts(trained: dict) -> None:
+    bundle = dwise_predict.load_bundle(trained["path"])
+    huge = "word " * 400_000 + "the question at the end?"
+    t = time.perf_counter()
+    D = bundle.predict_surface(["", huge, "x"])
+    assert time.perf_counter() - t < 5.0
+    assert D.shape == (3, BUDGET // BS, BS) and np.all(np.isfinite(D))
+    with pytest.raises(PredictorInputError, match="strings"):
+        bundle.predict_surface(["ok", None])  # type: ignore[list-item]
+    tok = bundle.dws.tokenizer  # head + tail: the end of a long prompt survives truncation
+    ids = tok.token_ids([huge])[0]
+    assert len(ids) == 48
+    assert ids[-3:-1] == tok.token_ids(["end?"])[0][1:-1][-2:]
+
+
+def test_truncation_rule_keeps_head_and_tail() -> None:
+    t = Truncation(window=10, head_tokens=3, max_chars=20)
+    assert t.cut_ids(list(range(100))) == [0, 1, 2, 95, 96, 97, 98, 99]
+    assert t.cut_ids([1, 2]) == [1, 2]
+    assert t.cut_text("a" * 10 + "b" * 30 + "c" * 10) == "a" * 10 + " " + "c" * 10
+    with pytest.raises(PredictorInputError):
+        Truncation(window=10, head_tokens=9)
+
+
+def test_predict_cost_runs_without_torch_or_transformers(trained: dict) -> None:
+    code = (
+        "import sys, json, dwise_predict\n"
+        f"b = dwise_predict.load_bundle({str(trained['path'])!r})  # its stored cost profile\n"
+        "c = b.predict_cost(['what is 2 + 2?', 'write a long story'])\n"
+        "heavy = [m for m in ('torch', 'transformers', 'lightning', 'pytorch_lightning') "
+        "if m in sys.modules]\n"
+        "print(json.dumps({'cost': c.tolist(), 'heavy': heavy}))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).parent.parent)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["heavy"] == [] and len(got["cost"]) == 2 and min(got["cost"]) > 0
+
+
+def test_bad_training_inputs(tiny_encoder: Path, tmp_path: Path) -> None:
+    from dwise_predict.trainers.dws import DWSTrainConfig, train_dws
+    from dwise_predict.trainers.dws_bundle import train_dws_module
+    from dwise_predict.trainers.dws_data import dws_arrays
+    from dwise_predict.trainers.pipeline import train_bundle
+
+    few = make_traces(12, block_size=BS, output_budget=BUDGET, seed=3)
+    with pytest.raises(TrainingError, match="too few"):
+        train_dws(dws_arrays(few), planted_profile(),
+                  DWSTrainConfig(encoder_path=str(tiny_encoder)))
+    with pytest.raises(TraceError, match="steps"):
+        dws_arrays(few, max_steps=2)
+    with pytest.raises(TrainingError, match="cost profile"):
+        train_bundle(few, tmp_path / "x", only="dws")
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(ConfigError, match="block size"):
+        train_dws_module(few, planted_profile(block_size=4), tmp_path)
+    with pytest.raises(ConfigError):
+        DWSTrainConfig(stage_a="everything")

