@@ -20,7 +20,9 @@ from dwise_predict.traces import META_FINGERPRINT, TRACE_SCHEMA_VERSION
 
 from .admission import AdmissionConfig, train_admission
 from .dataset import TraceArrays, as_table, category_counts, trace_arrays
+from .devices import DeviceConfig, is_global_zero
 from .refinement import RefinementConfig, train_refinement
+from .streaming import ARRAY_COLUMNS, ParquetSource, RowSource
 
 log = logging.getLogger(__name__)
 PREDICTORS = ("admission", "refine")
@@ -46,9 +48,14 @@ def check_training_data(arrays: TraceArrays, *, allow_single_category: bool = Fa
 
 
 def train_models(arrays: TraceArrays, only: tuple[str, ...], seed: int, *, featurizer: PromptFeaturizer | None = None,
-                 admission_config: AdmissionConfig | None = None, refinement_config: RefinementConfig | None = None
+                 admission_config: AdmissionConfig | None = None, refinement_config: RefinementConfig | None = None,
+                 source: RowSource | None = None, devices: DeviceConfig | None = None
                  ) -> tuple[Any, Any, dict[str, float]]:
-    """Train the selected predictors on arrays; returns (admission | None, refinement | None, seconds)."""
+    """Train the selected predictors on arrays; returns (admission | None, refinement | None, seconds).
+
+    ``source`` (streamed traces) feeds the refinement predictor instead of ``arrays``, which
+    then need only the small columns.
+    """
     seconds: dict[str, float] = {}
     admission = refinement = None
     if "admission" in only:
@@ -57,12 +64,12 @@ def train_models(arrays: TraceArrays, only: tuple[str, ...], seed: int, *, featu
         admission = train_admission((arrays.features, arrays.total_rounds), adm_cfg, featurizer=featurizer)
         seconds["admission"] = time.perf_counter() - t0
     if "refine" in only:
-        if arrays.hidden is None:
+        if arrays.hidden is None and source is None:
             raise TrainingError("the traces have no first_round_hidden; re-trace with hidden-state capture, or "
                                 "train with --only admission")
         t0 = time.perf_counter()
         ref_cfg = replace(refinement_config or RefinementConfig(), seed=seed)
-        refinement = train_refinement(arrays, ref_cfg)
+        refinement = train_refinement(source if source is not None else arrays, ref_cfg, devices=devices)
         seconds["refine"] = time.perf_counter() - t0
     return admission, refinement, seconds
 
@@ -70,18 +77,41 @@ def train_models(arrays: TraceArrays, only: tuple[str, ...], seed: int, *, featu
 def train_bundle(traces: str | Path | pa.Table, out: str | Path, *, only: str | Sequence[str] | None = None,
                  seed: int = 0, featurizer: PromptFeaturizer | None = None,
                  admission_config: AdmissionConfig | None = None, refinement_config: RefinementConfig | None = None,
-                 allow_single_category: bool = False, overwrite: bool = False, name: str | None = None) -> Path:
-    """Train the selected predictors on ``traces`` and write a bundle folder at ``out``."""
+                 allow_single_category: bool = False, overwrite: bool = False, name: str | None = None,
+                 devices: DeviceConfig | None = None, streaming: bool = False, filesystem: Any = None) -> Path:
+    """Train the selected predictors on ``traces`` and write a bundle folder at ``out``.
+
+    ``streaming`` reads the traces (a path or URI; ``filesystem`` a ``pyarrow.fs`` one) in
+    record batches: the refinement predictor never holds more than a shuffle window of hidden
+    states, while the admission model loads its three feature columns and the round counts
+    whole (a few bytes per request). Under several processes (``devices``) every process
+    trains and only global rank 0 writes the bundle; the others return ``out`` unwritten.
+    """
     names = parse_only(only)
-    table = as_table(traces)
-    arrays = trace_arrays(table, need_hidden="refine" in names)
+    source: ParquetSource | None = None
+    if streaming:
+        if isinstance(traces, pa.Table):
+            raise ConfigError("streaming reads trace files; pass their path (or train the table in memory)")
+        source = ParquetSource(traces, filesystem=filesystem)
+        small = [c for c in ARRAY_COLUMNS if c != "first_round_hidden"]
+        table = source.read_columns(small)
+        arrays = trace_arrays(table)
+        head = source.head(64)
+    else:
+        table = as_table(traces)
+        arrays = trace_arrays(table, need_hidden="refine" in names)
+        head = table
     check_training_data(arrays, allow_single_category=allow_single_category)
-    fingerprint = trace_fingerprint(table, featurizer)
+    fingerprint = trace_fingerprint(head, featurizer)
     if featurizer is not None:
-        check_featurizer(table, featurizer)
+        check_featurizer(head, featurizer)
     admission, refinement, seconds = train_models(arrays, names, seed, featurizer=featurizer,
                                                   admission_config=admission_config,
-                                                  refinement_config=refinement_config)
+                                                  refinement_config=refinement_config,
+                                                  source=source if "refine" in names else None,
+                                                  devices=devices)
+    if not is_global_zero():
+        return Path(out)
     training = {
         "n_requests": arrays.n, "categories": category_counts(arrays.category),
         "trace_schema_version": TRACE_SCHEMA_VERSION, "seed": seed, "predictors": list(names),
