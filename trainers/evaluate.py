@@ -24,7 +24,7 @@ from dwise_predict.errors import ConfigError, TrainingError
 from .admission import AdmissionConfig
 from .dataset import TraceArrays, category_counts, trace_arrays
 from .refinement import RefinementConfig
-from .streaming import RowSource, chunks
+from .streaming import ArraySource, RowSource, chunks
 
 ESTIMATES = ("admission", "refined_raw", "refined")
 
@@ -74,8 +74,15 @@ def predictions(bundle: Bundle, arrays: TraceArrays) -> dict[str, tuple[np.ndarr
     return out
 
 
-def evaluate_arrays(bundle: Bundle, arrays: TraceArrays) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, np.ndarray]]]:
-    return _metrics(predictions(bundle, arrays), arrays.category)
+def evaluate_arrays(bundle: Bundle, arrays: TraceArrays, chunk_rows: int = 4096
+                    ) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """Metrics and (predicted, actual) per estimate; predicted ``chunk_rows`` requests at a time.
+
+    The chunking is the streaming evaluator's (:func:`evaluate_source`), so traces read whole
+    and traces read in pieces give the same numbers to the last bit (a float32 matrix product's
+    rounding depends on how many rows it multiplies at once).
+    """
+    return evaluate_source(bundle, ArraySource(arrays), chunk_rows)
 
 
 def _metrics(preds: dict[str, tuple[np.ndarray, np.ndarray]], category: np.ndarray
