@@ -82,7 +82,7 @@ def test_stats_read_in_chunks_equal_stats_of_the_whole(sharded):
     h = arrays.hidden.astype(np.float64)
     assert np.allclose(chunked.hidden_mean, h.mean(axis=0), rtol=0, atol=1e-6)
     assert np.allclose(chunked.hidden_std, h.std(axis=0), rtol=1e-5)
-    assert chunked.K == arrays.remaining.max()
+    assert arrays.remaining.max() == chunked.K
     assert list(chunked.category_names()) == list(arrays.category)
 
 

@@ -45,7 +45,8 @@ class DeviceConfig:
         if self.num_nodes < 1:
             raise ConfigError(f"--num-nodes must be >= 1, got {self.num_nodes}")
         if isinstance(self.devices, int) and self.devices < 1 and self.devices != -1:
-            raise ConfigError(f"--devices must be >= 1 (or -1 / 'auto' for all), got {self.devices}")
+            raise ConfigError(f"--devices must be >= 1 (or -1 / 'auto' for all), "
+                              f"got {self.devices}")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DeviceConfig:

@@ -60,8 +60,8 @@ class ShufflePlan:
 
     def window_rows(self, chunk_ids: np.ndarray) -> np.ndarray:
         """Global row ids of a window, chunks concatenated in order."""
-        return np.concatenate([np.arange(c * self.chunk_rows, min((c + 1) * self.chunk_rows, self.n))
-                               for c in chunk_ids])
+        c = self.chunk_rows
+        return np.concatenate([np.arange(i * c, min((i + 1) * c, self.n)) for i in chunk_ids])
 
     def window_batches(self, chunk_ids: np.ndarray, epoch: int, shard: int, window: int
                        ) -> list[np.ndarray]:
@@ -132,4 +132,5 @@ class TraceBatches(IterableDataset):
                 if left <= 0:
                     return
                 left -= 1
-                yield torch.from_numpy(x[idx]), torch.from_numpy(y[idx]), torch.from_numpy(cens[idx])
+                yield (torch.from_numpy(x[idx]), torch.from_numpy(y[idx]),
+                       torch.from_numpy(cens[idx]))

@@ -48,10 +48,12 @@ def check_training_data(arrays: TraceArrays, *, allow_single_category: bool = Fa
 
 
 def train_models(arrays: TraceArrays, only: tuple[str, ...], seed: int, *, featurizer: PromptFeaturizer | None = None,
-                 admission_config: AdmissionConfig | None = None, refinement_config: RefinementConfig | None = None,
+                 admission_config: AdmissionConfig | None = None,
+                 refinement_config: RefinementConfig | None = None,
                  source: RowSource | None = None, devices: DeviceConfig | None = None
                  ) -> tuple[Any, Any, dict[str, float]]:
-    """Train the selected predictors on arrays; returns (admission | None, refinement | None, seconds).
+    """Train the selected predictors on arrays; returns (admission | None, refinement | None,
+    seconds).
 
     ``source`` (streamed traces) feeds the refinement predictor instead of ``arrays``, which
     then need only the small columns.
@@ -69,7 +71,8 @@ def train_models(arrays: TraceArrays, only: tuple[str, ...], seed: int, *, featu
                                 "train with --only admission")
         t0 = time.perf_counter()
         ref_cfg = replace(refinement_config or RefinementConfig(), seed=seed)
-        refinement = train_refinement(source if source is not None else arrays, ref_cfg, devices=devices)
+        rows = source if source is not None else arrays
+        refinement = train_refinement(rows, ref_cfg, devices=devices)
         seconds["refine"] = time.perf_counter() - t0
     return admission, refinement, seconds
 
@@ -77,8 +80,9 @@ def train_models(arrays: TraceArrays, only: tuple[str, ...], seed: int, *, featu
 def train_bundle(traces: str | Path | pa.Table, out: str | Path, *, only: str | Sequence[str] | None = None,
                  seed: int = 0, featurizer: PromptFeaturizer | None = None,
                  admission_config: AdmissionConfig | None = None, refinement_config: RefinementConfig | None = None,
-                 allow_single_category: bool = False, overwrite: bool = False, name: str | None = None,
-                 devices: DeviceConfig | None = None, streaming: bool = False, filesystem: Any = None) -> Path:
+                 allow_single_category: bool = False, overwrite: bool = False,
+                 name: str | None = None, devices: DeviceConfig | None = None, streaming: bool = False,
+                 filesystem: Any = None) -> Path:
     """Train the selected predictors on ``traces`` and write a bundle folder at ``out``.
 
     ``streaming`` reads the traces (a path or URI; ``filesystem`` a ``pyarrow.fs`` one) in
@@ -91,7 +95,8 @@ def train_bundle(traces: str | Path | pa.Table, out: str | Path, *, only: str | 
     source: ParquetSource | None = None
     if streaming:
         if isinstance(traces, pa.Table):
-            raise ConfigError("streaming reads trace files; pass their path (or train the table in memory)")
+            raise ConfigError("streaming reads trace files; pass their path (or train the table "
+                              "in memory)")
         source = ParquetSource(traces, filesystem=filesystem)
         small = [c for c in ARRAY_COLUMNS if c != "first_round_hidden"]
         table = source.read_columns(small)

@@ -12,7 +12,8 @@ Members differ only in seed (``seed_everything(seed + i, workers=True)``); their
 curves are averaged at inference. Training reads the traces through a row source
 (:mod:`.streaming`) in seeded chunk-shuffled batches (:mod:`.loader`), so traces larger than
 memory train the same way as a table in memory, and under DDP each process reads its own
-share; where it runs is a :class:`~.devices.DeviceConfig`. The isotonic map (scikit-learn) is fitted on the training
+share; where it runs is a :class:`~.devices.DeviceConfig`.
+The isotonic map (scikit-learn) is fitted on the training
 split, from the raw ensemble mean to ``log1p`` of the actual remaining rounds, and exported as
 plain arrays. Weights are exported to numpy (safetensors in the bundle), never as a checkpoint.
 """
@@ -77,8 +78,8 @@ class RefinementConfig:
         if self.members < 1 or self.width < 1 or self.epochs < 1 or self.batch_size < 1:
             raise ConfigError(f"invalid refinement config {self}: members, width, epochs, batch_size must be >= 1")
         if self.chunk_rows < 1 or self.window_chunks < 1 or self.num_workers < 0:
-            raise ConfigError(f"invalid refinement config {self}: chunk_rows and window_chunks must be "
-                              ">= 1, num_workers >= 0")
+            raise ConfigError(f"invalid refinement config {self}: chunk_rows and window_chunks "
+                              "must be >= 1, num_workers >= 0")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout must lie in [0, 1), got {self.dropout}")
         if self.calibration not in ("log", "log1p", "identity", "none"):
@@ -156,7 +157,8 @@ class Normalization:
                                  self.output_budget_scale)
 
 
-def marginal_hazard(remaining: np.ndarray, censored: np.ndarray, K: int) -> np.ndarray:  # noqa: N803
+def marginal_hazard(remaining: np.ndarray, censored: np.ndarray,
+                    K: int) -> np.ndarray:  # noqa: N803
     """Kaplan-Meier-style hazards per remaining round index (censoring-aware)."""
     counts = np.bincount(remaining, minlength=K + 1)
     at_risk = np.cumsum(counts[::-1])[::-1][:K].astype(np.float64)  # requests with y >= j
@@ -184,8 +186,8 @@ class TraceDataModule(pl.LightningDataModule):
         epoch = trainer.current_epoch if trainer is not None else 0
         c = self.config
         workers = c.num_workers
-        plan = ShufflePlan.for_shards(self.source.n, world * max(1, workers), chunk_rows=c.chunk_rows,
-                                      window_chunks=c.window_chunks,
+        plan = ShufflePlan.for_shards(self.source.n, world * max(1, workers),
+                                      chunk_rows=c.chunk_rows, window_chunks=c.window_chunks,
                                       batch_size=max(1, c.batch_size // world), seed=self.seed,
                                       keep=self.keep)
         batches = TraceBatches(self.source, plan, self.normalization.apply, epoch=epoch, rank=rank,
@@ -195,7 +197,7 @@ class TraceDataModule(pl.LightningDataModule):
 
 
 def as_source(traces: str | Path | pa.Table | TraceArrays | RowSource) -> RowSource:
-    """Paths and tables are read into memory; pass a :class:`~.streaming.ParquetSource` to stream."""
+    """Paths and tables are read into memory; a :class:`~.streaming.ParquetSource` streams."""
     if isinstance(traces, TraceArrays):
         return ArraySource(traces)
     if isinstance(traces, (str, Path, pa.Table)):
@@ -236,18 +238,19 @@ def train_refinement(traces: str | Path | pa.Table | TraceArrays | RowSource,
     devices = devices or DeviceConfig()
     source = as_source(traces)
     if source.n < config.min_samples:
-        raise TrainingError(f"{source.n} requests are too few to train the refinement model (need >= "
-                            f"{config.min_samples}); trace more requests")
+        raise TrainingError(f"{source.n} requests are too few to train the refinement model "
+                            f"(need >= {config.min_samples}); trace more requests")
     stats = scan_stats(source, config.chunk_rows, progress=progress)
     K = stats.K  # noqa: N806
     if K < 1:
         raise TrainingError("every training request finished in its first denoising round (K = 0): nothing to "
                             "refine; trace requests with longer outputs")
-    d_in = stats.hidden_size + 2  # hidden vector + normalized prompt length + normalized output budget
+    d_in = stats.hidden_size + 2  # hidden vector + normalized prompt length and output budget
     norm = Normalization.from_stats(stats)
     censored = stats.hit_budget if config.censor_hit_budget else np.zeros(stats.n, dtype=bool)
     cross_fit = config.cross_fit_calibration and config.members > 1
-    fold = fold_ids(stats.category, config.members, config.seed) if cross_fit else np.full(stats.n, -1)
+    fold = (fold_ids(stats.category, config.members, config.seed) if cross_fit
+            else np.full(stats.n, -1))
     members: list[MLPWeights] = []
     threads = torch.get_num_threads()
     world = 1
@@ -264,8 +267,9 @@ def train_refinement(traces: str | Path | pa.Table | TraceArrays | RowSource,
                                          censored if keep is None else censored[keep], K)
                 model = SurvivalMLP(d_in, K, config.width, config.dropout, config.lr,
                                     config.weight_decay, init_hazard=hazard)
-                trainer = pl.Trainer(max_epochs=config.epochs, deterministic=True, enable_checkpointing=False,
-                                     logger=False, enable_progress_bar=progress, enable_model_summary=False,
+                trainer = pl.Trainer(max_epochs=config.epochs, deterministic=True,
+                                     enable_checkpointing=False, logger=False,
+                                     enable_progress_bar=progress, enable_model_summary=False,
                                      num_sanity_val_steps=0, reload_dataloaders_every_n_epochs=1,
                                      use_distributed_sampler=False, **devices.trainer_kwargs())
                 trainer.fit(model, datamodule=dm)
@@ -273,7 +277,8 @@ def train_refinement(traces: str | Path | pa.Table | TraceArrays | RowSource,
                 members.append(model.cpu().to_weights())
     finally:
         torch.set_num_threads(threads)
-    info = {"config": asdict(config), "n_train": stats.n, "K": K, "train_seconds": time.perf_counter() - t0,
+    info = {"config": asdict(config), "n_train": stats.n, "K": K,
+            "train_seconds": time.perf_counter() - t0,
             "torch": torch.__version__, "pytorch_lightning": pl.__version__,
             "devices": asdict(devices), "processes": world,
             "calibration_fit": "out-of-fold" if cross_fit else "in-sample"}

@@ -94,8 +94,9 @@ class ParquetSource:
         try:
             dataset = ds.dataset(paths, format="parquet", filesystem=filesystem)
         except (OSError, pa.ArrowInvalid) as e:
-            raise TraceError(f"cannot open the traces at {path}: {e}; pass a trace file, a folder of "
-                             "shards or a URI pyarrow reads (s3://, gs://, hdfs://)") from e
+            raise TraceError(f"cannot open the traces at {path}: {e}; pass a trace file, a "
+                             "folder of shards or a URI pyarrow reads (s3://, gs://, hdfs://)"
+                             ) from e
         fragments = sorted(dataset.get_fragments(), key=lambda f: f.path)
         if not fragments:
             raise TraceError(f"no trace files at {path}; run `dwise-predict trace` first")
@@ -140,7 +141,7 @@ class ParquetSource:
         for g in self._groups[first:]:
             if g.start >= stop:
                 break
-            table = g.fragment.to_table(columns=cols)
+            table = g.fragment.to_table(columns=cols, use_threads=False)
             parts.append(table.slice(max(0, start - g.start), min(g.rows, stop - g.start)))
         table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
         return table.replace_schema_metadata(self.metadata)
@@ -236,7 +237,8 @@ def scan_stats(source: RowSource, chunk_rows: int = 1024, *, check: bool = True,
             raise TraceError("the traces have no first_round_hidden; re-trace with hidden-state "
                              "capture on to train or evaluate the refinement predictor")
         if np.any(part.total_rounds < 1):
-            raise TrainingError("total_rounds must be >= 1 for every request; the traces are corrupt")
+            raise TrainingError("total_rounds must be >= 1 for every request; the traces are "
+                                "corrupt")
         h = part.hidden.astype(np.float64)
         m = len(h)
         c_mean = h.mean(axis=0)
@@ -245,8 +247,8 @@ def scan_stats(source: RowSource, chunk_rows: int = 1024, *, check: bool = True,
             mean, m2 = c_mean, c_m2
         else:
             if h.shape[1] != len(mean):
-                raise TraceError(f"first_round_hidden has mixed sizes ({len(mean)} and {h.shape[1]}); "
-                                 "traces mix models")
+                raise TraceError(f"first_round_hidden has mixed sizes ({len(mean)} and "
+                                 f"{h.shape[1]}); traces mix models")
             delta = c_mean - mean
             total = count + m
             mean = mean + delta * (m / total)

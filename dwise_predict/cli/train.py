@@ -35,8 +35,8 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
     p.add_argument("--epochs", type=int, help="refinement training epochs (default: 20)")
     p.add_argument("--allow-single-category", action="store_true", help="train even if the traces hold one category")
     p.add_argument("--streaming", action="store_true",
-                   help="read the traces in record batches (traces larger than memory; --traces may be a "
-                        "URI such as s3://bucket/traces/)")
+                   help="read the traces in record batches (traces larger than memory; --traces "
+                        "may be a URI such as s3://bucket/traces/)")
     p.add_argument("--workers", type=int, default=0,
                    help="data-loader worker processes per training process (default: 0)")
     _add_device_arguments(p)
@@ -69,10 +69,12 @@ def run(args: argparse.Namespace) -> int:
         featurizer = _model_featurizer(args.model, args.traces)
     if featurizer is None:
         log.warning("no --tokenizer given: the bundle predicts admission from feature rows only, not raw text")
-    rcfg = RefinementConfig(**({"epochs": args.epochs} if args.epochs else {}), num_workers=args.workers)
+    epochs = {"epochs": args.epochs} if args.epochs else {}
+    rcfg = RefinementConfig(**epochs, num_workers=args.workers)
     out = train_bundle(args.traces, args.out, only=args.only, seed=args.seed, featurizer=featurizer,
                        refinement_config=rcfg, allow_single_category=args.allow_single_category,
-                       overwrite=args.force, devices=DeviceConfig.from_args(args), streaming=args.streaming)
+                       overwrite=args.force, devices=DeviceConfig.from_args(args),
+                       streaming=args.streaming)
     if not is_global_zero():
         return 0  # the other processes of a multi-process run: rank 0 wrote and reports
     bundle = load_bundle(out)

@@ -34,11 +34,11 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
+from dwise_predict.trainers.devices import DeviceConfig, add_device_arguments, is_global_zero
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from dwise_predict.errors import TrainingError
-from dwise_predict.trainers.devices import DeviceConfig, add_device_arguments, is_global_zero
 
 from .config import TinyBDConfig
 from .data import (
@@ -232,7 +232,8 @@ class TimeBoxAndLog(pl.Callback):
             with open(self.csv_path, "a", newline="") as f:
                 csv.writer(f).writerow(row.values())
             print(f"step {step} t={elapsed:.0f}s loss={loss:.4f} lr={lr:.2e}", file=sys.stderr, flush=True)
-        if self.writes and self.snapshot_dir is not None and elapsed - self.last_snapshot >= self.snapshot_s:
+        due = elapsed - self.last_snapshot >= self.snapshot_s
+        if self.writes and self.snapshot_dir is not None and due:
             # a loadable checkpoint mid-run, so decoding can be checked while training goes on
             from .io import save_pretrained
 
@@ -265,8 +266,9 @@ def make_trainer(train_config: TrainConfig, devices: DeviceConfig | None = None,
     """
     devices = devices or DeviceConfig()
     return pl.Trainer(deterministic=True, max_steps=train_config.max_steps, max_epochs=-1,
-                      gradient_clip_val=train_config.grad_clip, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks or [],
+                      gradient_clip_val=train_config.grad_clip, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, callbacks=callbacks or [],
                       **devices.trainer_kwargs())
 
 
