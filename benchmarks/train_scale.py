@@ -1,4 +1,4 @@
-"""Training at scale: streamed traces under a memory cap, the in-memory path beside it, DDP on 2 CPUs.
+"""Training at scale: streamed traces under a memory cap, the in-memory path beside it, DDP.
 
 Data: SYNTHETIC traces with the planted signal of tests/synthetic_traces.py (categories, prompt
 features and rounds from it; the 2,048-wide first-round hidden state built from each request's
@@ -57,7 +57,8 @@ def write_set(folder: Path, n: int, seed: int, *, rows_per_shard: int = 16_384,
         base = make_traces(rows, 4, seed=seed * 1000 + k, id_prefix=f"{prefix}{k}")
         blocks = np.asarray(base.column("output_blocks").to_numpy(), dtype=np.float64)
         rounds = np.asarray(base.column("total_rounds").to_numpy(), dtype=np.float64)
-        cat = np.unique(base.column("category").to_numpy(zero_copy_only=False), return_inverse=True)[1]
+        names = base.column("category").to_numpy(zero_copy_only=False)
+        cat = np.unique(names, return_inverse=True)[1]
         z_blocks = (np.log(blocks) - 1.0) / 0.6
         z_steps = (np.log(rounds / blocks) - 1.5) / 0.45
         rng = np.random.default_rng([seed, k])
@@ -95,8 +96,9 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
     from dwise_predict.bundle import Bundle
 
-    baseline_rss, baseline_data = _status("VmRSS"), _status("VmData")
-    out: dict[str, Any] = {"path": args.run, "traces": args.traces, "baseline_rss_mib": baseline_rss / MIB}
+    baseline_rss = _status("VmRSS")
+    out: dict[str, Any] = {"path": args.run, "traces": args.traces,
+                           "baseline_rss_mib": baseline_rss / MIB}
     if args.cap_mib:
         # start pyarrow's thread pools before the cap: a pool thread that cannot get its stack
         # under RLIMIT_DATA leaves the reader waiting forever instead of raising
@@ -130,7 +132,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                    eval_seconds=eval_s,
                    train_traces_per_s=n * cfg.epochs * cfg.members / train_s,
                    eval_traces_per_s=metrics["n_requests"] / eval_s,
-                   metrics={k: {"spearman": metrics[k]["spearman"], "median_ratio": metrics[k]["median_ratio"]}
+                   metrics={k: {"spearman": metrics[k]["spearman"],
+                                "median_ratio": metrics[k]["median_ratio"]}
                             for k in ("refined_raw", "refined")})
     except (MemoryError, RuntimeError, OSError) as e:  # the cap hit (numpy, torch, arrow)
         out.update(ok=False, error=f"{type(e).__name__}: {str(e)[:160]}",
@@ -141,7 +144,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_child(run: str, traces: Path, eval_: Path, epochs: int, cap_mib: int = 0) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--child", "--run", run, "--traces", str(traces), "--eval", str(eval_),
+    cmd = [sys.executable, __file__, "--child", "--run", run, "--traces", str(traces),
+           "--eval", str(eval_),
            "--epochs", str(epochs), "--cap-mib", str(cap_mib)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
@@ -161,10 +165,12 @@ def ddp_comparison(work: Path, epochs: int) -> dict[str, Any]:
 
     from dwise_predict.bundle import load_bundle
 
-    train = write_traces(work / "ddp-train" / "part-0000.parquet", make_traces(4096, 256, seed=0)).parent
+    first = work / "ddp-train" / "part-0000.parquet"
+    train = write_traces(first, make_traces(4096, 256, seed=0)).parent
     ev = trace_arrays(make_traces(2048, 256, seed=1, id_prefix="ev"))
     t0 = time.perf_counter()
-    train_bundle(train, work / "ddp-one", only="refine", refinement_config=RefinementConfig(epochs=epochs),
+    train_bundle(train, work / "ddp-one", only="refine",
+                 refinement_config=RefinementConfig(epochs=epochs),
                  overwrite=True)
     one_s = time.perf_counter() - t0
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -176,7 +182,8 @@ def ddp_comparison(work: Path, epochs: int) -> dict[str, Any]:
     two_s = time.perf_counter() - t0
     res: dict[str, Any] = {"n_train": 4096, "n_eval": 2048, "hidden_size": 256, "epochs": epochs,
                            "command": " ".join(cmd[1:]).replace(str(ROOT) + "/", "")}
-    for name, path, secs in (("one_process", work / "ddp-one", one_s), ("ddp_2", work / "ddp-two", two_s)):
+    for name, path, secs in (("one_process", work / "ddp-one", one_s),
+                             ("ddp_2", work / "ddp-two", two_s)):
         b = load_bundle(path)
         m, _ = evaluate_arrays(b, ev)
         res[name] = {"wall_seconds": secs, "train_seconds": b.refinement.info["train_seconds"],
@@ -186,14 +193,17 @@ def ddp_comparison(work: Path, epochs: int) -> dict[str, Any]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--run", default="streaming", help=argparse.SUPPRESS)
     ap.add_argument("--traces", help=argparse.SUPPRESS)
     ap.add_argument("--eval", help=argparse.SUPPRESS)
-    ap.add_argument("--cap-mib", type=int, default=256, help="memory cap above the imports (default: 256)")
+    ap.add_argument("--cap-mib", type=int, default=256,
+                    help="memory cap above the imports (default: 256)")
     ap.add_argument("--scale", type=float, default=4.0, help="hidden states / cap (default: 4)")
-    ap.add_argument("--epochs", type=int, default=1, help="refinement epochs on the large set (default: 1)")
+    ap.add_argument("--epochs", type=int, default=1,
+                    help="refinement epochs on the large set (default: 1)")
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "train-scale")
     ap.add_argument("--no-ddp", action="store_true", help="skip the DDP comparison")
     ap.add_argument("--quick", action="store_true", help="64 MiB cap, small sets (smoke test)")
@@ -211,15 +221,19 @@ def main() -> int:
     small = write_set(args.work / f"small-{n_small}", n_small, seed=2)
     ev = write_set(args.work / f"eval-{n_small}", n_small, seed=1, prefix="ev")
     print(f"data ready in {time.perf_counter() - t0:.0f}s: large {n_large} traces "
-          f"({n_large * per_trace / MIB:.0f} MiB of hidden states), small {n_small}", file=sys.stderr)
+          f"({n_large * per_trace / MIB:.0f} MiB of hidden states), small {n_small}",
+          file=sys.stderr)
     runs = [run_child("streaming", large, ev, args.epochs, args.cap_mib),
             run_child("in-memory", large, ev, args.epochs, args.cap_mib),
             run_child("in-memory", small, ev, 3),
             run_child("streaming", small, ev, 3)]
     result: dict[str, Any] = {
-        "benchmark": "train_scale", "data": "SYNTHETIC planted traces (tests/synthetic_traces.py signal)",
-        "hidden_size": H, "cap_mib_above_imports": args.cap_mib, "n_large": n_large, "n_small": n_small,
-        "hidden_mib_large": n_large * per_trace / MIB, "hidden_mib_small": n_small * per_trace / MIB,
+        "benchmark": "train_scale",
+        "data": "SYNTHETIC planted traces (tests/synthetic_traces.py signal)",
+        "hidden_size": H, "cap_mib_above_imports": args.cap_mib,
+        "n_large": n_large, "n_small": n_small,
+        "hidden_mib_large": n_large * per_trace / MIB,
+        "hidden_mib_small": n_small * per_trace / MIB,
         "runs": runs, "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                                   "platform": platform.platform()},
         "command": "python benchmarks/train_scale.py" + (" --quick" if args.quick else ""),
@@ -243,8 +257,10 @@ def print_table(r: dict[str, Any]) -> None:
         return "-" if v is None else format(v, fmt)
 
     print(f"hidden states: large {r['hidden_mib_large']:.0f} MiB ({r['n_large']} traces), small "
-          f"{r['hidden_mib_small']:.0f} MiB; cap {r['cap_mib_above_imports']} MiB above the imports")
-    print(f"{'path':<10} {'set':<6} {'cap':>5} {'peak RSS':>9} {'above imports':>14} {'train tr/s':>11} "
+          f"{r['hidden_mib_small']:.0f} MiB; cap {r['cap_mib_above_imports']} MiB above the "
+          "imports")
+    print(f"{'path':<10} {'set':<6} {'cap':>5} {'peak RSS':>9} {'above imports':>14} "
+          f"{'train tr/s':>11} "
           f"{'eval tr/s':>10} {'rho':>6} {'median':>7}  result")
     for run, size in zip(r["runs"], ("large", "large", "small", "small")):
         m = (run.get("metrics") or {}).get("refined", {})
@@ -258,7 +274,8 @@ def print_table(r: dict[str, Any]) -> None:
         d = r["ddp"]
         for name in ("one_process", "ddp_2"):
             print(f"{name:<12} rho raw {d[name]['refined_raw']['spearman']:.4f} calibrated "
-                  f"{d[name]['refined']['spearman']:.4f} median ratio {d[name]['refined']['median_ratio']:.4f} "
+                  f"{d[name]['refined']['spearman']:.4f} median ratio "
+                  f"{d[name]['refined']['median_ratio']:.4f} "
                   f"train {d[name]['train_seconds']:.1f}s")
 
 
