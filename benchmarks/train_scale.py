@@ -106,7 +106,9 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         limit = _status("VmData") + args.cap_mib * MIB
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
         out["rlimit_data_mib"] = limit / MIB
-    cfg = RefinementConfig(epochs=args.epochs)
+    # a 2,048-row shuffle window (16 MiB of hidden states): the window, its normalized copy and
+    # the chunks it was joined from are what training holds at once
+    cfg = RefinementConfig(epochs=args.epochs, chunk_rows=512, window_chunks=4)
     t0 = time.perf_counter()
     try:
         if args.run == "streaming":
@@ -147,7 +149,9 @@ def run_child(run: str, traces: Path, eval_: Path, epochs: int, cap_mib: int = 0
     cmd = [sys.executable, __file__, "--child", "--run", run, "--traces", str(traces),
            "--eval", str(eval_),
            "--epochs", str(epochs), "--cap-mib", str(cap_mib)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    # Arrow's system allocator: jemalloc's retained arenas would count against RLIMIT_DATA
+    env = {**os.environ, "ARROW_DEFAULT_MEMORY_POOL": "system"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if not lines:
         return {"path": run, "traces": str(traces), "ok": False,
