@@ -126,9 +126,10 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         t1 = time.perf_counter()
         if args.run == "streaming":
             evs = ParquetSource(args.eval)
-            metrics, _ = evaluate_source(bundle, evs)
+            metrics, _ = evaluate_source(bundle, evs, cfg.chunk_rows)
         else:
-            metrics, _ = evaluate_arrays(bundle, trace_arrays(args.eval, need_hidden=True))
+            metrics, _ = evaluate_arrays(bundle, trace_arrays(args.eval, need_hidden=True),
+                                         cfg.chunk_rows)
         eval_s = time.perf_counter() - t1
         out.update(ok=True, n_train=n, n_eval=metrics["n_requests"], train_seconds=train_s,
                    eval_seconds=eval_s,
