@@ -89,7 +89,10 @@ def test_torch_path_matches_numpy(ensemble, data):
             got = module(torch.from_numpy(ev.hidden), torch.from_numpy(ev.prompt_tokens),
                          torch.from_numpy(ev.output_budget), raw=raw).numpy()
             want = ensemble.predict(ev.hidden, ev.prompt_tokens, ev.output_budget, raw=raw)
-            assert np.max(np.abs(got - want) / np.maximum(want, 1.0)) < 1e-4
+            # the float32 raw mean agrees to 1e-4; a steep isotonic segment (slope ~ 10 here)
+            # scales that difference up, so the calibrated estimate gets 1e-3
+            tol = 1e-4 if raw else 1e-3
+            assert np.max(np.abs(got - want) / np.maximum(want, 1.0)) < tol
 
 
 @pytest.mark.parametrize("transform", TRANSFORMS)

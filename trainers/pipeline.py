@@ -23,7 +23,9 @@ from dwise_predict.traces import META_FINGERPRINT, TRACE_SCHEMA_VERSION
 
 from .admission import AdmissionConfig, train_admission
 from .dataset import TraceArrays, as_table, category_counts, trace_arrays
+from .devices import DeviceConfig, is_global_zero
 from .refinement import RefinementConfig, train_refinement
+from .streaming import ARRAY_COLUMNS, ParquetSource, RowSource
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,9 @@ class TrainSettings:
     featurizer: PromptFeaturizer | None = None
     admission_config: AdmissionConfig | None = None
     refinement_config: RefinementConfig | None = None
+    #: streamed traces feed the refinement predictor instead of the in-memory arrays
+    source: RowSource | None = None
+    devices: DeviceConfig | None = None
 
 
 def _train_admission(arrays: TraceArrays, s: TrainSettings) -> AdmissionModel:
@@ -44,10 +49,12 @@ def _train_admission(arrays: TraceArrays, s: TrainSettings) -> AdmissionModel:
 
 
 def _train_refinement(arrays: TraceArrays, s: TrainSettings) -> RefinementEnsemble:
-    if arrays.hidden is None:
+    if arrays.hidden is None and s.source is None:
         raise TrainingError("the traces have no first_round_hidden; re-trace with hidden-state "
                             f"capture, or train with --only {AdmissionModel.kind}")
-    return train_refinement(arrays, replace(s.refinement_config or RefinementConfig(), seed=s.seed))
+    rows = s.source if s.source is not None else arrays
+    cfg = replace(s.refinement_config or RefinementConfig(), seed=s.seed)
+    return train_refinement(rows, cfg, devices=s.devices)
 
 
 #: bundle module kind -> its trainer; a new kind adds one line here to be trainable
@@ -100,12 +107,19 @@ def train_bundle(traces: str | Path | pa.Table, out: str | Path, *, only: str | 
                  admission_config: AdmissionConfig | None = None, refinement_config: RefinementConfig | None = None,
                  allow_single_category: bool = False, overwrite: bool = False,
                  name: str | None = None, cost_profile: Any = None,
-                 dws_config: Any = None) -> Path:
+                 dws_config: Any = None, devices: DeviceConfig | None = None,
+                 streaming: bool = False, filesystem: Any = None) -> Path:
     """Train the selected predictors on ``traces`` and write a bundle folder at ``out``.
 
     ``cost_profile`` (a ``CostProfile``, a file or a shipped name) prices the DWS predictor's
     baselines and evaluation and is stored in the bundle; with one and ``only=None``, DWS is
     trained too.
+
+    ``streaming`` reads the traces (a path or URI; ``filesystem`` a ``pyarrow.fs`` one) in
+    record batches: the refinement predictor never holds more than a shuffle window of hidden
+    states, while the admission model (and DWS) load their small columns whole (a few bytes
+    per request). Under several processes (``devices``) every process trains and only global
+    rank 0 writes the bundle; the others return ``out`` unwritten.
     """
     names = parse_only(only)
     profile = None
@@ -119,15 +133,32 @@ def train_bundle(traces: str | Path | pa.Table, out: str | Path, *, only: str | 
     if DWS in names and profile is None:
         raise TrainingError("training DWS needs a cost profile (its baselines and evaluation are "
                             "in ms): pass --cost-profile FILE (from `dwise-predict profile`)")
-    table = as_table(traces)
-    arrays = trace_arrays(table, need_hidden=bool(NEEDS_HIDDEN & set(names)))
+    source: ParquetSource | None = None
+    if streaming:
+        if isinstance(traces, pa.Table):
+            raise ConfigError("streaming reads trace files; pass their path (or train the table "
+                              "in memory)")
+        source = ParquetSource(traces, filesystem=filesystem)
+        small = [c for c in ARRAY_COLUMNS if c != "first_round_hidden"]
+        if DWS in names:  # DWS reads the prompt text and rounds per block, never hidden states
+            small = [c for c in source.head(1).column_names if c != "first_round_hidden"]
+        table = source.read_columns(small)
+        arrays = trace_arrays(table)
+        head = source.head(64)
+    else:
+        table = as_table(traces)
+        arrays = trace_arrays(table, need_hidden=bool(NEEDS_HIDDEN & set(names)))
+        head = table
     check_training_data(arrays, allow_single_category=allow_single_category)
-    fingerprint = trace_fingerprint(table, featurizer)
+    fingerprint = trace_fingerprint(head, featurizer)
     if featurizer is not None:
-        check_featurizer(table, featurizer)
+        check_featurizer(head, featurizer)
     settings = TrainSettings(seed=seed, featurizer=featurizer, admission_config=admission_config,
-                             refinement_config=refinement_config)
+                             refinement_config=refinement_config, source=source,
+                             devices=devices)
     modules, seconds = train_models(arrays, tuple(n for n in names if n != DWS), settings)
+    if not is_global_zero():
+        return Path(out)  # the other processes of a multi-process run: rank 0 writes
     training: dict[str, Any] = {
         "n_requests": arrays.n, "categories": category_counts(arrays.category),
         "trace_schema_version": TRACE_SCHEMA_VERSION, "seed": seed, "predictors": list(names),

@@ -9,7 +9,11 @@ remaining rounds (``y = total_rounds - 1``; hazard index ``j`` stands for round 
     censored (``hit_budget``: the output budget cut it, T >= y):  log P(T >= y) = sum_{j < y} log(1 - h_j)
 
 Members differ only in seed (``seed_everything(seed + i, workers=True)``); their survival
-curves are averaged at inference. The isotonic map (scikit-learn) is fitted on the training
+curves are averaged at inference. Training reads the traces through a row source
+(:mod:`.streaming`) in seeded chunk-shuffled batches (:mod:`.loader`), so traces larger than
+memory train the same way as a table in memory, and under DDP each process reads its own
+share; where it runs is a :class:`~.devices.DeviceConfig`.
+The isotonic map (scikit-learn) is fitted on the training
 split, from the raw ensemble mean to the actual remaining rounds (or their log / log1p:
 ``RefinementConfig.calibration``), and exported as plain arrays. Weights are exported to numpy (safetensors in the bundle), never as a checkpoint.
 """
@@ -30,7 +34,7 @@ import pyarrow as pa
 import pytorch_lightning as pl
 import torch
 from torch import nn
-from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
+from torch.utils.data import DataLoader
 
 from dwise_predict.errors import ConfigError, PredictorInputError, TrainingError
 from dwise_predict.predictors import IsotonicMap, MLPWeights, RefinementEnsemble
@@ -38,6 +42,9 @@ from dwise_predict.predictors.calibration import DEFAULT_TRANSFORM, TRANSFORMS
 from dwise_predict.predictors.refinement import normalized_inputs
 
 from .dataset import TraceArrays, trace_arrays
+from .devices import DeviceConfig, is_global_zero
+from .loader import ShufflePlan, TraceBatches
+from .streaming import ArraySource, RowSource, TraceStats, chunks, scan_stats
 
 
 @dataclass(frozen=True)
@@ -60,12 +67,20 @@ class RefinementConfig:
     #: log (a conditional geometric mean, the admission model's kind of estimate); "none" = no map
     calibration: str = DEFAULT_TRANSFORM
     num_threads: int = 1
-    accelerator: str = "cpu"
     min_samples: int = 32
+    #: rows read at a time, and chunks per shuffle window: a window is what a data-loader
+    #: worker holds in memory (1,024 x 8 rows of a 2,048-wide hidden state: 64 MiB)
+    chunk_rows: int = 1024
+    window_chunks: int = 8
+    #: data-loader worker processes per training process (0: read in the training process)
+    num_workers: int = 0
 
     def __post_init__(self) -> None:
         if self.members < 1 or self.width < 1 or self.epochs < 1 or self.batch_size < 1:
             raise ConfigError(f"invalid refinement config {self}: members, width, epochs, batch_size must be >= 1")
+        if self.chunk_rows < 1 or self.window_chunks < 1 or self.num_workers < 0:
+            raise ConfigError(f"invalid refinement config {self}: chunk_rows and window_chunks "
+                              "must be >= 1, num_workers >= 0")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout must lie in [0, 1), got {self.dropout}")
         if self.calibration not in (*TRANSFORMS, "none"):
@@ -122,26 +137,6 @@ class SurvivalMLP(pl.LightningModule):
                           last.weight.detach().cpu().numpy().T.copy(), last.bias.detach().cpu().numpy().copy())
 
 
-class _BatchDataset(Dataset):
-    """Indexed by a whole list of rows at once: one tensor gather per batch, no per-sample Python."""
-
-    def __init__(self, *tensors: torch.Tensor) -> None:
-        self.tensors = tensors
-
-    def __len__(self) -> int:
-        return len(self.tensors[0])
-
-    def __getitem__(self, rows: list[int]) -> tuple[torch.Tensor, ...]:
-        idx = torch.as_tensor(rows)
-        return tuple(t[idx] for t in self.tensors)
-
-
-def _hidden(arrays: TraceArrays) -> np.ndarray:
-    if arrays.hidden is None:
-        raise TrainingError("refinement training needs first_round_hidden in the traces; re-trace "
-                            "with hidden-state capture")
-    return arrays.hidden
-
 
 @dataclass(frozen=True)
 class Normalization:
@@ -153,67 +148,64 @@ class Normalization:
     output_budget_scale: float
 
     @classmethod
-    def fit(cls, arrays: TraceArrays) -> Normalization:
-        h = _hidden(arrays)
-        mean = h.mean(axis=0, dtype=np.float64).astype(np.float32)
-        std = np.maximum(h.std(axis=0, dtype=np.float64), 1e-6).astype(np.float32)
-        return cls(mean, std, float(max(arrays.prompt_tokens.max(), 1.0)), float(max(arrays.output_budget.max(), 1.0)))
+    def from_stats(cls, stats: TraceStats) -> Normalization:
+        return cls(stats.hidden_mean, stats.hidden_std, stats.prompt_tokens_scale,
+                   stats.output_budget_scale)
 
     def apply(self, arrays: TraceArrays) -> np.ndarray:
-        return normalized_inputs(_hidden(arrays), arrays.prompt_tokens, arrays.output_budget, self.hidden_mean,
+        if arrays.hidden is None:
+            raise TrainingError("refinement training needs first_round_hidden in the traces")
+        return normalized_inputs(arrays.hidden, arrays.prompt_tokens, arrays.output_budget, self.hidden_mean,
                                  (1.0 / self.hidden_std).astype(np.float32), self.prompt_tokens_scale,
                                  self.output_budget_scale)
 
 
+def marginal_hazard(remaining: np.ndarray, censored: np.ndarray,
+                    K: int) -> np.ndarray:  # noqa: N803
+    """Kaplan-Meier-style hazards per remaining round index (censoring-aware)."""
+    counts = np.bincount(remaining, minlength=K + 1)
+    at_risk = np.cumsum(counts[::-1])[::-1][:K].astype(np.float64)  # requests with y >= j
+    events = np.bincount(remaining[~censored], minlength=K + 1)[:K].astype(np.float64)
+    return (events + 0.5) / (at_risk + 1.0)
+
+
 class TraceDataModule(pl.LightningDataModule):
-    """Trace files (or a table) -> normalized inputs, remaining rounds and censoring flags, batched."""
+    """A row source -> normalized inputs, remaining rounds and censoring flags, batched.
 
-    def __init__(self, traces: str | Path | pa.Table | TraceArrays, batch_size: int = 256,
-                 censor_hit_budget: bool = True, normalization: Normalization | None = None,
-                 K: int | None = None) -> None:  # noqa: N803
+    Each epoch re-reads the source in a new seeded order (``reload_dataloaders_every_n_epochs=1``),
+    sharded by the trainer's rank and world size and by data-loader worker; the global batch is
+    ``batch_size`` whatever the number of processes.
+    """
+
+    def __init__(self, source: RowSource, normalization: Normalization, config: RefinementConfig,
+                 *, seed: int, keep: np.ndarray | None = None) -> None:
         super().__init__()
-        self.traces, self.batch_size, self.censor_hit_budget = traces, batch_size, censor_hit_budget
-        self.normalization = normalization
-        self.arrays: TraceArrays | None = None
-        self._K = K
-
-    def setup(self, stage: str | None = None) -> None:
-        if self.arrays is not None:
-            return
-        arrays = self.traces if isinstance(self.traces, TraceArrays) else trace_arrays(self.traces, need_hidden=True)
-        if arrays.hidden is None:
-            raise TrainingError("refinement training needs first_round_hidden in the traces")
-        self.arrays = arrays
-        self.normalization = self.normalization or Normalization.fit(arrays)
-        x = self.normalization.apply(arrays)
-        censored = arrays.hit_budget if self.censor_hit_budget else np.zeros(arrays.n, dtype=bool)
-        self._tensors = (torch.from_numpy(x), torch.from_numpy(arrays.remaining.astype(np.int64)),
-                         torch.from_numpy(censored.copy()))
-
-    def loaded(self) -> TraceArrays:
-        """The arrays ``setup`` read; refused before ``setup`` ran."""
-        if self.arrays is None:
-            raise TrainingError("the trace data module is not set up; call setup() first")
-        return self.arrays
-
-    @property
-    def K(self) -> int:  # noqa: N802 - the name in docs/concepts.md
-        return int(self._K if self._K is not None else self.loaded().remaining.max())
-
-    def marginal_hazard(self) -> np.ndarray:
-        """Kaplan-Meier-style hazards per remaining round index (censoring-aware)."""
-        arrays = self.loaded()
-        y = arrays.remaining
-        cens = arrays.hit_budget if self.censor_hit_budget else np.zeros(len(y), dtype=bool)
-        at_risk = np.array([(y >= j).sum() for j in range(self.K)], dtype=np.float64)
-        events = np.bincount(y[~cens], minlength=self.K + 1)[: self.K].astype(np.float64)
-        return (events + 0.5) / (at_risk + 1.0)
+        self.source, self.normalization, self.config = source, normalization, config
+        self.seed, self.keep = seed, keep
 
     def train_dataloader(self) -> DataLoader:
-        g = torch.Generator().manual_seed(int(torch.initial_seed()) % (2**63))
-        sampler = BatchSampler(RandomSampler(range(len(self._tensors[0])), generator=g), self.batch_size,
-                               drop_last=False)
-        return DataLoader(_BatchDataset(*self._tensors), sampler=sampler, batch_size=None, num_workers=0)
+        trainer = self.trainer
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        epoch = trainer.current_epoch if trainer is not None else 0
+        c = self.config
+        workers = c.num_workers
+        plan = ShufflePlan.for_shards(self.source.n, world * max(1, workers),
+                                      chunk_rows=c.chunk_rows, window_chunks=c.window_chunks,
+                                      batch_size=max(1, c.batch_size // world), seed=self.seed,
+                                      keep=self.keep)
+        batches = TraceBatches(self.source, plan, self.normalization.apply, epoch=epoch, rank=rank,
+                               world=world, workers=workers, censor_hit_budget=c.censor_hit_budget)
+        return DataLoader(batches, batch_size=None, num_workers=workers,
+                          prefetch_factor=2 if workers else None)
+
+
+def as_source(traces: str | Path | pa.Table | TraceArrays | RowSource) -> RowSource:
+    """Paths and tables are read into memory; a :class:`~.streaming.ParquetSource` streams."""
+    if isinstance(traces, TraceArrays):
+        return ArraySource(traces)
+    if isinstance(traces, (str, Path, pa.Table)):
+        return ArraySource(trace_arrays(traces, need_hidden=True))
+    return traces
 
 
 @contextlib.contextmanager
@@ -234,68 +226,96 @@ def _quiet_lightning() -> Iterator[None]:
                 lg.setLevel(lvl)
 
 
-def train_refinement(traces: str | Path | pa.Table | TraceArrays, config: RefinementConfig | None = None
-                     ) -> RefinementEnsemble:
+def train_refinement(traces: str | Path | pa.Table | TraceArrays | RowSource,
+                     config: RefinementConfig | None = None, *, devices: DeviceConfig | None = None,
+                     progress: bool = False) -> RefinementEnsemble:
     """Train the ensemble and its isotonic map; returns numpy inference weights.
 
-    The estimate is denoising rounds STILL TO GO after the first denoising round.
+    The estimate is denoising rounds STILL TO GO after the first denoising round. ``traces``
+    in memory or a :class:`~.streaming.ParquetSource` give the same ensemble bit for bit (one
+    code path reads both). Under a multi-process ``devices`` every process returns the trained
+    members; only global rank 0 fits the isotonic map (the others return it unset) -- the
+    caller writes the bundle from rank 0.
     """
     config = config or RefinementConfig()
-    dm = TraceDataModule(traces, config.batch_size, config.censor_hit_budget)
-    dm.setup("fit")
-    arrays = dm.loaded()
-    if arrays.hidden is None or dm.normalization is None:
-        raise TrainingError("the traces have no first_round_hidden; re-trace with hidden-state capture, or train "
-                            "with --only admission")
-    d_in = arrays.hidden.shape[1] + 2  # hidden vector + normalized prompt length + normalized output budget
-    if arrays.n < config.min_samples:
-        raise TrainingError(f"{arrays.n} requests are too few to train the refinement model (need >= "
-                            f"{config.min_samples}); trace more requests")
-    if np.any(arrays.total_rounds < 1):
-        raise TrainingError("total_rounds must be >= 1 for every request; the traces are corrupt")
-    if dm.K < 1:
+    devices = devices or DeviceConfig()
+    source = as_source(traces)
+    if source.n < config.min_samples:
+        raise TrainingError(f"{source.n} requests are too few to train the refinement model "
+                            f"(need >= {config.min_samples}); trace more requests")
+    stats = scan_stats(source, config.chunk_rows, progress=progress)
+    K = stats.K  # noqa: N806
+    if K < 1:
         raise TrainingError("every training request finished in its first denoising round (K = 0): nothing to "
                             "refine; trace requests with longer outputs")
-    norm = dm.normalization
+    d_in = stats.hidden_size + 2  # hidden vector + normalized prompt length and output budget
+    norm = Normalization.from_stats(stats)
+    censored = stats.hit_budget if config.censor_hit_budget else np.zeros(stats.n, dtype=bool)
     cross_fit = config.cross_fit_calibration and config.members > 1
-    fold = fold_ids(arrays.category, config.members, config.seed) if cross_fit else np.full(arrays.n, -1)
+    fold = (fold_ids(stats.category, config.members, config.seed) if cross_fit
+            else np.full(stats.n, -1))
     members: list[MLPWeights] = []
     threads = torch.get_num_threads()
+    world = 1
     t0 = time.perf_counter()
     try:
         torch.set_num_threads(config.num_threads)
         with _quiet_lightning():
             for i in range(config.members):
                 pl.seed_everything(config.seed + i, workers=True, verbose=False)
-                member_dm = TraceDataModule(arrays.subset(fold != i), config.batch_size, config.censor_hit_budget,
-                                            norm, K=dm.K) if cross_fit else dm
-                member_dm.setup("fit")
-                model = SurvivalMLP(d_in, dm.K, config.width, config.dropout, config.lr,
-                                    config.weight_decay, init_hazard=member_dm.marginal_hazard())
-                trainer = pl.Trainer(max_epochs=config.epochs, accelerator=config.accelerator, devices=1,
-                                     deterministic=True, enable_checkpointing=False, logger=False,
-                                     enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
-                trainer.fit(model, datamodule=member_dm)
+                keep = fold != i if cross_fit else None
+                dm = TraceDataModule(source, norm, config, seed=config.seed + i, keep=keep)
+                y = stats.remaining.astype(np.int64)
+                hazard = marginal_hazard(y if keep is None else y[keep],
+                                         censored if keep is None else censored[keep], K)
+                model = SurvivalMLP(d_in, K, config.width, config.dropout, config.lr,
+                                    config.weight_decay, init_hazard=hazard)
+                trainer = pl.Trainer(max_epochs=config.epochs, deterministic=True,
+                                     enable_checkpointing=False, logger=False,
+                                     enable_progress_bar=progress, enable_model_summary=False,
+                                     num_sanity_val_steps=0, reload_dataloaders_every_n_epochs=1,
+                                     use_distributed_sampler=False, **devices.trainer_kwargs())
+                trainer.fit(model, datamodule=dm)
+                world = trainer.world_size
                 members.append(model.cpu().to_weights())
     finally:
         torch.set_num_threads(threads)
-    info = {"config": asdict(config), "n_train": arrays.n, "K": dm.K, "train_seconds": time.perf_counter() - t0,
+    info = {"config": asdict(config), "n_train": stats.n, "K": K,
+            "train_seconds": time.perf_counter() - t0,
             "torch": torch.__version__, "pytorch_lightning": pl.__version__,
+            "devices": asdict(devices), "processes": world,
             "calibration_fit": "out-of-fold" if cross_fit else "in-sample"}
     ensemble = RefinementEnsemble(members, norm.hidden_mean, norm.hidden_std, norm.prompt_tokens_scale,
                                   norm.output_budget_scale, None, info)
-    if config.calibration != "none":
-        x = norm.apply(arrays)
-        if cross_fit:  # each request predicted by the member that did not train on it
-            raw = np.empty(arrays.n)
-            for i in range(config.members):
-                single = RefinementEnsemble([members[i]], norm.hidden_mean, norm.hidden_std,
-                                            norm.prompt_tokens_scale, norm.output_budget_scale)
-                raw[fold == i] = single.survival_from_inputs(x[fold == i]).sum(axis=1)
-        else:
-            raw = ensemble.survival_from_inputs(x).sum(axis=1)
-        ensemble.calibration = fit_isotonic(raw, arrays.remaining, config.calibration)
+    if config.calibration != "none" and is_global_zero():
+        raw = streamed_raw_estimates(ensemble, source, norm, fold if cross_fit else None,
+                                     config.chunk_rows)
+        ensemble.calibration = fit_isotonic(raw, stats.remaining, config.calibration)
     return ensemble
+
+
+def streamed_raw_estimates(ensemble: RefinementEnsemble, source: RowSource, norm: Normalization,
+                           fold: np.ndarray | None, chunk_rows: int) -> np.ndarray:
+    """Raw ensemble means of every training request, read chunk by chunk.
+
+    With ``fold``, each request is predicted by the member that did not train on it (the
+    out-of-fold estimate the isotonic map is fitted on); only ``n`` floats stay in memory.
+    """
+    raw = np.empty(source.n)
+    singles = [RefinementEnsemble([m], norm.hidden_mean, norm.hidden_std, norm.prompt_tokens_scale,
+                                  norm.output_budget_scale) for m in ensemble.members]
+    for start, stop in chunks(source.n, chunk_rows):
+        x = norm.apply(source.read(start, stop))
+        if fold is None:
+            raw[start:stop] = ensemble.survival_from_inputs(x).sum(axis=1)
+            continue
+        f = fold[start:stop]
+        out = np.empty(stop - start)
+        for i, single in enumerate(singles):
+            if np.any(f == i):
+                out[f == i] = single.survival_from_inputs(x[f == i]).sum(axis=1)
+        raw[start:stop] = out
+    return raw
 
 
 def fold_ids(categories: np.ndarray, n_folds: int, seed: int) -> np.ndarray:

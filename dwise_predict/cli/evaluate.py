@@ -24,6 +24,9 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
     p.add_argument("--holdout-category", help="also retrain without this category and evaluate on it (DWISE Table 7)")
     p.add_argument("--train-traces", help="training traces for --holdout-category (the bundle's training data)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--streaming", action="store_true",
+                   help="read the traces in record batches (traces larger than memory, or a URI "
+                        "such as s3://bucket/traces/); the same metrics as reading them whole")
     p.add_argument("--record", action="store_true",
                    help="also store the metrics and plots in the bundle (manifest, plots/, README.md card), atomically")
     p.set_defaults(func=run)
@@ -41,15 +44,20 @@ def run(args: argparse.Namespace) -> int:
     from dwise_predict.trainers.evaluate import (
         ESTIMATES,
         evaluate_arrays,
+        evaluate_source,
         holdout_evaluation,
         write_plots,
     )
+    from dwise_predict.trainers.streaming import ParquetSource
 
     if args.holdout_category and not args.train_traces:
         raise ConfigError("--holdout-category retrains without that category: pass the training traces with --train-traces")
     bundle = load_bundle(args.bundle)
-    arrays = trace_arrays(args.traces, need_hidden=bundle.refinement is not None)
-    metrics, preds = evaluate_arrays(bundle, arrays)
+    if args.streaming:
+        metrics, preds = evaluate_source(bundle, ParquetSource(args.traces))
+    else:
+        arrays = trace_arrays(args.traces, need_hidden=bundle.refinement is not None)
+        metrics, preds = evaluate_arrays(bundle, arrays)
     metrics["bundle"] = str(bundle.path)
     metrics["traces"] = Path(args.traces).resolve().name
     out = Path(args.out)

@@ -43,13 +43,31 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
     p.add_argument("--chat-template", help="chat template (.jinja, or a tokenizer_config.json with chat_template)")
     p.add_argument("--epochs", type=int, help="refinement training epochs (default: 20)")
     p.add_argument("--allow-single-category", action="store_true", help="train even if the traces hold one category")
+    p.add_argument("--streaming", action="store_true",
+                   help="read the traces in record batches (traces larger than memory; --traces "
+                        "may be a URI such as s3://bucket/traces/)")
+    p.add_argument("--workers", type=int, default=0,
+                   help="data-loader worker processes per training process (default: 0)")
+    _add_device_arguments(p)
     p.add_argument("--force", action="store_true", help="replace an existing bundle at --out")
     p.set_defaults(func=run)
+
+
+def _add_device_arguments(p: argparse.ArgumentParser) -> None:
+    """--accelerator etc., without importing the trainers (torch) while the parser is built."""
+    import importlib.util
+
+    if importlib.util.find_spec("dwise_predict.trainers") is None:
+        return  # the light core alone: `train` then says what to install
+    from dwise_predict.trainers.devices import add_device_arguments
+
+    add_device_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
     from dwise_predict.bundle import load_bundle
     from dwise_predict.features import PromptFeaturizer
+    from dwise_predict.trainers.devices import DeviceConfig, is_global_zero
     from dwise_predict.trainers.pipeline import train_bundle
     from dwise_predict.trainers.refinement import RefinementConfig
 
@@ -60,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
         featurizer = _model_featurizer(args.model, args.traces)
     if featurizer is None:
         log.warning("no --tokenizer given: the bundle predicts admission from feature rows only, not raw text")
-    rcfg = RefinementConfig(epochs=args.epochs) if args.epochs else None
+    epochs = {"epochs": args.epochs} if args.epochs else {}
+    rcfg = RefinementConfig(**epochs, num_workers=args.workers)
     dcfg = None
     if args.dws_encoder or args.dws_epochs:
         from dataclasses import replace
@@ -71,7 +90,10 @@ def run(args: argparse.Namespace) -> int:
         dcfg = replace(dcfg, stage_a_epochs=args.dws_epochs) if args.dws_epochs else dcfg
     out = train_bundle(args.traces, args.out, only=args.only, seed=args.seed, featurizer=featurizer,
                        refinement_config=rcfg, allow_single_category=args.allow_single_category,
-                       overwrite=args.force, cost_profile=args.cost_profile, dws_config=dcfg)
+                       overwrite=args.force, cost_profile=args.cost_profile, dws_config=dcfg,
+                       devices=DeviceConfig.from_args(args), streaming=args.streaming)
+    if not is_global_zero():
+        return 0  # the other processes of a multi-process run: rank 0 wrote and reports
     bundle = load_bundle(out)
     tr = bundle.manifest["training"]
     rows = [[k, v] for k, v in (("requests", tr["n_requests"]), ("categories", len(tr["categories"])),
@@ -97,6 +119,8 @@ def _model_featurizer(model: str | None, traces: str) -> PromptFeaturizer | None
     from dwise_predict.zoo.tiny_bd.io import WEIGHTS_DIR
 
     explicit = model is not None
+    if not explicit and "://" in str(traces):
+        return None  # traces in object storage: name the served model with --model
     name = model if explicit else read_trace_fingerprint(traces).model_id
     folder = WEIGHTS_DIR if name == TINY_BD else Path(str(name))
     if not (folder / "tokenizer.json").is_file():

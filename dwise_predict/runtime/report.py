@@ -16,10 +16,10 @@ from typing import Any
 from ..atomic import write_json
 from ..errors import ConfigError
 from .arrivals import ArrivalSpec
+from .costtime import ProfileRoundTime
 from .metrics import per_category, summarize
 from .policies import DWISE, DWSSJF, FCFS, MLFQ, SRPT, OracleSRPT, Policy, ScoreSJF
 from .request import SimRequest
-from .costtime import ProfileRoundTime
 from .roundtime import RoundTimeModel
 from .simulator import DEFAULT_KV_POOL_TOKENS, SimulationRun, simulate
 from .workload import Workload, as_workload

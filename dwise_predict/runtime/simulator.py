@@ -20,8 +20,8 @@ import numpy as np
 
 from ..errors import ConfigError, SchedulerError
 from .arrivals import Arrivals, ArrivalSpec, make_arrivals
-from .policies import Policy
 from .costtime import ProfileRoundTime
+from .policies import Policy
 from .replay import ArrivalFeed, RequestProgress, RoundLog
 from .request import RESIDENT, RoundPlan, RoundResult
 from .roundtime import RoundTimeModel

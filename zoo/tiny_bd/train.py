@@ -11,6 +11,11 @@ sequence in one forward with exactly the visibility the decoder has.
 The run is time-boxed (``--minutes``) and step-boxed (``--max-steps``, which also sets the
 cosine schedule): the same seed and the same number of steps give the same weights
 (``seed_everything(seed, workers=True)``, ``Trainer(deterministic=True)``, fp32 on CPU).
+
+``--accelerator gpu --devices N --strategy ddp --precision bf16-mixed`` (and ``--num-nodes``)
+run the same training on GPUs or several processes; under N processes each step takes one
+token-budget batch per process, so ``--batch-tokens`` is per process. Only global rank 0 writes
+the loss log, snapshots and the checkpoint.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
+from dwise_predict.trainers.devices import DeviceConfig, add_device_arguments, is_global_zero
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -208,9 +214,13 @@ class TimeBoxAndLog(pl.Callback):
         self.start = time.monotonic()
         self.rows: list[dict[str, Any]] = []
         self.stopped_by_time = False
+        self.writes = True
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.start = time.monotonic()
+        self.writes = trainer.is_global_zero  # one process logs and snapshots
+        if not self.writes:
+            return
         self.csv_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.csv_path, "w", newline="") as f:
             csv.writer(f).writerow(["step", "seconds", "loss", "lr"])
@@ -220,14 +230,15 @@ class TimeBoxAndLog(pl.Callback):
         step = trainer.global_step
         elapsed = time.monotonic() - self.start
         loss = float(outputs["loss"]) if isinstance(outputs, dict) else float(outputs)
-        if step % self.every == 0 or step == 1:
+        if self.writes and (step % self.every == 0 or step == 1):
             lr = trainer.optimizers[0].param_groups[0]["lr"]
             row = {"step": step, "seconds": round(elapsed, 1), "loss": round(loss, 5), "lr": lr}
             self.rows.append(row)
             with open(self.csv_path, "a", newline="") as f:
                 csv.writer(f).writerow(row.values())
             print(f"step {step} t={elapsed:.0f}s loss={loss:.4f} lr={lr:.2e}", file=sys.stderr, flush=True)
-        if self.snapshot_dir is not None and elapsed - self.last_snapshot >= self.snapshot_s:
+        due = elapsed - self.last_snapshot >= self.snapshot_s
+        if self.writes and self.snapshot_dir is not None and due:
             # a loadable checkpoint mid-run, so decoding can be checked while training goes on
             from .io import save_pretrained
 
@@ -251,13 +262,30 @@ class TrainResult:
     loss_curve: list[dict[str, Any]] = field(default_factory=list)
 
 
+def make_trainer(train_config: TrainConfig, devices: DeviceConfig | None = None,
+                 callbacks: list[pl.Callback] | None = None) -> pl.Trainer:
+    """The Lightning trainer of a run: the step budget and clipping, on ``devices``.
+
+    With the default devices (one CPU process, fp32) this is the trainer every shipped stage
+    used, so a rerun reproduces its weights.
+    """
+    devices = devices or DeviceConfig()
+    return pl.Trainer(deterministic=True, max_steps=train_config.max_steps, max_epochs=-1,
+                      gradient_clip_val=train_config.grad_clip, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, callbacks=callbacks or [],
+                      **devices.trainer_kwargs())
+
+
 def train(model_config: TinyBDConfig, train_config: TrainConfig, data_config: DataConfig, log_csv: Path,
           training_set: TrainingSet | None = None, snapshot_dir: Path | None = None,
-          init_from: Path | None = None) -> tuple[TinyBDModel, TrainResult]:
+          init_from: Path | None = None, devices: DeviceConfig | None = None
+          ) -> tuple[TinyBDModel, TrainResult]:
     """Train and return the model (eval mode) and a summary.
 
     ``init_from`` (a checkpoint folder) continues training from its weights -- a second stage
-    with a fresh schedule; its shape then replaces ``model_config``.
+    with a fresh schedule; its shape then replaces ``model_config``. ``devices`` says where
+    (default: one CPU process).
     """
     torch.set_num_threads(train_config.threads)
     pl.seed_everything(train_config.seed, workers=True)
@@ -271,10 +299,7 @@ def train(model_config: TinyBDConfig, train_config: TrainConfig, data_config: Da
         module.model.load_state_dict(start.model.state_dict())
     dm = TinyBDDataModule(data_config, train_config.batch_tokens, train_config.seed, train_config.t_min, training_set)
     cb = TimeBoxAndLog(train_config.minutes, log_csv, train_config.log_every, snapshot_dir)
-    trainer = pl.Trainer(accelerator="cpu", devices=1, deterministic=True, max_steps=train_config.max_steps,
-                         max_epochs=-1, gradient_clip_val=train_config.grad_clip, precision="32-true",
-                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=[cb])
+    trainer = make_trainer(train_config, devices, [cb])
     t0 = time.monotonic()
     trainer.fit(module, datamodule=dm)
     seconds = time.monotonic() - t0
@@ -304,7 +329,7 @@ def parse_mix(text: str) -> dict[str, float]:
     return mix
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m dwise_predict.zoo.tiny_bd.train", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="checkpoint folder to write (save_pretrained)")
@@ -336,7 +361,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--log-csv", type=Path, default=None, help="loss CSV (default: runs/tiny-bd-train/train_log.csv)")
     ap.add_argument("--snapshot-dir", type=Path, default=Path("runs/tiny-bd-train/snapshot"),
                     help="mid-run checkpoint, rewritten every 10 minutes")
-    args = ap.parse_args(argv)
+    add_device_arguments(ap)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
 
     model_config = TinyBDConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads, d_ff=args.d_ff)
     train_config = TrainConfig(max_steps=args.max_steps, minutes=args.minutes, lr=args.lr,
@@ -352,7 +382,9 @@ def main(argv: list[str] | None = None) -> int:
     log_csv = args.log_csv or Path("runs/tiny-bd-train/train_log.csv")
     t0 = time.monotonic()
     model, result = train(model_config, train_config, data_config, log_csv, snapshot_dir=args.snapshot_dir,
-                          init_from=args.init_from)
+                          init_from=args.init_from, devices=DeviceConfig.from_args(args))
+    if not is_global_zero():
+        return 0  # rank 0 writes the checkpoint
     model_config = model.config
     print(f"trained {result.steps} steps in {result.seconds:.0f}s, final loss {result.final_loss:.4f}",
           file=sys.stderr)
