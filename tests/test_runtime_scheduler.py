@@ -176,7 +176,7 @@ def test_bad_requests_are_scheduler_errors():
     with pytest.raises(SchedulerError, match="admission_estimate is required"):
         _add(s, "none", 1, None)
     with pytest.raises(SchedulerError, match="prompt_blocks"):
-        _add(s, "zero", 0, 1.0)
+        _add(s, "negative", -1, 1.0)
     _add(s, "x", 1, 1.0)
     with pytest.raises(SchedulerError, match="already queued"):
         _add(s, "x", 1, 1.0)
