@@ -34,7 +34,7 @@ def runner() -> TinyBDRunner:
 
 @pytest.fixture(scope="module")
 def requests(runner):
-    return eval_requests(12, runner, max_new_tokens=64)
+    return eval_requests(8, runner, max_new_tokens=48, max_prompt_tokens=160)
 
 
 def _load_plugins() -> None:

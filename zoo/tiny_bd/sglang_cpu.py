@@ -179,7 +179,7 @@ def server_args(**overrides: Any):  # type: ignore[no-untyped-def]
 
 
 def make_scheduler(*, max_running_requests: int, block_size: int = 32, threshold: float = 0.95,
-                   pool_tokens: int = 1 << 16, context_len: int = 8192,
+                   pool_tokens: int = 1 << 20, context_len: int = 16384,
                    model_path: str = "tiny-bd") -> Any:
     """A real SGLang ``Scheduler`` with real pools, allocator and radix cache (disabled)."""
     from sglang.srt.disaggregation.utils import DisaggregationMode
@@ -232,7 +232,7 @@ def make_scheduler(*, max_running_requests: int, block_size: int = 32, threshold
 
 
 def serve(requests: Sequence[RequestSpec], *, max_running_requests: int, runner: TinyBDRunner,
-          block_size: int = 32, threshold: float = 0.95, pool_tokens: int = 1 << 16,
+          block_size: int = 32, threshold: float = 0.95, pool_tokens: int = 1 << 20,
           max_rounds: int = 100_000, on_scheduler: Any = None) -> tuple[RunResult, Any]:
     """Serve ``requests`` (a burst: all arrive before round 0) to completion; one forward a round.
 
@@ -312,11 +312,12 @@ def _kv_balanced(s: Any, reqs: Any) -> bool:
 
 
 def eval_requests(n: int, runner: TinyBDRunner, *, max_new_tokens: int = 256,
-                  stratified: bool = True) -> list[RequestSpec]:
+                  stratified: bool = True, max_prompt_tokens: int | None = None) -> list[RequestSpec]:
     """``n`` requests from the tiny-bd eval split, chat-templated with the model's template.
 
     ``stratified`` takes them round-robin over categories (the paper's kind of mix, long
     contexts included) in the split's order; otherwise the first ``n`` rows.
+    ``max_prompt_tokens`` keeps only prompts up to that many tokens (tests use short ones).
     """
     from dwise_predict.tracing.workload import build_workload
 
@@ -324,6 +325,9 @@ def eval_requests(n: int, runner: TinyBDRunner, *, max_new_tokens: int = 256,
 
     dc = DataConfig()
     records = build_workload(dc.workload_train_size, dc.workload_eval_size, dc.workload_seed).eval
+    if max_prompt_tokens is not None:
+        records = [r for r in records
+                   if len(runner.tokenizer.encode(render_prompt(r.prompt)).ids) <= max_prompt_tokens]
     if stratified:
         by_cat: dict[str, list[Any]] = {}
         for r in records:
