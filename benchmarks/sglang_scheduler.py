@@ -51,7 +51,8 @@ def _summary(res: Any, n: int, plugin_state: Any = None) -> dict[str, Any]:
         "kv_balanced_every_round": res.kv_balanced_every_round,
         "max_residents": res.max_residents,
         "refinements": None if plugin_state is None else plugin_state.stats.refinements,
-        "plugin_us_per_round": None if plugin_state is None else round(plugin_state.plugin_us_per_round, 1),
+        "plugin_us_per_round": (None if plugin_state is None
+                                else round(plugin_state.plugin_us_per_round, 1)),
         "wall_s": round(res.wall_seconds, 1),
     }
 
@@ -154,10 +155,6 @@ def main(argv: list[str] | None = None) -> int:
     install_torchvision_shim()
     import importlib.metadata
 
-    from sglang.srt.plugins import load_plugins
-
-    from dwise_predict.sglang.config import load_config
-    from dwise_predict.sglang.plugin import attach
     from dwise_predict.zoo.tiny_bd.sglang_cpu import (
         TinyBDRunner,
         environ,
@@ -166,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
         remove_hooks,
         serve,
     )
+    from sglang.srt.plugins import load_plugins
+
+    from dwise_predict.sglang.config import load_config
+    from dwise_predict.sglang.plugin import attach
 
     B, K = args.slots, args.k
     runner = TinyBDRunner()
@@ -187,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     state = s.dwise_serving
     print(f"plugin: {dw.rounds} rounds in {dw.wall_seconds:.0f} s", flush=True)
 
-    runs = {"sglang-fcfs": _summary(stock, len(reqs)), "dwise-plugin": _summary(dw, len(reqs), state)}
+    runs = {"sglang-fcfs": _summary(stock, len(reqs)),
+            "dwise-plugin": _summary(dw, len(reqs), state)}
     tracks = dict(state.finished)
     sim = simulate_same(tracks, B, K, 32)
     ov = overhead(B, K)

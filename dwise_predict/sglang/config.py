@@ -57,7 +57,8 @@ class PluginConfig:
             if not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{PREFIX}{name.upper()}={v!r} must be a positive integer")
         if not math.isfinite(self.aging) or self.aging < 0:
-            raise ConfigError(f"{PREFIX}AGING={self.aging!r} must be a finite number >= 0 (0 = off)")
+            raise ConfigError(f"{PREFIX}AGING={self.aging!r} must be a finite number >= 0 "
+                              "(0 = off)")
         if not self.drift_threshold > 1.0:
             raise ConfigError(f"{PREFIX}DRIFT_THRESHOLD={self.drift_threshold!r} must be > 1 "
                               "(a factor: warn when median predicted/actual leaves [1/t, t])")
@@ -89,7 +90,8 @@ def _coerce(name: str, kind: type, raw: Any) -> Any:
             return float(raw)
         return None if raw is None or str(raw) == "" else str(raw)
     except (TypeError, ValueError):
-        raise ConfigError(f"{PREFIX}{name.upper()}={raw!r} is not a valid {kind.__name__}") from None
+        raise ConfigError(f"{PREFIX}{name.upper()}={raw!r} is not a valid "
+                          f"{kind.__name__}") from None
 
 
 _KINDS: dict[str, type] = {"slots": int, "k": int, "monitor_window": int, "monitor_every": int,
@@ -116,7 +118,8 @@ def load_config(env: Mapping[str, str] | None = None) -> PluginConfig | None:
     known = {f.name for f in fields(PluginConfig)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ConfigError(f"{PREFIX}CONFIG names unknown settings {unknown}; known: {sorted(known)}")
+        raise ConfigError(f"{PREFIX}CONFIG names unknown settings {unknown}; "
+                          f"known: {sorted(known)}")
     for name in known:
         raw = env.get(f"{PREFIX}{name.upper()}")
         if raw is not None:

@@ -77,7 +77,8 @@ class QualityMonitor:
     def publish(self, path: str | Path | None) -> dict[str, Any]:
         """Log the figures, warn once on drift, and write them atomically to ``path``."""
         snap = self.snapshot()
-        log.info("dwise monitor: admission %s, refinement %s", snap["admission"], snap["refinement"])
+        log.info("dwise monitor: admission %s, refinement %s", snap["admission"],
+                 snap["refinement"])
         if snap["drifted"] and not self.warned:
             self.warned = True
             log.warning("dwise monitor: %s estimates drifted (median predicted/actual outside "

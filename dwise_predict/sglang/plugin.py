@@ -62,12 +62,13 @@ def attach(scheduler: Any, config: PluginConfig) -> Any:
         raise ConfigError("DWISE_SGLANG_BUNDLE is set but this SGLang server runs no dLLM "
                           "(--dllm-algorithm is unset): unset DWISE_SGLANG_BUNDLE, or serve a dLLM")
     if not dc.first_done_first_out_mode:
-        raise ConfigError("the dwise plugin needs SGLang's FDFO dLLM mode (one denoising step per "
-                          "round); sync mode runs a whole block inside one round, so remaining work "
-                          "cannot be counted per round: enable --dllm-fdfo, or unset DWISE_SGLANG_BUNDLE")
+        raise ConfigError("the dwise plugin needs SGLang's FDFO dLLM mode (one denoising step "
+                          "per round); sync mode runs a whole block inside one round, so "
+                          "remaining work cannot be counted per round: enable --dllm-fdfo, or "
+                          "unset DWISE_SGLANG_BUNDLE")
     if dc.requires_separate_context_encoding and config.policy == "dwise":
-        raise ConfigError(f"the {dc.algorithm} algorithm prefills with a variable-length EXTEND, so "
-                          "prompt and denoising blocks cannot share a round: use "
+        raise ConfigError(f"the {dc.algorithm} algorithm prefills with a variable-length "
+                          "EXTEND, so prompt and denoising blocks cannot share a round: use "
                           "DWISE_SGLANG_POLICY=fcfs with it")
     bundle = load_bundle(config.bundle)
     bundle.check(server_fingerprint(scheduler), allow_mismatch=config.allow_mismatch)

@@ -92,8 +92,10 @@ class DwiseServing:
         self.bundle = bundle
         self.block_size = int(block_size)
         self.refine = refine
-        self.core = Scheduler(DWISE(aging=config.aging), slots=config.slots, k=config.k,
-                              kv_pool_tokens=int(kv_pool_tokens), kv_limit_frac=config.kv_limit_frac,
+        policy: Any = DWISE(aging=config.aging)  # a frozen dataclass satisfies Policy at runtime
+        self.core = Scheduler(policy, slots=config.slots, k=config.k,
+                              kv_pool_tokens=int(kv_pool_tokens),
+                              kv_limit_frac=config.kv_limit_frac,
                               slack_blocks=config.slack_blocks,
                               capacity=max(1024, 2 * config.max_residents))
         self.reqs: dict[Any, Any] = {}  # rid -> Req, for every request the core knows
@@ -196,7 +198,8 @@ class DwiseServing:
         self.finished.append((rid, tr))
 
     def _drop(self, rid: Any) -> None:
-        log.warning("request %s finished during a prompt block (aborted); the plugin forgets it", rid)
+        log.warning("request %s finished during a prompt block (aborted); the plugin "
+                    "forgets it", rid)
         self.tracks.pop(rid, None)
         self.reqs.pop(rid, None)
 
@@ -230,7 +233,8 @@ class DwiseServing:
                                           DllmReqPhase.INCOMING_DECODE, running_batch=running_batch)
         if prefill:
             sched._process_batch_by_phase(adder, prefill, DllmReqPhase.STAGING_PREFILL,
-                                          DllmReqPhase.INCOMING_PREFILL, running_batch=running_batch)
+                                          DllmReqPhase.INCOMING_PREFILL,
+                                          running_batch=running_batch)
         t2 = time.perf_counter()
         if len(adder.can_run_list) != len(run):
             self.stats.refused_by_adder += len(run) - len(adder.can_run_list)

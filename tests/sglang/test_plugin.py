@@ -9,11 +9,6 @@ from __future__ import annotations
 import statistics
 
 import pytest
-
-from dwise_predict.errors import ConfigError, FingerprintMismatchError
-from dwise_predict.sglang import plugin
-from dwise_predict.sglang.config import load_config
-from dwise_predict.sglang.server import SUPPORTED_SGLANG, SGLangIncompatibleError
 from dwise_predict.zoo.tiny_bd.sglang_cpu import (
     TinyBDRunner,
     environ,
@@ -23,6 +18,11 @@ from dwise_predict.zoo.tiny_bd.sglang_cpu import (
     serve,
     server_args,
 )
+
+from dwise_predict.errors import ConfigError, FingerprintMismatchError
+from dwise_predict.sglang import plugin
+from dwise_predict.sglang.config import load_config
+from dwise_predict.sglang.server import SUPPORTED_SGLANG, SGLangIncompatibleError
 
 B, K = 4, 2
 

@@ -244,7 +244,8 @@ def serve(requests: Sequence[RequestSpec], *, max_running_requests: int, runner:
     from sglang.srt.managers.tp_worker import TpModelWorker
     from sglang.srt.sampling.sampling_params import SamplingParams
 
-    with server_args(pp_max_micro_batch_size=max_running_requests, max_running_requests=max_running_requests):
+    with server_args(pp_max_micro_batch_size=max_running_requests,
+                     max_running_requests=max_running_requests):
         s = make_scheduler(max_running_requests=max_running_requests, block_size=block_size,
                            threshold=threshold, pool_tokens=pool_tokens)
         if on_scheduler is not None:
@@ -256,25 +257,27 @@ def serve(requests: Sequence[RequestSpec], *, max_running_requests: int, runner:
         for spec in requests:
             sp = SamplingParams(max_new_tokens=spec.max_new_tokens, temperature=0.0)
             sp.normalize(None)
-            req = Req(spec.rid, spec.text, array("q", spec.input_ids), sp, dllm_config=s.dllm_config)
+            req = Req(spec.rid, spec.text, array("q", spec.input_ids), sp,
+                      dllm_config=s.dllm_config)
             by_rid[spec.rid] = req
             s.waiting_queue.append(req)
         t0 = time.perf_counter()
         while len(res.completion_round) < len(requests):
             if res.rounds >= max_rounds:
-                raise RuntimeError(f"{len(requests) - len(res.completion_round)} requests unfinished "
-                                   f"after {max_rounds} rounds")
+                left = len(requests) - len(res.completion_round)
+                raise RuntimeError(f"{left} requests unfinished after {max_rounds} rounds")
             s.dllm_manager.filter_finished_reqs()
             for req in s.dllm_manager.staging_queue:
                 s.finish_dllm_forward(req)
             s.running_batch.batch_is_full = False
             batch = s.get_new_batch_dllm(s.running_batch)
             if batch is None:
-                raise RuntimeError(f"round {res.rounds}: no batch with "
-                                   f"{len(requests) - len(res.completion_round)} requests unfinished")
+                left = len(requests) - len(res.completion_round)
+                raise RuntimeError(f"round {res.rounds}: no batch with {left} requests unfinished")
             runner.reqs = batch.reqs
             prefill = [r.is_dllm_prefill() for r in batch.reqs]
-            fb = SimpleNamespace(batch_size=len(batch.reqs), input_ids=batch.prefill_input_ids_cpu.clone(),
+            fb = SimpleNamespace(batch_size=len(batch.reqs),
+                                 input_ids=batch.prefill_input_ids_cpu.clone(),
                                  seq_lens=batch.seq_lens, dllm_prompt_mask=None,
                                  forward_mode=batch.forward_mode)
             result = TpModelWorker._forward_batch_generation_dllm(worker, fb, batch)
@@ -312,7 +315,8 @@ def _kv_balanced(s: Any, reqs: Any) -> bool:
 
 
 def eval_requests(n: int, runner: TinyBDRunner, *, max_new_tokens: int = 256,
-                  stratified: bool = True, max_prompt_tokens: int | None = None) -> list[RequestSpec]:
+                  stratified: bool = True,
+                  max_prompt_tokens: int | None = None) -> list[RequestSpec]:
     """``n`` requests from the tiny-bd eval split, chat-templated with the model's template.
 
     ``stratified`` takes them round-robin over categories (the paper's kind of mix, long
@@ -326,8 +330,9 @@ def eval_requests(n: int, runner: TinyBDRunner, *, max_new_tokens: int = 256,
     dc = DataConfig()
     records = build_workload(dc.workload_train_size, dc.workload_eval_size, dc.workload_seed).eval
     if max_prompt_tokens is not None:
+        tok = runner.tokenizer
         records = [r for r in records
-                   if len(runner.tokenizer.encode(render_prompt(r.prompt)).ids) <= max_prompt_tokens]
+                   if len(tok.encode(render_prompt(r.prompt)).ids) <= max_prompt_tokens]
     if stratified:
         by_cat: dict[str, list[Any]] = {}
         for r in records:
@@ -394,7 +399,7 @@ def remove_hooks() -> None:
             continue
         raw = obj.__dict__.get(attr) if isinstance(obj, type) else getattr(obj, attr, None)
         fn = raw
-        while _is_hook_wrapper(fn):
+        while fn is not None and _is_hook_wrapper(fn):
             fn = fn.__wrapped__
         if fn is not raw and fn is not None:
             setattr(obj, attr, fn)
