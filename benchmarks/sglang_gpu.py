@@ -43,21 +43,21 @@ def run_one(name: str, args: argparse.Namespace, env: dict[str, str], max_runnin
     server = [sys.executable, "-m", "sglang.launch_server", "--model-path", args.model,
               "--dllm-algorithm", args.algorithm, "--max-running-requests", str(max_running),
               "--port", str(args.port), *args.server_args]
-    log = open(out_dir / f"{name}.server.log", "w")
-    proc = subprocess.Popen(server, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        _wait_ready(args.port, proc, args.startup_timeout)
-        result = out_dir / f"{name}.jsonl"
-        result.unlink(missing_ok=True)
-        subprocess.run([sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang",
-                        "--port", str(args.port), "--dataset-name", args.dataset,
-                        "--num-prompts", str(args.num_prompts), "--request-rate", args.request_rate,
-                        "--seed", str(args.seed), "--output-file", str(result)], check=True)
-        return json.loads(result.read_text().strip().splitlines()[-1])
-    finally:
-        proc.terminate()
-        proc.wait(timeout=120)
-        log.close()
+    with open(out_dir / f"{name}.server.log", "w") as log:
+        proc = subprocess.Popen(server, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            _wait_ready(args.port, proc, args.startup_timeout)
+            result = out_dir / f"{name}.jsonl"
+            result.unlink(missing_ok=True)
+            subprocess.run([sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang",
+                            "--port", str(args.port), "--dataset-name", args.dataset,
+                            "--num-prompts", str(args.num_prompts),
+                            "--request-rate", args.request_rate, "--seed", str(args.seed),
+                            "--output-file", str(result)], check=True)
+            return dict(json.loads(result.read_text().strip().splitlines()[-1]))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=120)
 
 
 def main(argv: list[str] | None = None) -> int:
