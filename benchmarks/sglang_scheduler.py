@@ -183,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     with environ({**plugin_env("tiny-bd", slots=B, k=K), "SGLANG_PLUGINS": "dwise"}):
         load_plugins()
         dw, s = serve(reqs, max_running_requests=B * K, runner=runner,
-                      on_scheduler=lambda sch: attach(sch, load_config()))
+                      on_scheduler=lambda sch: setattr(attach(sch, load_config()),
+                                                       "keep_finished", True))
     remove_hooks()
     state = s.dwise_serving
     print(f"plugin: {dw.rounds} rounds in {dw.wall_seconds:.0f} s", flush=True)

@@ -79,6 +79,13 @@ def attach(scheduler: Any, config: PluginConfig) -> Any:
     state = DwiseServing(config, bundle, block_size=int(dc.block_size),
                          kv_pool_tokens=int(scheduler.token_to_kv_pool_allocator.size),
                          req_slots=int(scheduler.req_to_token_pool.size), refine=refine)
+    if config.trace_dir and int(getattr(scheduler, "tp_rank", 0) or 0) == 0:
+        from .traces import ServingTraceSink
+
+        state.trace_sink = ServingTraceSink(
+            config.trace_dir, server_fingerprint(scheduler),
+            dp_rank=int(getattr(scheduler, "dp_rank", 0) or 0),
+            prompt_text=config.trace_prompt_text, tokenizer=getattr(scheduler, "tokenizer", None))
     setattr(scheduler, STATE_ATTR, state)
     log.info("dwise plugin: %s, policy %s, B=%d, k=%d, refinement %s, bundle %s",
              server_fingerprint(scheduler).short(), config.policy, config.slots, config.k,

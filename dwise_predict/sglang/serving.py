@@ -100,7 +100,11 @@ class DwiseServing:
                               capacity=max(1024, 2 * config.max_residents))
         self.reqs: dict[Any, Any] = {}  # rid -> Req, for every request the core knows
         self.tracks: dict[Any, RequestTrack] = {}
-        self.finished: list[tuple[Any, RequestTrack]] = []  # drained by the trace sink
+        #: finished requests' records, kept only when a caller asks (benchmarks, tests)
+        self.keep_finished = False
+        self.finished: list[tuple[Any, RequestTrack]] = []
+        #: a ServingTraceSink when DWISE_SGLANG_TRACE_DIR is set (TP rank 0 only)
+        self.trace_sink: Any = None
         self.monitor = QualityMonitor(config.monitor_window, config.drift_threshold)
         self.stats = ServingStats()
         self._pending: _Pending | None = None
@@ -181,21 +185,27 @@ class DwiseServing:
         self.core.update(RoundResult(plan.rows, finished, refined))
         self.stats.refinements = self.core.refinements
         for j in np.flatnonzero(finished).tolist():
-            self._finish(reqs[j].rid, ri)
+            self._finish(reqs[j], ri)
         for j in np.flatnonzero(aborted).tolist():
             self._drop(reqs[j].rid)
         self.stats.plan_seconds += time.perf_counter() - t0
 
-    def _finish(self, rid: Any, round_index: int) -> None:
+    def _finish(self, req: Any, round_index: int) -> None:
+        rid = req.rid
         tr = self.tracks.pop(rid)
         self.reqs.pop(rid, None)
         tr.finish_round = round_index
         actual = float(sum(tr.rounds_per_block))
         refined_total = None if tr.refined is None else 1.0 + tr.refined
         self.monitor.record(actual, tr.admission, refined_total)
+        if self.trace_sink is not None:
+            self.trace_sink.add(rid, req, tr)
         if self.monitor.finished % self.config.monitor_every == 0:
             self.monitor.publish(self.config.monitor_file)
-        self.finished.append((rid, tr))
+            if self.trace_sink is not None:
+                self.trace_sink.flush()  # a shard per monitor period: little to lose on a kill
+        if self.keep_finished:
+            self.finished.append((rid, tr))
 
     def _drop(self, rid: Any) -> None:
         log.warning("request %s finished during a prompt block (aborted); the plugin "

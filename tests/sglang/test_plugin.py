@@ -6,6 +6,7 @@ the plugin (loaded by ``load_plugins()`` from its entry point) differs.
 
 from __future__ import annotations
 
+import json
 import statistics
 
 import pytest
@@ -19,6 +20,7 @@ from dwise_predict.zoo.tiny_bd.sglang_cpu import (
     server_args,
 )
 
+from dwise_predict import read_traces
 from dwise_predict.errors import ConfigError, FingerprintMismatchError
 from dwise_predict.sglang import plugin
 from dwise_predict.sglang.config import load_config
@@ -72,8 +74,9 @@ def test_algorithm_present():
     assert "LowConfidence" in algo_name_to_cls
 
 
-def test_plugin_mixes_phases_and_keeps_outputs(requests, runner, stock):
-    res, s = _serve_plugin(requests, runner)
+def test_plugin_mixes_phases_and_keeps_outputs(requests, runner, stock, tmp_path):
+    res, s = _serve_plugin(requests, runner, trace_dir=tmp_path / "traces", monitor_every=4,
+                           monitor_file=tmp_path / "monitor.json")
     state = s.dwise_serving
     n = len(requests)
     # every request finishes, under both, with the same tokens
@@ -97,8 +100,19 @@ def test_plugin_mixes_phases_and_keeps_outputs(requests, runner, stock):
     mean_stock = statistics.mean(stock.completion_round.values())
     mean_plugin = statistics.mean(res.completion_round.values())
     assert mean_plugin < mean_stock
-    # the monitor saw every finished request
+    # the monitor saw every finished request and published its file
     assert state.monitor.finished == n
+    assert json.loads((tmp_path / "monitor.json").read_text())["finished"] == n
+    # serving traces: one schema-valid row per request, prompt hashed not stored
+    traces = read_traces(tmp_path / "traces" / "dp0").to_pylist()
+    assert sorted(t["request_id"] for t in traces) == sorted(r.rid for r in requests)
+    assert all(t["prompt"] is None and len(t["prompt_sha256"]) == 64 for t in traces)
+    by_id = {r.rid: r for r in requests}
+    for t in traces:
+        assert t["prompt_tokens"] == len(by_id[t["request_id"]].input_ids)
+        assert t["output_tokens"] == len(res.output_ids[t["request_id"]])
+        assert t["prompt_blocks"] == t["prompt_tokens"] // 32 and min(t["rounds_per_block"]) >= 1
+    assert sum(t["first_round_hidden"] is not None for t in traces) == state.stats.refinements
 
 
 def test_whitelisted_away_leaves_sglang_stock(requests, runner, stock):
