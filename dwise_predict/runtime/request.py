@@ -107,8 +107,10 @@ class SimRequest(RoundsPerBlock):
         where = f"request {self.request_id!r}"
         if self.block_size < 1:
             raise SchedulerError(f"{where}: block_size={self.block_size} must be >= 1")
-        if self.prompt_blocks < 1:
-            raise SchedulerError(f"{where}: prompt_blocks={self.prompt_blocks} must be >= 1 (every prompt has a block)")
+        if self.prompt_blocks < 0:
+            # 0 is legal: SGLang prefills floor(L / block) blocks; a shorter prompt shares the
+            # first output block and starts decoding at once.
+            raise SchedulerError(f"{where}: prompt_blocks={self.prompt_blocks} must be >= 0")
         if self.prompt_tokens < 1:
             raise SchedulerError(f"{where}: prompt_tokens={self.prompt_tokens} must be >= 1")
         if not self.rounds_per_block:

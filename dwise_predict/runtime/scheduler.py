@@ -88,8 +88,10 @@ class Scheduler:
         where = f"request {request_id!r}"
         if request_id in self._row_of:
             raise SchedulerError(f"{where} is already queued or running; request ids must be unique among live requests")
-        if int(prompt_blocks) < 1:
-            raise SchedulerError(f"{where}: prompt_blocks={prompt_blocks} must be >= 1")
+        if int(prompt_blocks) < 0:
+            # 0 is legal: SGLang runs no prefill round for a prompt shorter than one block
+            # (its tail shares the first output block), so such a request starts decoding.
+            raise SchedulerError(f"{where}: prompt_blocks={prompt_blocks} must be >= 0")
         if int(block_size) < 1 or int(output_budget) < 1 or int(prompt_tokens) < 1:
             raise SchedulerError(f"{where}: prompt_tokens, output_budget and block_size must be >= 1 "
                                  f"(got {prompt_tokens}, {output_budget}, {block_size})")

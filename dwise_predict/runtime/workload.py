@@ -69,9 +69,10 @@ class Workload:
             raise SchedulerError(f"request {self.request_ids[i]!r} has no output blocks; each request denoises >= 1 block")
         for name in ("prompt_blocks", "prompt_tokens", "output_budget", "block_size"):
             a = getattr(self, name)
-            if np.any(a < 1):
-                i = int(np.flatnonzero(a < 1)[0])
-                raise SchedulerError(f"request {self.request_ids[i]!r}: {name}={a[i]} must be >= 1")
+            lo = 0 if name == "prompt_blocks" else 1  # 0: SGLang's floor(L / block) accounting
+            if np.any(a < lo):
+                i = int(np.flatnonzero(a < lo)[0])
+                raise SchedulerError(f"request {self.request_ids[i]!r}: {name}={a[i]} must be >= {lo}")
         if np.any(self.rounds_flat < 1):
             i = int(np.searchsorted(self.block_offsets, np.flatnonzero(self.rounds_flat < 1)[0], side="right") - 1)
             raise SchedulerError(f"request {self.request_ids[i]!r} has a block with zero or negative rounds; every block takes >= 1 round")

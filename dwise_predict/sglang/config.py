@@ -1,0 +1,130 @@
+"""The plugin's settings: environment variables, optionally on top of a JSON config file.
+
+SGLang plugins take no arguments and run in processes SGLang spawns, so the settings travel
+the one way that reaches every scheduler process: the environment. ``DWISE_SGLANG_CONFIG``
+may name a JSON file holding the same keys (lower case, without the prefix); a variable that
+is set wins over the file. With neither ``DWISE_SGLANG_BUNDLE`` nor a ``bundle`` in the file,
+the plugin registers nothing and SGLang runs exactly as stock.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+PREFIX = "DWISE_SGLANG_"
+POLICIES = ("dwise", "fcfs")
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    """What the plugin does in a scheduler process.
+
+    ``policy="fcfs"`` leaves SGLang's own round composition in place (the monitor and traces
+    still run); ``"dwise"`` ranks waiting ∪ resident by P + r̂ and runs the B smallest in one
+    mixed-phase round. ``slots`` = B block slots per round, ``k`` the resident multiplier
+    (at most k·B residents: launch SGLang with ``--max-running-requests`` at least k·B).
+    """
+
+    bundle: str
+    policy: str = "dwise"
+    slots: int = 16
+    k: int = 8
+    refine: bool = True
+    aging: float = 0.0
+    allow_mismatch: bool = False
+    trace_dir: str | None = None
+    trace_prompt_text: bool = False
+    monitor_file: str | None = None
+    monitor_window: int = 256
+    monitor_every: int = 64
+    drift_threshold: float = 1.5
+    kv_limit_frac: float = 0.9
+    slack_blocks: int = 2
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ConfigError(f"{PREFIX}POLICY={self.policy!r} is not one of {POLICIES}")
+        for name in ("slots", "k", "monitor_window", "monitor_every"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{PREFIX}{name.upper()}={v!r} must be a positive integer")
+        if not math.isfinite(self.aging) or self.aging < 0:
+            raise ConfigError(f"{PREFIX}AGING={self.aging!r} must be a finite number >= 0 "
+                              "(0 = off)")
+        if not self.drift_threshold > 1.0:
+            raise ConfigError(f"{PREFIX}DRIFT_THRESHOLD={self.drift_threshold!r} must be > 1 "
+                              "(a factor: warn when median predicted/actual leaves [1/t, t])")
+        if not 0.0 < self.kv_limit_frac <= 1.0:
+            raise ConfigError(f"{PREFIX}KV_LIMIT_FRAC={self.kv_limit_frac!r} must lie in (0, 1]")
+
+    @property
+    def max_residents(self) -> int:
+        return self.slots * self.k
+
+
+def _coerce(name: str, kind: type, raw: Any) -> Any:
+    """Parse one setting from an env string or a JSON value; the error names the variable."""
+    try:
+        if kind is bool:
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError(text)
+        if kind is int:
+            if isinstance(raw, float) and not raw.is_integer():
+                raise ValueError(raw)
+            return int(raw)
+        if kind is float:
+            return float(raw)
+        return None if raw is None or str(raw) == "" else str(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{PREFIX}{name.upper()}={raw!r} is not a valid "
+                          f"{kind.__name__}") from None
+
+
+_KINDS: dict[str, type] = {"slots": int, "k": int, "monitor_window": int, "monitor_every": int,
+                           "slack_blocks": int, "refine": bool, "allow_mismatch": bool,
+                           "trace_prompt_text": bool, "aging": float, "drift_threshold": float,
+                           "kv_limit_frac": float}
+
+
+def load_config(env: Mapping[str, str] | None = None) -> PluginConfig | None:
+    """The plugin's settings from ``env`` (default ``os.environ``); None = plugin off."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    file = env.get(f"{PREFIX}CONFIG")
+    if file:
+        path = Path(file).expanduser()
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{PREFIX}CONFIG={file!r} cannot be read as JSON ({e}); "
+                              "point it at a JSON object of plugin settings") from e
+        if not isinstance(data, dict):
+            raise ConfigError(f"{PREFIX}CONFIG={file!r} must hold a JSON object")
+        values.update(data)
+    known = {f.name for f in fields(PluginConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"{PREFIX}CONFIG names unknown settings {unknown}; "
+                          f"known: {sorted(known)}")
+    for name in known:
+        raw = env.get(f"{PREFIX}{name.upper()}")
+        if raw is not None:
+            values[name] = raw
+    if not values.get("bundle"):
+        return None
+    parsed = {name: _coerce(name, _KINDS.get(name, str), v) for name, v in values.items()}
+    return PluginConfig(**parsed)

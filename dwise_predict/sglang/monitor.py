@@ -1,0 +1,90 @@
+"""Online quality monitor: are the bundle's estimates still calibrated on live traffic?
+
+Over a sliding window of finished requests it tracks, for the admission estimate (total
+denoising rounds, known at arrival) and the refined one (rounds still to go after the first
+denoising round, plus that round), the median predicted/actual ratio and the Spearman rank
+correlation with the actual rounds. A bundle trained on other traffic drifts in scale first
+(the ratio leaves 1) and then in order (ρ falls): the first is what ranking tolerates least
+across admission and refinement, because the two estimates must share one scale.
+
+Drift rule (documented in docs/sglang.md): once the window is full, warn when the median
+ratio of either estimate leaves ``[1/t, t]`` (``t`` = ``drift_threshold``, default 1.5):
+that is the signal to retrain from the serving traces. The monitor is pure numpy and keeps
+no global state; the plugin publishes :meth:`snapshot` as a JSON file every
+``monitor_every`` finished requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..predictors._files import write_json_atomic
+from ..runtime.synthetic import spearman
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class QualityMonitor:
+    """Sliding-window calibration and rank correlation of admission and refined estimates."""
+
+    window: int = 256
+    drift_threshold: float = 1.5
+    _adm: deque = field(default_factory=deque, repr=False)
+    _ref: deque = field(default_factory=deque, repr=False)
+    finished: int = 0
+    warned: bool = False
+
+    def record(self, actual_rounds: float, admission: float | None,
+               refined_total: float | None) -> None:
+        """One finished request: its actual denoising rounds and what was predicted."""
+        self.finished += 1
+        if actual_rounds <= 0 or not math.isfinite(actual_rounds):
+            return
+        for q, pred in ((self._adm, admission), (self._ref, refined_total)):
+            if pred is not None and math.isfinite(pred):
+                q.append((float(pred), float(actual_rounds)))
+                while len(q) > self.window:
+                    q.popleft()
+
+    @staticmethod
+    def _stats(q: deque) -> dict[str, Any]:
+        if not q:
+            return {"n": 0, "median_ratio": None, "spearman": None}
+        a = np.asarray(q, dtype=np.float64)
+        ratio = float(np.median(np.maximum(a[:, 0], 1e-9) / a[:, 1]))
+        rho = spearman(a[:, 0], a[:, 1]) if len(q) >= 3 else float("nan")
+        return {"n": len(q), "median_ratio": round(ratio, 4),
+                "spearman": None if not math.isfinite(rho) else round(float(rho), 4)}
+
+    def snapshot(self) -> dict[str, Any]:
+        """The monitor's figures now, and whether they drifted past the threshold."""
+        adm, ref = self._stats(self._adm), self._stats(self._ref)
+        t = self.drift_threshold
+        drifted = [name for name, s in (("admission", adm), ("refinement", ref))
+                   if s["n"] >= self.window and s["median_ratio"] is not None
+                   and not 1.0 / t <= s["median_ratio"] <= t]
+        return {"finished": self.finished, "window": self.window, "drift_threshold": t,
+                "admission": adm, "refinement": ref, "drifted": drifted}
+
+    def publish(self, path: str | Path | None) -> dict[str, Any]:
+        """Log the figures, warn once on drift, and write them atomically to ``path``."""
+        snap = self.snapshot()
+        log.info("dwise monitor: admission %s, refinement %s", snap["admission"],
+                 snap["refinement"])
+        if snap["drifted"] and not self.warned:
+            self.warned = True
+            log.warning("dwise monitor: %s estimates drifted (median predicted/actual outside "
+                        "[%.2f, %.2f] over the last %d requests): retrain the bundle from the "
+                        "serving traces (docs/sglang.md)", " and ".join(snap["drifted"]),
+                        1.0 / self.drift_threshold, self.drift_threshold, self.window)
+        if path is not None:
+            write_json_atomic(Path(path), snap)
+        return snap

@@ -1,0 +1,166 @@
+"""The SGLang plugin entry point: :func:`register`, loaded by ``sglang.srt.plugins.load_plugins``.
+
+SGLang calls :func:`register` in every process it starts (server, scheduler, detokenizer),
+inside the spawned scheduler process before CUDA-graph capture. It only registers hooks by
+dotted path; the bundle is loaded and checked in :func:`attach`, which the hook on the end of
+``Scheduler.__init__`` runs, so a wrong bundle or an unsupported setting stops the scheduler
+(and so the server) at start-up with a message that names both sides.
+
+Hooks (each translates SGLang objects into the core runtime's plan/update calls):
+
+* ``Scheduler.__init__`` (AFTER): :func:`attach`: fingerprint check, pool sizes, state;
+* ``SchedulerDllmMixin._fetch_waiting_reqs`` (AROUND): under ``dwise`` admission is the
+  plan's, so SGLang's own FIFO top-up is skipped;
+* ``SchedulerDllmMixin._process_dllm_batches`` (AROUND): the round composition;
+* ``SchedulerDllmMixin.process_batch_result_dllm`` (AROUND): resolved blocks, refinement;
+* ``LogitsProcessor._get_dllm_logits`` (AROUND, refinement on): keeps the final-norm rows on
+  the returned ``LogitsProcessorOutput.hidden_states``. Registered before CUDA-graph capture,
+  so the captured decode graph returns them too and its replay slices them to the batch;
+  they live in the graph's static output buffer, so the plugin pools them to CPU in
+  ``process_batch_result_dllm`` before the next forward overwrites them.
+
+SGLang's ``load_plugins`` logs and swallows exceptions raised here, so a failure that must
+stop the server (a hook target missing from this SGLang version, a bad setting) is turned into
+a hook on ``Scheduler.__init__`` that raises it there.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..errors import ConfigError, DwisePredictError
+from .config import PluginConfig, load_config
+from .server import (
+    HOOK_TARGETS,
+    LOGITS,
+    MIXIN,
+    SCHEDULER,
+    SGLangIncompatibleError,
+    incompatibility_message,
+    missing_targets,
+    server_fingerprint,
+)
+
+log = logging.getLogger(__name__)
+
+#: the attribute that holds the plugin's state on an SGLang Scheduler
+STATE_ATTR = "dwise_serving"
+
+
+def attach(scheduler: Any, config: PluginConfig) -> Any:
+    """Load and check the bundle against this scheduler, and hang the plugin's state on it.
+
+    Refuses (raises) a bundle trained for another model/block size/threshold, sync (non-FDFO)
+    mode, and algorithms that cannot share a round between prompt and denoising blocks.
+    """
+    from ..bundle import load_bundle
+    from .serving import DwiseServing
+
+    dc = getattr(scheduler, "dllm_config", None)
+    if dc is None:
+        raise ConfigError("DWISE_SGLANG_BUNDLE is set but this SGLang server runs no dLLM "
+                          "(--dllm-algorithm is unset): unset DWISE_SGLANG_BUNDLE, or serve a dLLM")
+    if not dc.first_done_first_out_mode:
+        raise ConfigError("the dwise plugin needs SGLang's FDFO dLLM mode (one denoising step "
+                          "per round); sync mode runs a whole block inside one round, so "
+                          "remaining work cannot be counted per round: enable --dllm-fdfo, or "
+                          "unset DWISE_SGLANG_BUNDLE")
+    if dc.requires_separate_context_encoding and config.policy == "dwise":
+        raise ConfigError(f"the {dc.algorithm} algorithm prefills with a variable-length "
+                          "EXTEND, so prompt and denoising blocks cannot share a round: use "
+                          "DWISE_SGLANG_POLICY=fcfs with it")
+    bundle = load_bundle(config.bundle)
+    bundle.check(server_fingerprint(scheduler), allow_mismatch=config.allow_mismatch)
+    refine = config.refine and bundle.refinement is not None
+    if config.refine and not refine:
+        log.warning("bundle '%s' has no refinement predictor: ranking by the admission estimate "
+                    "only (train one with `dwise-predict train --only refine`)", bundle.name)
+    state = DwiseServing(config, bundle, block_size=int(dc.block_size),
+                         kv_pool_tokens=int(scheduler.token_to_kv_pool_allocator.size),
+                         req_slots=int(scheduler.req_to_token_pool.size), refine=refine)
+    if config.trace_dir and int(getattr(scheduler, "tp_rank", 0) or 0) == 0:
+        from .traces import ServingTraceSink
+
+        state.trace_sink = ServingTraceSink(
+            config.trace_dir, server_fingerprint(scheduler),
+            dp_rank=int(getattr(scheduler, "dp_rank", 0) or 0),
+            prompt_text=config.trace_prompt_text, tokenizer=getattr(scheduler, "tokenizer", None))
+    setattr(scheduler, STATE_ATTR, state)
+    log.info("dwise plugin: %s, policy %s, B=%d, k=%d, refinement %s, bundle %s",
+             server_fingerprint(scheduler).short(), config.policy, config.slots, config.k,
+             "on" if refine else "off", bundle.name)
+    return state
+
+
+def _state(scheduler: Any, config: PluginConfig) -> Any:
+    state = getattr(scheduler, STATE_ATTR, None)
+    return state if state is not None else attach(scheduler, config)
+
+
+def _refuse_at_startup(error: Exception) -> None:
+    """Make ``Scheduler.__init__`` raise ``error``: the one failure SGLang does not swallow."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise error
+
+    HookRegistry.register(f"{SCHEDULER}.__init__", refuse, HookType.BEFORE)
+
+
+def register() -> None:
+    """The ``sglang.srt.plugins`` entry point: install the hooks the settings ask for."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    try:
+        config = load_config()
+    except DwisePredictError as e:
+        _refuse_at_startup(e)
+        return
+    if config is None:
+        return  # not configured: SGLang runs exactly as stock
+    missing = missing_targets(HOOK_TARGETS)
+    if missing:
+        error = SGLangIncompatibleError(incompatibility_message(missing))
+        log.error("%s", error)
+        _refuse_at_startup(error)
+        return
+
+    def after_init(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
+        attach(scheduler, config)
+
+    HookRegistry.register(f"{SCHEDULER}.__init__", after_init, HookType.AFTER)
+
+    if config.policy == "dwise":
+        def fetch_waiting(original_fn: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+            return None  # admission is the plan's (compose_round), not SGLang's FIFO top-up
+
+        def process_batches(original_fn: Any, scheduler: Any, adder: Any,
+                            running_batch: Any = None, **kwargs: Any) -> Any:
+            rb = running_batch if running_batch is not None else kwargs.get("running_batch")
+            return _state(scheduler, config).compose_round(scheduler, adder, rb)
+
+        HookRegistry.register(f"{MIXIN}._fetch_waiting_reqs", fetch_waiting, HookType.AROUND)
+        HookRegistry.register(f"{MIXIN}._process_dllm_batches", process_batches, HookType.AROUND)
+
+    if config.policy != "dwise":
+        return  # fcfs: SGLang's own rounds; the plugin only checked the bundle at start-up
+
+    def batch_result(original_fn: Any, scheduler: Any, batch: Any, result: Any,
+                     *args: Any, **kwargs: Any) -> Any:
+        state = _state(scheduler, config)
+        state.observe_result(batch, result)
+        out = original_fn(scheduler, batch, result, *args, **kwargs)
+        state.fold_previous()  # now, so the last round of a burst is folded too
+        return out
+
+    HookRegistry.register(f"{MIXIN}.process_batch_result_dllm", batch_result, HookType.AROUND)
+
+    if config.refine:
+        def keep_hidden(original_fn: Any, processor: Any, hidden_states: Any, lm_head: Any,
+                        logits_metadata: Any, *args: Any, **kwargs: Any) -> Any:
+            out = original_fn(processor, hidden_states, lm_head, logits_metadata, *args, **kwargs)
+            out.hidden_states = hidden_states
+            return out
+
+        HookRegistry.register(f"{LOGITS}._get_dllm_logits", keep_hidden, HookType.AROUND)

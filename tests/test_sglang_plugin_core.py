@@ -1,0 +1,84 @@
+"""The SGLang plugin's SGLang-free parts: settings, the quality monitor, the entry point.
+
+The integration with SGLang's real scheduler is in tests/sglang/ (``make test-sglang``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from importlib.metadata import entry_points
+
+import numpy as np
+import pytest
+
+from dwise_predict.errors import ConfigError
+from dwise_predict.sglang.config import PluginConfig, load_config
+from dwise_predict.sglang.monitor import QualityMonitor
+
+
+def test_unset_means_plugin_off():
+    assert load_config({}) is None
+    assert load_config({"DWISE_SGLANG_SLOTS": "16"}) is None
+
+
+def test_env_settings_parse_and_override_the_file(tmp_path):
+    f = tmp_path / "dwise.json"
+    f.write_text(json.dumps({"bundle": "tiny-bd", "slots": 32, "k": 4, "refine": False}))
+    cfg = load_config({"DWISE_SGLANG_CONFIG": str(f), "DWISE_SGLANG_SLOTS": "8",
+                       "DWISE_SGLANG_AGING": "0.5"})
+    assert cfg == PluginConfig(bundle="tiny-bd", slots=8, k=4, refine=False, aging=0.5)
+    assert cfg.max_residents == 32
+
+
+@pytest.mark.parametrize("env, match", [
+    ({"DWISE_SGLANG_POLICY": "lifo"}, "POLICY"),
+    ({"DWISE_SGLANG_SLOTS": "0"}, "SLOTS"),
+    ({"DWISE_SGLANG_K": "two"}, "K="),
+    ({"DWISE_SGLANG_REFINE": "maybe"}, "REFINE"),
+    ({"DWISE_SGLANG_AGING": "-1"}, "AGING"),
+])
+def test_bad_settings_name_the_variable(env, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config({"DWISE_SGLANG_BUNDLE": "tiny-bd", **env})
+
+
+def test_config_file_errors(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ConfigError, match="cannot be read as JSON"):
+        load_config({"DWISE_SGLANG_CONFIG": str(bad)})
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text(json.dumps({"bundle": "tiny-bd", "slot": 3}))
+    with pytest.raises(ConfigError, match="unknown settings \\['slot'\\]"):
+        load_config({"DWISE_SGLANG_CONFIG": str(unknown)})
+
+
+def test_monitor_tracks_calibration_and_rank_and_warns_on_drift(tmp_path, caplog):
+    rng = np.random.default_rng(0)
+    m = QualityMonitor(window=50, drift_threshold=1.5)
+    actual = rng.integers(5, 200, size=50).astype(float)
+    for a in actual:  # admission: right scale, noisy order; refinement: exact
+        m.record(a, a * float(rng.uniform(0.8, 1.25)), a)
+    snap = m.publish(tmp_path / "monitor.json")
+    assert 0.9 < snap["admission"]["median_ratio"] < 1.1
+    assert snap["refinement"]["median_ratio"] == 1.0 and snap["refinement"]["spearman"] == 1.0
+    assert snap["drifted"] == []
+    assert json.loads((tmp_path / "monitor.json").read_text()) == snap
+    for a in actual:  # the admission estimate now doubles: past the 1.5 threshold
+        m.record(a, 2.0 * a, a)
+    with caplog.at_level(logging.WARNING):
+        snap = m.publish(None)
+    assert snap["drifted"] == ["admission"] and snap["admission"]["n"] == 50
+    assert "retrain" in caplog.text
+
+
+def test_entry_point_is_declared_and_import_stays_light():
+    eps = {ep.name: ep.value for ep in entry_points(group="sglang.srt.plugins")}
+    assert eps.get("dwise") == "dwise_predict.sglang.plugin:register"
+    code = ("import sys, dwise_predict.sglang.plugin, dwise_predict.sglang.serving; "
+            "print(sorted(m for m in ('torch', 'sglang', 'lightning') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
