@@ -192,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     runs = {"sglang-fcfs": _summary(stock, len(reqs)),
             "dwise-plugin": _summary(dw, len(reqs), state)}
     tracks = dict(state.finished)
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_suffix(".runs.json").write_text(json.dumps(runs, indent=2) + "\n")  # in case
     sim = simulate_same(tracks, B, K, 32)
     ov = overhead(B, K)
     core_ref = None
@@ -229,8 +232,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nplugin overhead at {ov['residents']} residents + {ov['waiting']} waiting: "
           f"{ov['plugin_us_per_round_median']} us/round (core alone: "
           f"{core_ref if core_ref is not None else 'see benchmarks/scheduler.py'})")
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
     from dwise_predict.predictors._files import write_json_atomic
 
     write_json_atomic(path, out)
