@@ -45,7 +45,7 @@ $(SG_STAMP): pyproject.toml setup.py
 	@rm -f $(SG_VENV)/.installed-*; touch $@
 
 test-sglang: $(SG_STAMP)
-	$(SG_PY) -m pytest -q tests/sglang
+	$(SG_PY) -m pytest -q tests/sglang_plugin
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check dwise_predict tracing trainers export zoo tests benchmarks

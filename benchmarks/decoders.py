@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from dwise_predict.atomic import write_json
 from dwise_predict.cli._common import format_table
-from dwise_predict.predictors._files import write_json_atomic
 from dwise_predict.traces import read_trace_fingerprint, read_traces
 
 RESULTS = Path(__file__).parent / "results" / "decoders.json"
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                "torch": torch.__version__, "python": platform.python_version(),
                "cpu_count": os.cpu_count(), "results": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(args.out, payload)
+    write_json(args.out, payload)
     print(f"wrote {args.out}")
     return 0
 

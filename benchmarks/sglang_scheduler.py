@@ -232,9 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nplugin overhead at {ov['residents']} residents + {ov['waiting']} waiting: "
           f"{ov['plugin_us_per_round_median']} us/round (core alone: "
           f"{core_ref if core_ref is not None else 'see benchmarks/scheduler.py'})")
-    from dwise_predict.predictors._files import write_json_atomic
+    from dwise_predict.atomic import write_json
 
-    write_json_atomic(path, out)
+    write_json(path, out)
     print(f"wrote {path}")
     return 0
 

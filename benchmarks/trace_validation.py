@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from dwise_predict.atomic import write_json
 from dwise_predict.cli._common import format_table
-from dwise_predict.predictors._files import write_json_atomic
 from dwise_predict.traces import validate_table
 
 RESULTS = Path(__file__).parent / "results" / "trace_validation.json"
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                "speedup": peer / ours, "python": platform.python_version(),
                "pyarrow": pa.__version__, "cpu_count": os.cpu_count()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(args.out, payload)
+    write_json(args.out, payload)
     print(f"wrote {args.out}")
     return 0
 

@@ -1,6 +1,6 @@
 """The SGLang plugin's SGLang-free parts: settings, the quality monitor, the entry point.
 
-The integration with SGLang's real scheduler is in tests/sglang/ (``make test-sglang``).
+The integration with SGLang's real scheduler is in tests/sglang_plugin/ (``make test-sglang``).
 """
 
 from __future__ import annotations

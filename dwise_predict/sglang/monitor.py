@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ..predictors._files import write_json_atomic
+from ..atomic import write_json
 from ..runtime.synthetic import spearman
 
 log = logging.getLogger(__name__)
@@ -60,9 +60,9 @@ class QualityMonitor:
             return {"n": 0, "median_ratio": None, "spearman": None}
         a = np.asarray(q, dtype=np.float64)
         ratio = float(np.median(np.maximum(a[:, 0], 1e-9) / a[:, 1]))
-        rho = spearman(a[:, 0], a[:, 1]) if len(q) >= 3 else float("nan")
+        rho = spearman(a[:, 0], a[:, 1])  # None while undefined (< 3 requests, all tied)
         return {"n": len(q), "median_ratio": round(ratio, 4),
-                "spearman": None if not math.isfinite(rho) else round(float(rho), 4)}
+                "spearman": None if rho is None else round(rho, 4)}
 
     def snapshot(self) -> dict[str, Any]:
         """The monitor's figures now, and whether they drifted past the threshold."""
@@ -86,5 +86,5 @@ class QualityMonitor:
                         "serving traces (docs/sglang.md)", " and ".join(snap["drifted"]),
                         1.0 / self.drift_threshold, self.drift_threshold, self.window)
         if path is not None:
-            write_json_atomic(Path(path), snap)
+            write_json(Path(path), snap)
         return snap

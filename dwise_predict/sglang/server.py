@@ -81,6 +81,18 @@ def incompatibility_message(missing: list[str]) -> str:
             "to serve without the plugin")
 
 
+def max_steps_per_block(decoding: str, block_size: int, algo_cfg: dict[str, Any]) -> int | None:
+    """``S`` of SGLang's decoder: LowConfidence unmasks at least one token a step, so a block
+    takes at most ``block_size`` steps; JointThreshold may then edit for up to
+    ``max_post_edit_steps`` more, plus the step that finds nothing left to change (the rule
+    the tracer records, docs/tracing.md). None for an algorithm we do not know: unchecked."""
+    if decoding == "low_confidence":
+        return block_size
+    if decoding == "joint_threshold":
+        return block_size + int(algo_cfg.get("max_post_edit_steps", 16)) + 1
+    return None
+
+
 def server_fingerprint(scheduler: Any) -> ModelFingerprint:
     """The fingerprint of what this SGLang scheduler serves, from SGLang's own config.
 
@@ -100,8 +112,10 @@ def server_fingerprint(scheduler: Any) -> ModelFingerprint:
     if hidden is None:
         hidden = getattr(getattr(mc, "hf_config", None), "hidden_size", None)
     extra = {k: v for k, v in algo_cfg.items() if k != "threshold"}
+    decoding = DECODING_NAMES.get(algo, algo)
     return ModelFingerprint(
         model_id=str(model_id), block_size=int(dc.block_size), threshold=threshold,
-        decoding=DECODING_NAMES.get(algo, algo), mask_token_id=int(dc.mask_id),
+        decoding=decoding, mask_token_id=int(dc.mask_id),
+        max_steps_per_block=max_steps_per_block(decoding, int(dc.block_size), algo_cfg),
         hidden_size=int(hidden) if hidden is not None else None,
         revision=getattr(sa, "revision", None), extra={"sglang_algorithm_config": extra})

@@ -14,7 +14,7 @@ values cached per request: they are a function of those tokens only, because tin
 block-causal), so a request's output tokens cannot depend on which round or batch it ran in.
 That is what lets a test compare stock and plugin outputs token for token.
 
-Used by ``tests/sglang/`` and ``benchmarks/sglang_scheduler.py``. Needs the ``.venv-sglang``
+Used by ``tests/sglang_plugin/`` and ``benchmarks/sglang_scheduler.py``. Needs the ``.venv-sglang``
 environment (``make test-sglang``).
 """
 
