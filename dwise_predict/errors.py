@@ -84,4 +84,3 @@ class Terminated(KeyboardInterrupt):
         self.signum = signum
         self.signal_name = name
         self.exit_code = 128 + signum
-

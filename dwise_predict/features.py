@@ -42,7 +42,9 @@ class ChatTemplate:
         import jinja2
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined
+        )
 
         def raise_exception(message: str) -> None:
             raise ConfigError(f"chat template error: {message}")
@@ -55,7 +57,9 @@ class ChatTemplate:
 
     def render(self, prompt: str, add_generation_prompt: bool = True, **kwargs: Any) -> str:
         return self._template.render(
-            messages=[{"role": "user", "content": prompt}], add_generation_prompt=add_generation_prompt, **kwargs
+            messages=[{"role": "user", "content": prompt}],
+            add_generation_prompt=add_generation_prompt,
+            **kwargs,
         )
 
     @property
@@ -70,16 +74,23 @@ class PromptFeaturizer:
     the raw prompt is tokenized as is). ``add_special_tokens`` follows the served model.
     """
 
-    def __init__(self, tokenizer: Any, chat_template: str | None = None, *, add_special_tokens: bool = False,
-                 template_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        chat_template: str | None = None,
+        *,
+        add_special_tokens: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.chat_template = ChatTemplate(chat_template) if chat_template else None
         self.add_special_tokens = add_special_tokens
         self.template_kwargs = dict(template_kwargs or {})
 
     @classmethod
-    def from_files(cls, tokenizer_file: str | Path, chat_template_file: str | Path | None = None,
-                   **kwargs: Any) -> PromptFeaturizer:
+    def from_files(
+        cls, tokenizer_file: str | Path, chat_template_file: str | Path | None = None, **kwargs: Any
+    ) -> PromptFeaturizer:
         from tokenizers import Tokenizer
 
         try:
@@ -98,12 +109,16 @@ class PromptFeaturizer:
         folder = Path(folder)
         tok = folder / "tokenizer.json"
         if not tok.is_file():
-            raise ConfigError(f"{folder} has no tokenizer.json; pass --tokenizer FILE (and --chat-template FILE)")
+            raise ConfigError(
+                f"{folder} has no tokenizer.json; pass --tokenizer FILE (and --chat-template FILE)"
+            )
         cfg = folder / "tokenizer_config.json"
         template = None
         if cfg.is_file():
             data = json.loads(cfg.read_text(encoding="utf-8"))
-            template = data.get("chat_template") if isinstance(data.get("chat_template"), str) else None
+            template = (
+                data.get("chat_template") if isinstance(data.get("chat_template"), str) else None
+            )
         from tokenizers import Tokenizer
 
         return cls(Tokenizer.from_file(str(tok)), template, **kwargs)
@@ -114,13 +129,22 @@ class PromptFeaturizer:
         return self.chat_template.render(prompt, **self.template_kwargs)
 
     def token_count(self, prompt: str) -> int:
-        return len(self.tokenizer.encode(self.render(prompt), add_special_tokens=self.add_special_tokens).ids)
+        return len(
+            self.tokenizer.encode(
+                self.render(prompt), add_special_tokens=self.add_special_tokens
+            ).ids
+        )
 
     def token_counts(self, prompts: Sequence[str]) -> np.ndarray:
         rendered = [self.render(p) for p in prompts]
-        encs = self.tokenizer.encode_batch(rendered, add_special_tokens=self.add_special_tokens) if len(rendered) > 1 else [
-            self.tokenizer.encode(r, add_special_tokens=self.add_special_tokens) for r in rendered
-        ]
+        encs = (
+            self.tokenizer.encode_batch(rendered, add_special_tokens=self.add_special_tokens)
+            if len(rendered) > 1
+            else [
+                self.tokenizer.encode(r, add_special_tokens=self.add_special_tokens)
+                for r in rendered
+            ]
+        )
         return np.fromiter((len(e.ids) for e in encs), dtype=np.float64, count=len(encs))
 
     def __call__(self, prompts: str | Sequence[str]) -> np.ndarray:

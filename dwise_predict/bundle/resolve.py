@@ -48,7 +48,9 @@ def resolve_bundle(ref: str | Path) -> ResolvedBundle:
                 from ..hub import pull_bundle
 
                 local = pull_bundle(entry.hub_ref)
-            return ResolvedBundle(_check_folder(Path(local), ref), entry.model_fingerprint(), source="zoo")
+            return ResolvedBundle(
+                _check_folder(Path(local), ref), entry.model_fingerprint(), source="zoo"
+            )
     return ResolvedBundle(_check_folder(path, ref))
 
 

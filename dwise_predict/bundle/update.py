@@ -83,16 +83,24 @@ def update_bundle(ref: str | Path, *, out: str | Path | None = None) -> Iterator
     from .resolve import resolve_bundle
 
     if out is None and resolve_bundle(ref).source != "local":
-        raise BundleError(f"bundle {str(ref)!r} is a Hub or zoo copy (a read-only cache); pull it into a folder of "
-                          "your own first (`dwise-predict pull ORG/NAME@REV --out DIR`), or pass out=DIR")
+        raise BundleError(
+            f"bundle {str(ref)!r} is a Hub or zoo copy (a read-only cache); pull it into a folder of "
+            "your own first (`dwise-predict pull ORG/NAME@REV --out DIR`), or pass out=DIR"
+        )
     bundle = load_bundle(ref)  # verified before anything is copied
     dst = Path(out).expanduser() if out is not None else bundle.path
     if out is not None and dst.exists():
-        raise BundleError(f"{dst} already exists; pass a new folder (or omit it to update the bundle in place)")
+        raise BundleError(
+            f"{dst} already exists; pass a new folder (or omit it to update the bundle in place)"
+        )
     with staged_folder(dst) as tmp:
         _copy_tree(bundle.path, tmp, listed=set(bundle.manifest["files"]))
-        draft = BundleDraft(source=bundle, folder=tmp, destination=dst,
-                            manifest=json.loads(json.dumps(bundle.manifest)))
+        draft = BundleDraft(
+            source=bundle,
+            folder=tmp,
+            destination=dst,
+            manifest=json.loads(json.dumps(bundle.manifest)),
+        )
         yield draft
         finish_draft(draft)
         load_bundle(tmp)  # the new version verifies before it replaces anything
@@ -104,7 +112,9 @@ def finish_draft(draft: BundleDraft) -> None:
     for name in sorted(draft.touched):
         path = draft.folder / name
         if not path.is_file():
-            raise BundleError(f"the update declared {name} but did not write it; nothing was changed")
+            raise BundleError(
+                f"the update declared {name} but did not write it; nothing was changed"
+            )
         files[name] = file_record(path)
     plots = [n for n in sorted(files) if n.startswith("plots/")]
     write_text(draft.folder / CARD_FILE, render_card(draft.manifest, plots=plots))
@@ -122,4 +132,3 @@ def _copy_tree(src: Path, dst: Path, listed: set[str]) -> None:
             target = dst / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, target)
-

@@ -33,9 +33,11 @@ def _stage_line(i: int, stage: dict[str, Any], numbered: bool) -> str:
     """One stage's result and the settings its command line does not show when the defaults moved
     since (stages 1-2 ran when lr defaulted to 3e-3 and the loss was the plain mean)."""
     r, c = stage.get("result", {}), stage.get("train_config", {})
-    return (f"- {f'stage {i}: ' if numbered else ''}steps: {r.get('steps')}, seconds: {r.get('seconds')}, "
-            f"final loss: {r.get('final_loss')}, stopped by the time budget: {r.get('stopped_by_time')}; "
-            f"peak lr {c.get('lr')}, EOS-padding loss weight {c.get('pad_weight', 1.0)}")
+    return (
+        f"- {f'stage {i}: ' if numbered else ''}steps: {r.get('steps')}, seconds: {r.get('seconds')}, "
+        f"final loss: {r.get('final_loss')}, stopped by the time budget: {r.get('stopped_by_time')}; "
+        f"peak lr {c.get('lr')}, EOS-padding loss weight {c.get('pad_weight', 1.0)}"
+    )
 
 
 MEASURED_HEADING = "## Measured (docs/reference-model.md)"
@@ -88,8 +90,14 @@ def model_card(config: TinyBDConfig, training: dict[str, Any]) -> str:
         *(stage.get("command", "") for stage in stages),
         "```",
         "",
-        *(["Each command continues the previous one's output (its `--init-from`; the folders are",
-           "where each stage ran) with a fresh schedule and other data draws."] if len(stages) > 1 else []),
+        *(
+            [
+                "Each command continues the previous one's output (its `--init-from`; the folders are",
+                "where each stage ran) with a fresh schedule and other data draws.",
+            ]
+            if len(stages) > 1
+            else []
+        ),
         "",
         *(_stage_line(i, stage, numbered=len(stages) > 1) for i, stage in enumerate(stages, 1)),
         "- data of the last stage (examples per category; real ones only from the workload's TRAIN split, repeated;",
