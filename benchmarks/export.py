@@ -204,9 +204,10 @@ def main() -> None:
     )
     print(
         f"INT8 refinement: speed-up vs FP32 b=1 {int8_change['speedup_vs_fp32']['1']:.2f}x, "
-        f"b=128 {int8_change['speedup_vs_fp32']['128']:.2f}x; estimate change max {int8_change['max_abs_change']:.3g} "
-        f"rounds, mean {int8_change['mean_abs_change']:.3g} rounds; Spearman vs native "
-        f"{int8_change['spearman_vs_native']:.5f}; kept: {ref8.kept} ({ref8.reason})"
+        f"b=128 {int8_change['speedup_vs_fp32']['128']:.2f}x; estimate change max "
+        f"{int8_change['max_abs_change']:.3g} rounds, mean {int8_change['mean_abs_change']:.3g} "
+        f"rounds; Spearman vs native {int8_change['spearman_vs_native']:.5f}; kept: {ref8.kept} "
+        f"({ref8.reason})"
     )
     print(f"admission INT8: {adm_int8}")
 

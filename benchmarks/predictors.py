@@ -6,7 +6,8 @@ Data: SYNTHETIC planted traces (tests/synthetic_traces.py), 2,048 training reque
 * admission, model only, 1 request [<= 10 µs] vs ``lightgbm.Booster.predict`` on the same row
 * admission, batch of 128, per request [<= 2 µs] vs ``Booster.predict`` on the same batch
 * admission from raw text incl. chat template + tokenization [<= 0.2 ms] vs featurizer + Booster
-* refinement on CPU, numpy, 1 request and batch of 128 at H = 2,048 [<= 0.3 ms for 1] vs the torch path
+* refinement on CPU, numpy, 1 request and batch of 128 at H = 2,048 [<= 0.3 ms for 1] vs the torch
+path
 * training: 3-member refinement ensemble on 2,048 x 2,048 [<= 60 s] beside the admission model
 
 Run: ``.venv/bin/python benchmarks/predictors.py`` (prints a table, writes

@@ -169,7 +169,8 @@ def main() -> None:
         "goal_us": 200.0,
     }
     print(
-        f"Per-round scheduling time, {RESIDENTS} residents + {WAITING} waiting, B={B}, k={K} (median of {args.rounds} rounds)"
+        f"Per-round scheduling time, {RESIDENTS} residents + {WAITING} "
+        f"waiting, B={B}, k={K} (median of {args.rounds} rounds)"
     )
     print(
         format_table(
@@ -178,7 +179,9 @@ def main() -> None:
     )
     replays = bench_replays(args.reps)
     print(
-        f"\nSimulator wall time, 4,096-request paper-matched replay, burst (median of {args.reps}; goal <= 5 s)"
+        "\n"
+        f"Simulator wall time, 4,096-request paper-matched replay, burst (median of {args.reps}; "
+        "goal <= 5 s)"
     )
     print(
         format_table(

@@ -240,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
             "median": wmed,
             "runs": wruns,
         },
-        "notes": "rounds/s = batched forward rounds per second (prefill + denoising, commit forwards folded in); "
-        "request-rounds/s = request-blocks advanced per second",
+        "notes": "rounds/s = batched forward rounds per second (prefill + denoising, commit "
+        "forwards folded in); request-rounds/s = request-blocks advanced per second",
     }
     write_json(args.out, payload, sort_keys=False)
     print(f"wrote {args.out}")

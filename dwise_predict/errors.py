@@ -38,7 +38,8 @@ class ModelError(DwisePredictError):
 
 
 class PredictorError(DwisePredictError, ValueError):
-    """A predictor's model is malformed or unsupported (LightGBM text, weight shapes, isotonic map)."""
+    """A predictor's model is malformed or unsupported (LightGBM text, weight shapes, isotonic
+    map)."""
 
 
 class PredictorInputError(DwisePredictError, ValueError):

@@ -1,9 +1,10 @@
-"""Prompt features for the admission predictor: word count, newline count, chat-template token count.
+"""Prompt features for the admission predictor: word count, newline count, chat-template token
+count.
 
-These three numbers are all the admission predictor sees (docs/concepts.md, "The predictors"). The token count must be
-the one the *served* model sees, i.e. after its chat template, so the featurizer carries the
-model's tokenizer (a Hugging Face ``tokenizers`` file: no torch, no transformers) and its chat
-template (Jinja, rendered like ``transformers`` does). A bundle ships both, which is how a
+These three numbers are all the admission predictor sees (docs/concepts.md, "The predictors"). The
+token count must be the one the *served* model sees, i.e. after its chat template, so the featurizer
+carries the model's tokenizer (a Hugging Face ``tokenizers`` file: no torch, no transformers) and
+its chat template (Jinja, rendered like ``transformers`` does). A bundle ships both, which is how a
 scheduler process can predict from raw text alone.
 """
 
@@ -104,8 +105,9 @@ class PromptFeaturizer:
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, **kwargs: Any) -> PromptFeaturizer:
-        """The featurizer of a model folder in Hugging Face layout (``tokenizer.json`` and, if present,
-        ``tokenizer_config.json`` with its ``chat_template``): the tokens the served model sees."""
+        """The featurizer of a model folder in Hugging Face layout (``tokenizer.json`` and, if
+        present, ``tokenizer_config.json`` with its ``chat_template``): the tokens the served model
+        sees."""
         folder = Path(folder)
         tok = folder / "tokenizer.json"
         if not tok.is_file():

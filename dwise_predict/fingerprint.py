@@ -78,7 +78,8 @@ class ModelFingerprint:
     def mismatches(
         self, other: ModelFingerprint, fields: tuple[str, ...] = CRITICAL_FIELDS
     ) -> list[str]:
-        """Names of the ``fields`` where two fingerprints disagree (None on either side = unknown, skipped)."""
+        """Names of the ``fields`` where two fingerprints disagree (None on either side = unknown,
+        skipped)."""
         out = []
         for name in fields:
             a, b = getattr(self, name), getattr(other, name)

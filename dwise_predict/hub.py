@@ -71,7 +71,8 @@ def parse_hub_ref(ref: str) -> HubRef:
     """
     if not isinstance(ref, str):
         raise ConfigError(
-            f"a Hub reference must be a string like 'hf://ORG/NAME@REVISION', got {type(ref).__name__}"
+            "a Hub reference must be a string like "
+            f"'hf://ORG/NAME@REVISION', got {type(ref).__name__}"
         )
     body = ref[len(HF_SCHEME) :] if ref.startswith(HF_SCHEME) else ref
     repo_id, sep, revision = body.partition("@")
@@ -108,10 +109,11 @@ def pull_bundle(
     temporary folder beside it and renamed into place, so ``out_dir`` is either complete or absent.
 
     ``revision`` (branch, tag or commit sha) may be given here or in the reference (not both,
-    differently); the default is ``main``. ``endpoint``/``token``/``cache_dir`` default to huggingface_hub's
-    (``HF_ENDPOINT``, ``HF_TOKEN`` or ``hf auth login``, ``HF_HUB_CACHE``); ``HF_ENDPOINT`` is read when
-    this function is called, not when huggingface_hub was imported, so a process can point at a mirror late. Offline mode
-    (``HF_HUB_OFFLINE=1`` or ``local_files_only=True``) serves only what is already cached.
+    differently); the default is ``main``. ``endpoint``/``token``/``cache_dir`` default to
+    huggingface_hub's (``HF_ENDPOINT``, ``HF_TOKEN`` or ``hf auth login``, ``HF_HUB_CACHE``);
+    ``HF_ENDPOINT`` is read when this function is called, not when huggingface_hub was imported, so
+    a process can point at a mirror late. Offline mode (``HF_HUB_OFFLINE=1`` or
+    ``local_files_only=True``) serves only what is already cached.
     """
     ref = repo_ref if isinstance(repo_ref, HubRef) else parse_hub_ref(repo_ref)
     if revision is not None and ref.revision is not None and revision != ref.revision:
@@ -170,8 +172,8 @@ def _snapshot(
         ) from e
     except err.RepositoryNotFoundError as e:
         raise HubRepoNotFoundError(
-            f"{where}: repository {repo_id!r} not found at {_endpoint(endpoint)}; check the id, or pass a token "
-            "that can read it if it is private (HF_TOKEN or `hf auth login`)"
+            f"{where}: repository {repo_id!r} not found at {_endpoint(endpoint)}; check the id, or "
+            "pass a token that can read it if it is private (HF_TOKEN or `hf auth login`)"
         ) from e
     except err.IncompleteSnapshotError as e:
         raise BundleIntegrityError(
@@ -181,12 +183,12 @@ def _snapshot(
     except err.LocalEntryNotFoundError as e:
         if local_files_only or _caused_by(e, err.OfflineModeIsEnabled):
             raise HubOfflineError(
-                f"{where} is not in the local Hugging Face cache and offline mode is on; set HF_HUB_OFFLINE=0 "
-                "(and drop local_files_only) or pull it once while online"
+                f"{where} is not in the local Hugging Face cache and offline mode is on; set "
+                "HF_HUB_OFFLINE=0 (and drop local_files_only) or pull it once while online"
             ) from e
         raise HubConnectionError(
-            f"{where}: cannot reach {_endpoint(endpoint)} and the revision is not in the local cache; check the "
-            "network or HF_ENDPOINT, or pull it once while online"
+            f"{where}: cannot reach {_endpoint(endpoint)} and the revision is not in the local "
+            "cache; check the network or HF_ENDPOINT, or pull it once while online"
         ) from e
     except err.HfHubHTTPError as e:
         raise HubError(
@@ -197,7 +199,8 @@ def _snapshot(
 
 
 def copy_snapshot(snapshot: Path, out_dir: Path, *, overwrite: bool = False) -> Path:
-    """Copy a snapshot (symlinks into the cache's blobs) as plain files, atomically, to ``out_dir``."""
+    """Copy a snapshot (symlinks into the cache's blobs) as plain files, atomically, to
+    ``out_dir``."""
     out_dir = out_dir.expanduser()
     if out_dir.exists() and not out_dir.is_dir():
         raise BundleError(f"--out {out_dir} is a file; pass a folder path")

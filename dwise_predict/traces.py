@@ -131,7 +131,8 @@ def shard_files(folder: str | Path) -> list[Path]:
 
 
 def trace_files(path: str | Path) -> list[Path]:
-    """The Parquet files a trace path stands for: the file itself, or a directory's shards, sorted."""
+    """The Parquet files a trace path stands for: the file itself, or a directory's shards,
+    sorted."""
     p = Path(path)
     if p.is_file():
         return [p]
@@ -143,7 +144,8 @@ def trace_files(path: str | Path) -> list[Path]:
             )
         return files
     raise TraceError(
-        f"trace path {p} does not exist; pass a trace file or the folder `dwise-predict trace` wrote"
+        f"trace path {p} does not exist; pass a trace "
+        "file or the folder `dwise-predict trace` wrote"
     )
 
 
@@ -388,5 +390,6 @@ def hidden_matrix(table: pa.Table) -> np.ndarray:
 
 
 def prompt_blocks(prompt_tokens: int, block_size: int) -> int:
-    """Blocks a prompt of ``prompt_tokens`` tokens occupies (prefill rounds when run block by block)."""
+    """Blocks a prompt of ``prompt_tokens`` tokens occupies (prefill rounds when run block by
+    block)."""
     return max(1, math.ceil(prompt_tokens / block_size))

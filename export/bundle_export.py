@@ -166,7 +166,8 @@ def _export_one(
 
 
 def _exports_record(draft: BundleDraft, report: ExportReport) -> dict[str, Any]:
-    """Drop the files that failed their gate; the record of every file (kept or not) for the manifest."""
+    """Drop the files that failed their gate; the record of every file (kept or not) for the
+    manifest."""
     exports: dict[str, Any] = {}
     for c in report.checks:
         if not c.kept:

@@ -55,7 +55,8 @@ def push_bundle(
     endpoint: str | None = None,
     commit_message: str | None = None,
 ) -> PushResult:
-    """Upload the bundle ``folder`` as one commit to ``repo_id`` on branch ``revision`` (default main).
+    """Upload the bundle ``folder`` as one commit to ``repo_id`` on branch ``revision`` (default
+    main).
 
     The repository is created when missing (``private`` applies only then), the branch is created
     from ``main`` when missing, and ``tag`` (if given) is cut on the new commit. ``token`` and
@@ -95,7 +96,8 @@ def push_bundle(
 def _check_bundle_folder(folder: Path) -> None:
     if not folder.is_dir():
         raise BundleError(
-            f"bundle folder {folder} does not exist; pass the folder `dwise-predict train --out` wrote"
+            f"bundle folder {folder} does not exist; pass "
+            "the folder `dwise-predict train --out` wrote"
         )
     if not (folder / MANIFEST).is_file():
         raise BundleError(
@@ -114,7 +116,8 @@ class _translate:
         return None
 
     def __exit__(self, kind: type | None, e: BaseException | None, tb: object) -> Literal[False]:
-        """Never swallows: either re-raises as a HubError subclass, or lets the original propagate."""
+        """Never swallows: either re-raises as a HubError subclass, or lets the original
+        propagate."""
         if e is None or not isinstance(e, Exception) or isinstance(e, BundleError):
             return False
         import huggingface_hub.errors as hf
@@ -126,8 +129,9 @@ class _translate:
             ) from e
         if isinstance(e, getattr(hf, "RepositoryNotFoundError", ())) or status in (401, 403):
             raise HubRepoNotFoundError(
-                f"{self.where}: the Hub at {self.endpoint} refused the write ({_first_line(e)}); pass a token with "
-                "write access to the namespace (HF_TOKEN, `hf auth login`, or token=)"
+                f"{self.where}: the Hub at {self.endpoint} refused the write ({_first_line(e)}); "
+                "pass a token with write access to the namespace (HF_TOKEN, `hf auth login`, or "
+                "token=)"
             ) from e
         if status == 409 and self.tag is not None:
             raise HubError(

@@ -46,7 +46,8 @@ def admission_to_onnx(
     feature_names: list[str] | None = None,
     target_opset: int = DEFAULT_OPSET,
 ) -> Path:
-    """Write ``model`` (an ``AdmissionModel``, a ``lightgbm.Booster`` or LightGBM model text) to ``path``."""
+    """Write ``model`` (an ``AdmissionModel``, a ``lightgbm.Booster`` or LightGBM model text) to
+    ``path``."""
     try:
         import lightgbm as lgb
         import onnxmltools
@@ -76,7 +77,8 @@ def admission_to_onnx(
             "dwise.predictor": AdmissionModel.kind,
             "dwise.precision": "fp32",
             "dwise.feature_names": json.dumps(names),
-            "dwise.output": f"{ADMISSION_OUTPUT}: log(total denoising rounds), shape (n, 1); estimate = exp(output)",
+            "dwise.output": f"{ADMISSION_OUTPUT}: log(total denoising "
+            "rounds), shape (n, 1); estimate = exp(output)",
             "dwise.n_trees": str(booster.num_trees()),
         },
     )

@@ -1,4 +1,5 @@
-"""Refinement ensemble -> ONNX through ``torch.onnx.export``, with the survival math inside the graph.
+"""Refinement ensemble -> ONNX through ``torch.onnx.export``, with the survival math inside the
+graph.
 
 The exporter takes the same numpy weights the core predicts with
 (:class:`dwise_predict.predictors.refinement.RefinementEnsemble`: members ``w1 (H+2, W)``, ``b1``,
@@ -57,7 +58,8 @@ DEFAULT_OPSET = 18
 
 
 def ensemble_module(ensemble: Any) -> Any:
-    """A ``torch.nn.Module`` computing exactly the ensemble's survival curve and restricted mean (float32)."""
+    """A ``torch.nn.Module`` computing exactly the ensemble's survival curve and restricted mean
+    (float32)."""
     try:
         import torch
     except ImportError as e:
@@ -174,16 +176,19 @@ def refinement_to_onnx(ensemble: Any, path: str | Path, *, opset: int = DEFAULT_
             "dwise.hidden_size": str(hidden_size),
             "dwise.K": str(k),
             "dwise.members": str(len(ensemble.members)),
-            "dwise.inputs": "hidden (n, H) float32 raw first-round hidden; prompt_tokens (n,); output_budget (n,)",
-            "dwise.output": "survival (n, K): P(remaining >= k); mean (n,): raw restricted mean of remaining rounds "
-            "after the first denoising round (apply the isotonic map for the calibrated estimate)",
+            "dwise.inputs": "hidden (n, H) float32 raw first-round "
+            "hidden; prompt_tokens (n,); output_budget (n,)",
+            "dwise.output": "survival (n, K): P(remaining >= k); mean (n,): raw restricted mean of "
+            "remaining rounds after the first denoising round (apply the isotonic map for the "
+            "calibrated estimate)",
         },
     )
     return save_model_atomic(onx, path)
 
 
 class _quiet_exporter:
-    """torch.onnx's dynamo exporter logs progress and torchvision notices; keep the CLI output clean."""
+    """torch.onnx's dynamo exporter logs progress and torchvision notices; keep the CLI output
+    clean."""
 
     def __enter__(self) -> None:
         self._warnings = warnings.catch_warnings()

@@ -102,7 +102,8 @@ class ExportCheck:
     precision: str
     file: str
     parity: ParityReport
-    #: batch -> {"native": µs, "exported": µs[, "peer": µs of the FP32 file an INT8 file would replace]}
+    #: batch -> {"native": µs, "exported": µs[, "peer": µs of the FP32 file an INT8 file would
+    #: replace]}
     latency_us: dict[str, dict[str, float]] = field(default_factory=dict)
     kept: bool = False
     reason: str = ""
@@ -156,11 +157,13 @@ def _fp32_decision(check: ExportCheck) -> tuple[bool, str]:
     if p.passed:
         return (
             True,
-            f"parity holds (max abs error {p.max_abs_error:.3g} within {p.tolerance.abs:g} + {p.tolerance.rel:g}|x|)",
+            f"parity holds (max abs error {p.max_abs_error:.3g} "
+            f"within {p.tolerance.abs:g} + {p.tolerance.rel:g}|x|)",
         )
     return (
         False,
-        f"parity fails (max abs error {p.max_abs_error:.3g}, tolerance {p.tolerance.abs:g} + {p.tolerance.rel:g}|x|)",
+        f"parity fails (max abs error {p.max_abs_error:.3g}, "
+        f"tolerance {p.tolerance.abs:g} + {p.tolerance.rel:g}|x|)",
     )
 
 
@@ -171,7 +174,8 @@ def gate_int8(
     decision_batch: int = 128,
     min_speedup: float = 1.05,
 ) -> ExportCheck:
-    """Keep the INT8 file iff its parity passes and it beats FP32 by ``min_speedup`` at ``decision_batch``.
+    """Keep the INT8 file iff its parity passes and it beats FP32 by ``min_speedup`` at
+    ``decision_batch``.
 
     The FP32 time is the ``peer`` timed interleaved with the INT8 file when present (an
     exporter's ``check(..., peer=fp32_path)``), else the FP32 check's own measurement.

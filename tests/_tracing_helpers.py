@@ -75,7 +75,8 @@ def workload_records(prompts: list[str] = PROMPTS, category: str = "chat") -> li
 def make_diffusion_gemma(
     out: Path, *, canvas_length: int = 8, max_denoising_steps: int = 6, seed: int = 0
 ) -> Path:
-    """A tiny random DiffusionGemma (text + a 1-layer vision tower) with tiny-bd's byte tokenizer."""
+    """A tiny random DiffusionGemma (text + a 1-layer vision tower) with tiny-bd's byte
+    tokenizer."""
     from transformers import (
         DiffusionGemmaConfig,
         DiffusionGemmaForBlockDiffusion,
@@ -130,7 +131,8 @@ def make_diffusion_gemma(
 
 
 def _save_byte_tokenizer(out: Path) -> None:
-    """tiny-bd's byte tokenizer and chat template, saved as a transformers tokenizer beside a model."""
+    """tiny-bd's byte tokenizer and chat template, saved as a transformers tokenizer beside a
+    model."""
     from dwise_predict.zoo.tiny_bd.tokenizer import CHAT_TEMPLATE, build_tokenizer
     from transformers import PreTrainedTokenizerFast
 
@@ -146,7 +148,8 @@ def _save_byte_tokenizer(out: Path) -> None:
 
 
 def make_bert_mask_predict(out: Path, *, seed: int = 0) -> Path:
-    """A tiny random BERT masked LM with tiny-bd's byte tokenizer: a real HF mask-predict model, offline."""
+    """A tiny random BERT masked LM with tiny-bd's byte tokenizer: a real HF mask-predict model,
+    offline."""
     from transformers import BertConfig, BertForMaskedLM
 
     torch.manual_seed(seed)

@@ -46,12 +46,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-GITATTRIBUTES = b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n*.onnx filter=lfs diff=lfs merge=lfs -text\n"
+GITATTRIBUTES = (
+    b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"
+    b"*.onnx filter=lfs diff=lfs merge=lfs -text\n"
+)
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 
 
 def git_blob_sha(data: bytes) -> str:
-    """The git object id of a blob: what the Hub reports as ``oid`` and ``ETag`` of a regular file."""
+    """The git object id of a blob: what the Hub reports as ``oid`` and ``ETag`` of a regular
+    file."""
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 

@@ -1,4 +1,5 @@
-"""The bundle's model card and recorded evaluation (issue 7): real bundle, real metrics, real HF parser.
+"""The bundle's model card and recorded evaluation (issue 7): real bundle, real metrics, real HF
+parser.
 
 A bundle is trained here on SYNTHETIC traces (tests/synthetic_traces.py), evaluated on disjoint
 ones with the library's own evaluation, and recorded into the bundle. The card's YAML front matter
@@ -188,7 +189,8 @@ def test_a_failed_update_leaves_the_old_bundle_intact(trained, tmp_path):
     fresh, _, metrics, plots = trained
     adm_only = train_bundle(make_traces(120, H, seed=4), tmp_path / "adm", only="admission")
     before = {p.relative_to(adm_only): p.read_bytes() for p in adm_only.rglob("*") if p.is_file()}
-    # refined metrics for a bundle without a refinement predictor: refused inside the draft, after the copy
+    # refined metrics for a bundle without a refinement predictor: refused inside the draft, after
+    # the copy
     with pytest.raises(ConfigError, match=r"no \['refinement'\] predictor"):
         record_evaluation(adm_only, metrics, plots)
     after = {p.relative_to(adm_only): p.read_bytes() for p in adm_only.rglob("*") if p.is_file()}

@@ -1,4 +1,5 @@
-"""`dwise-predict export` on real bundles, and the round trip train -> export -> push -> pull -> load.
+"""`dwise-predict export` on real bundles, and the round trip train -> export -> push -> pull ->
+load.
 
 Predictors are real: a LightGBM booster trained here and an MLP ensemble from weights made here,
 saved with ``save_bundle``. The round trip goes through the loopback Hub endpoint
@@ -98,7 +99,8 @@ def inputs(n: int = 64, seed: int = 3):
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """A freshly trained bundle and its exported copy (exported once: the torch export takes seconds)."""
+    """A freshly trained bundle and its exported copy (exported once: the torch export takes
+    seconds)."""
     root = tmp_path_factory.mktemp("bundles")
     fresh = save_bundle(
         root / "fresh", [train_admission(), make_refinement()], fingerprint=FP, name="tiny-bd-test"
@@ -164,7 +166,8 @@ def test_round_trip_train_export_push_pull_load(exported, tmp_path, monkeypatch)
             pushed.hub_ref, tmp_path / "pulled", endpoint=hub.url, cache_dir=tmp_path / "cache"
         )
         cached = pull_bundle(pushed.hub_ref, endpoint=hub.url, cache_dir=tmp_path / "cache")
-        # the one entry point: load_bundle("hf://ORG/NAME@REV") resolves through the configured endpoint
+        # the one entry point: load_bundle("hf://ORG/NAME@REV") resolves through the configured
+        # endpoint
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
         assert pushed.hub_ref == "hf://org/tiny-bd-test@v1"
         by_ref = load_bundle(pushed.hub_ref).path

@@ -45,7 +45,8 @@ def test_from_pretrained_reads_a_model_folders_tokenizer_and_template(tmp_path):
         TinyBDModel(TinyBDConfig(d_model=16, n_layers=1, n_heads=2, d_ff=16)), tmp_path / "m"
     )
     f = PromptFeaturizer.from_pretrained(folder)
-    # byte-level: "<|user|>" "\n" prompt "\n" "<|assistant|>" "\n" = 2 specials + 3 newlines + prompt bytes
+    # byte-level: "<|user|>" "\n" prompt "\n" "<|assistant|>" "\n" = 2 specials + 3 newlines +
+    # prompt bytes
     assert f(["héllo"])[0].tolist() == [1, 0, 2 + 3 + len("héllo".encode())]
     with pytest.raises(ConfigError, match="no tokenizer.json"):
         PromptFeaturizer.from_pretrained(tmp_path)

@@ -57,7 +57,8 @@ def hub(hf_home):
 
 
 def make_bundle(folder: Path, version: int, seed: int = 0) -> Path:
-    """A bundle-shaped folder: manifest, a binary weight file, a card with Hub metadata, a nested file."""
+    """A bundle-shaped folder: manifest, a binary weight file, a card with Hub metadata, a nested
+    file."""
     rng = np.random.default_rng(seed + version)
     folder.mkdir(parents=True)
     (folder / "manifest.json").write_text(
@@ -104,7 +105,8 @@ def test_parse_hub_ref_forms():
     "xet_installed", [True, False], ids=["pipelined-upload", "create-commit-upload"]
 )
 def test_push_then_pull_gives_identical_bytes(hub, tmp_path, monkeypatch, xet_installed):
-    """Loopback endpoint: push (both upload paths of upload_folder) then pull into a folder and from the cache."""
+    """Loopback endpoint: push (both upload paths of upload_folder) then pull into a folder and from
+    the cache."""
     monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", not xet_installed)
     bundle = make_bundle(tmp_path / "bundle", version=1)
     result = push_bundle(bundle, "org/tiny-bd", tag="v1", token=TOKEN, endpoint=hub.url)
@@ -127,7 +129,8 @@ def test_push_then_pull_gives_identical_bytes(hub, tmp_path, monkeypatch, xet_in
 
 
 def test_revisions_by_tag_branch_and_commit(hub, tmp_path):
-    """Loopback endpoint: two commits on main (the first tagged), one on a new branch; each ref pulls its bytes."""
+    """Loopback endpoint: two commits on main (the first tagged), one on a new branch; each ref
+    pulls its bytes."""
     b1, b2, b3 = (make_bundle(tmp_path / f"b{v}", version=v) for v in (1, 2, 3))
     r1 = push_bundle(b1, "org/m", tag="v1", token=TOKEN, endpoint=hub.url)
     r2 = push_bundle(b2, "org/m", token=TOKEN, endpoint=hub.url, commit_message="second")
@@ -162,7 +165,8 @@ def test_revisions_by_tag_branch_and_commit(hub, tmp_path):
 
 
 def test_errors_name_the_problem_and_the_fix(hub, tmp_path):
-    """Loopback endpoint: unknown repo, unknown revision, no write token, unreachable endpoint, bad folders."""
+    """Loopback endpoint: unknown repo, unknown revision, no write token, unreachable endpoint, bad
+    folders."""
     bundle = make_bundle(tmp_path / "b", version=1)
     push_bundle(bundle, "org/m", tag="v1", token=TOKEN, endpoint=hub.url)
     cache = tmp_path / "cache"
@@ -239,7 +243,11 @@ cache, out, refs, missing = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[
 result = {}
 for i, ref in enumerate(refs):
     folder = pull_bundle(ref, out / str(i), cache_dir=cache)
-    result[ref] = {p.relative_to(folder).as_posix(): p.read_bytes().hex() for p in folder.rglob("*") if p.is_file()}
+    result[ref] = {
+        p.relative_to(folder).as_posix(): p.read_bytes().hex()
+        for p in folder.rglob("*")
+        if p.is_file()
+    }
 try:
     pull_bundle(missing, cache_dir=cache)
     result["error"] = None
@@ -250,8 +258,9 @@ print(json.dumps(result))
 
 
 def test_offline_pull_from_populated_cache_after_server_stopped(hub, tmp_path):
-    """Offline cache: pulls by tag, branch and sha populate the cache; the server stops; a new process
-    with HF_HUB_OFFLINE=1 pulls the same refs from the cache and refuses an uncached revision."""
+    """Offline cache: pulls by tag, branch and sha populate the cache; the server stops; a new
+    process with HF_HUB_OFFLINE=1 pulls the same refs from the cache and refuses an uncached
+    revision."""
     b1, b2 = make_bundle(tmp_path / "b1", version=1), make_bundle(tmp_path / "b2", version=2)
     r1 = push_bundle(b1, "org/off", tag="v1", token=TOKEN, endpoint=hub.url)
     r2 = push_bundle(b2, "org/off", tag="v2", token=TOKEN, endpoint=hub.url)
@@ -288,6 +297,7 @@ def test_offline_pull_from_populated_cache_after_server_stopped(hub, tmp_path):
 
 
 def test_local_files_only_refuses_uncached(hf_home, tmp_path):
-    """Offline cache (in process): local_files_only=True with an empty cache gives the offline error."""
+    """Offline cache (in process): local_files_only=True with an empty cache gives the offline
+    error."""
     with pytest.raises(HubOfflineError, match="set HF_HUB_OFFLINE=0"):
         pull_bundle("org/none@v1", cache_dir=tmp_path / "empty", local_files_only=True)

@@ -58,7 +58,8 @@ def test_compiled_forest_matches_booster_bit_for_bit(model, traces, grid_limit):
 
 @pytest.mark.parametrize("params", [{"zero_as_missing": True}, {"use_missing": False}, {}])
 def test_missing_value_rules_match_lightgbm(params):
-    """NaN- and zero-missing splits (default_left either way) follow LightGBM's NumericalDecision."""
+    """NaN- and zero-missing splits (default_left either way) follow LightGBM's
+    NumericalDecision."""
     rng = np.random.default_rng(1)
     X = rng.normal(size=(600, 3))
     X[rng.random(X.shape) < 0.15] = np.nan

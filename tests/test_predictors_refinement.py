@@ -1,4 +1,5 @@
-"""Refinement predictor on SYNTHETIC planted traces: beats admission, calibrated, deterministic, validated."""
+"""Refinement predictor on SYNTHETIC planted traces: beats admission, calibrated, deterministic,
+validated."""
 
 import dataclasses
 

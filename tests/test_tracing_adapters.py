@@ -1,4 +1,5 @@
-"""DiffusionGemma (native loop) and the generic HF mask-predict adapter on tiny random models, offline."""
+"""DiffusionGemma (native loop) and the generic HF mask-predict adapter on tiny random models,
+offline."""
 
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ def test_load_adapter_resolves_folders_and_refuses_unknown(tmp_path, dg, bert_pa
 def test_diffusion_gemma_hidden_is_its_own_first_step_output(dg):
     ids = dg.encode_prompt("hello there")
     res = dg.generate_traced(ids, max_new_tokens=8, threshold=0.1, seed=7, request_id="a")
-    # independent forward: the same first canvas (the loop's first random draw under the seed), no generate loop
+    # independent forward: the same first canvas (the loop's first random draw under the seed), no
+    # generate loop
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(7)
         canvas = torch.randint(0, dg.info.vocab_size, (1, 8))

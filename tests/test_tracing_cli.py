@@ -1,4 +1,5 @@
-"""`dwise-predict trace` end to end: Parquet shards readable everywhere, reproducible, resumable, safe."""
+"""`dwise-predict trace` end to end: Parquet shards readable everywhere, reproducible, resumable,
+safe."""
 
 from __future__ import annotations
 
@@ -303,7 +304,8 @@ def test_bad_inputs_fail_clearly_and_write_nothing(traced, tmp_path, model_dir, 
     )
     bad = tmp_path / "bad.jsonl"
     bad.write_text(
-        '{"id": "a", "category": "chat", "source": "x", "prompt": "hi", "reference": null, "meta": {}}\n{oops\n'
+        '{"id": "a", "category": "chat", "source": "x", "prompt": "hi", "reference": null, '
+        '"meta": {}}\n{oops\n'
     )
     _fails(
         capsys,

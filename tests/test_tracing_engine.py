@@ -32,7 +32,8 @@ def run(adapter, requests, threshold, budget=20, batch_size=4, **decoding):
 
 
 def independent_first_round(adapter, prompt_ids, length):
-    """First denoising round recomputed from scratch: one forward over prompt + masked block, no cache."""
+    """First denoising round recomputed from scratch: one forward over prompt + masked block, no
+    cache."""
     model, mask_id = adapter.model, adapter.info.mask_token_id
     p = len(prompt_ids)
     ids = torch.tensor([prompt_ids + [mask_id] * length])

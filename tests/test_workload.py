@@ -223,7 +223,8 @@ def test_cli_unwritable_output_is_one_line_and_leaves_nothing(tmp_path, capsys):
 
 
 def test_failure_while_renaming_removes_every_written_file(tmp_path):
-    # a folder squatting on eval.jsonl makes the second rename fail for real, after train.jsonl landed
+    # a folder squatting on eval.jsonl makes the second rename fail for real, after train.jsonl
+    # landed
     out = tmp_path / "wl"
     (out / "eval.jsonl").mkdir(parents=True)
     splits = build_workload(6, 12, categories=["math", "mcq"])
@@ -268,7 +269,7 @@ def test_humaneval_and_ifbench_sources(pools):
     assert all(r.meta["instruction_id_list"] for r in instruction)
 
 
-# ---------------------------------------------------------------- generators: answers follow from questions
+# ------------------------------------------------------ generators: answers follow from questions
 
 
 def _solve_math(prompt: str) -> int:
@@ -384,7 +385,8 @@ def test_jsonl_round_trip_and_validation(tmp_path):
     bad(lines[0] + "\n" + lines[1] + "\n" + lines[2][:40] + "\n", r"bad\.jsonl:3: malformed JSON")
     bad(lines[0] + "\n" + lines[0] + "\n", "duplicate id")
     bad(
-        '{"id": "a", "category": "poetry", "source": "s", "prompt": "p", "reference": null, "meta": {}}\n',
+        '{"id": "a", "category": "poetry", "source": "s", "prompt": "p", "reference": null, '
+        '"meta": {}}\n',
         "unknown category 'poetry'",
     )
     bad(

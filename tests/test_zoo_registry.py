@@ -104,6 +104,9 @@ def test_unreadable_index(tmp_path):
 
 
 def test_registry_imports_without_torch():
-    code = "import sys, dwise_predict.zoo.registry as r; r.resolve('tiny-bd'); print('torch' in sys.modules)"
+    code = (
+        "import sys, dwise_predict.zoo.registry as r; "
+        "r.resolve('tiny-bd'); print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

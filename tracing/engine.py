@@ -28,8 +28,9 @@ This is the decoding a DWISE server runs (docs/concepts.md), made exact and obse
 
 Requests are batched with continuous batching: ``batch_size`` seats (*slots*); a finished
 request's seat goes to the next waiting request, whose prompt is prefilled before the next
-denoising round. In each round every seated request advances its block by one denoising step. Rows never see each other (the adapter masks per row), so a
-request's rounds, tokens and hidden vector do not depend on the batch it ran in.
+denoising round. In each round every seated request advances its block by one denoising step. Rows
+never see each other (the adapter masks per row), so a request's rounds, tokens and hidden vector do
+not depend on the batch it ran in.
 
 The **first-round hidden state** of a request is the mean, over the rows of its first output
 block, of the model's final-layer hidden state in the first denoising round of that block,
@@ -134,7 +135,8 @@ class RequestResult(RoundsPerBlock):
     hit_budget: bool
     #: mean final-layer hidden row of the first denoising round of the first output block
     first_round_hidden: np.ndarray | None
-    #: wall time (ms) of every round this request took part in: prefill rounds, then denoising rounds
+    #: wall time (ms) of every round this request took part in: prefill rounds, then denoising
+    #: rounds
     round_wall_ms: list[float] = field(default_factory=list)
     #: with ``split_commit``: wall time (ms) of each finished block's own commit forward
     refresh_wall_ms: list[float] = field(default_factory=list)
@@ -189,9 +191,9 @@ def validate_requests(
         need = len(r.prompt_ids) + config.max_new_tokens
         if need > max_context:
             raise WorkloadError(
-                f"request {r.request_id!r}: prompt of {len(r.prompt_ids)} tokens + budget of {config.max_new_tokens} "
-                f"= {need} exceeds the model's context of {max_context} tokens; shorten or drop the prompt, "
-                "or lower --max-new-tokens"
+                f"request {r.request_id!r}: prompt of {len(r.prompt_ids)} tokens + budget of "
+                f"{config.max_new_tokens} = {need} exceeds the model's context of {max_context} "
+                "tokens; shorten or drop the prompt, or lower --max-new-tokens"
             )
 
 

@@ -1,4 +1,5 @@
-"""Trace a workload with a dLLM adapter into Parquet shards: the function behind `dwise-predict trace`.
+"""Trace a workload with a dLLM adapter into Parquet shards: the function behind `dwise-predict
+trace`.
 
 Order of work is chosen so a bad input costs nothing: every prompt is checked and tokenized
 (empty prompt, prompt over the model's context) *before* the output folder is touched or a
@@ -101,8 +102,8 @@ def check_output(out_dir: str | Path, resume: bool) -> None:
     shards = existing_shards(out)
     if shards and not resume:
         raise TraceError(
-            f"{out} already holds {len(shards)} trace shard(s); pass --resume to continue that run, "
-            "or choose another --out folder"
+            f"{out} already holds {len(shards)} trace shard(s); pass --resume to continue that "
+            "run, or choose another --out folder"
         )
 
 

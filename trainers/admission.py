@@ -1,8 +1,8 @@
 """Train the admission predictor: LightGBM on three prompt features, target log(total rounds).
 
-docs/concepts.md, "The predictors": 100 trees, at most 15 leaves, features = word count, newline count, chat-template token
-count. Deterministic: ``deterministic=True``, ``force_row_wise=True``, a fixed thread count and
-seed, so the same traces and seed give the same model text byte for byte.
+docs/concepts.md, "The predictors": 100 trees, at most 15 leaves, features = word count, newline
+count, chat-template token count. Deterministic: ``deterministic=True``, ``force_row_wise=True``, a
+fixed thread count and seed, so the same traces and seed give the same model text byte for byte.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ class AdmissionConfig:
     def __post_init__(self) -> None:
         if self.n_trees < 1 or not 2 <= self.num_leaves <= 131072 or self.learning_rate <= 0:
             raise ConfigError(
-                f"invalid admission config {self}: need n_trees >= 1, num_leaves >= 2, learning_rate > 0"
+                f"invalid admission config {self}: need n_trees "
+                ">= 1, num_leaves >= 2, learning_rate > 0"
             )
 
     def lightgbm_params(self) -> dict[str, Any]:

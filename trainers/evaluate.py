@@ -1,9 +1,9 @@
 """Evaluate a bundle on traces: Spearman ρ overall and per category, median predicted/actual.
 
-Targets (stated once here; metrics in docs/concepts.md): ``admission`` is compared with TOTAL denoising rounds;
-``refined_raw`` and ``refined`` with rounds still to go after the first denoising round
-(``total_rounds - 1``). ``median_ratio`` is the median of predicted / actual over requests whose
-actual is > 0 (a request done in its first round has nothing left; it is counted in ρ only).
+Targets (stated once here; metrics in docs/concepts.md): ``admission`` is compared with TOTAL
+denoising rounds; ``refined_raw`` and ``refined`` with rounds still to go after the first denoising
+round (``total_rounds - 1``). ``median_ratio`` is the median of predicted / actual over requests
+whose actual is > 0 (a request done in its first round has nothing left; it is counted in ρ only).
 Held-out mode (DWISE Table 7) retrains both predictors without category C and evaluates on C.
 """
 
@@ -125,7 +125,8 @@ def evaluate_source(
 
 
 def evaluate_bundle(bundle: Bundle, traces: str | Path | pa.Table) -> dict[str, Any]:
-    """The metrics JSON for ``bundle`` on ``traces`` (see the module doc for each estimate's target)."""
+    """The metrics JSON for ``bundle`` on ``traces`` (see the module doc for each estimate's
+    target)."""
     arrays = trace_arrays(traces, need_hidden=bundle.refinement is not None)
     return evaluate_arrays(bundle, arrays)[0]
 
@@ -141,7 +142,8 @@ def holdout_evaluation(
     refinement_config: RefinementConfig | None = None,
     workdir: str | Path | None = None,
 ) -> dict[str, Any]:
-    """DWISE Table 7: ρ within ``category`` with it in training (``bundle``) -> held out (retrained without it)."""
+    """DWISE Table 7: ρ within ``category`` with it in training (``bundle``) -> held out (retrained
+    without it)."""
     import tempfile
 
     from dwise_predict.bundle import load_bundle
@@ -157,7 +159,8 @@ def holdout_evaluation(
         )
     if len(cats) < 2:
         raise TrainingError(
-            f"held-out evaluation needs at least two categories; the training traces hold only {category!r}"
+            "held-out evaluation needs at least two categories; "
+            f"the training traces hold only {category!r}"
         )
     in_cat = evals.category == category
     if not in_cat.any():
@@ -215,7 +218,8 @@ def _table_without(traces: str | Path | pa.Table, category: str) -> pa.Table:
 def write_plots(
     preds: dict[str, tuple[np.ndarray, np.ndarray]], out_dir: str | Path, stem: str = "eval"
 ) -> list[Path]:
-    """Predicted-vs-actual scatter per estimate and a calibration curve, as PNG files in ``out_dir``."""
+    """Predicted-vs-actual scatter per estimate and a calibration curve, as PNG files in
+    ``out_dir``."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -90,9 +90,10 @@ def check_training_data(arrays: TraceArrays, *, allow_single_category: bool = Fa
     cats = category_counts(arrays.category)
     if len(cats) < 2 and not allow_single_category:
         raise TrainingError(
-            f"the traces hold a single category {list(cats)}: within-category ranking, per-category "
-            "metrics and held-out evaluation need several; trace a mixed workload "
-            "(`dwise-predict workload`), or pass allow_single_category=True (--allow-single-category)"
+            f"the traces hold a single category {list(cats)}: within-category ranking, "
+            "per-category metrics and held-out evaluation need several; trace a mixed workload "
+            "(`dwise-predict workload`), or pass allow_single_category=True "
+            "(--allow-single-category)"
         )
 
 
@@ -253,7 +254,8 @@ def trace_fingerprint(table: pa.Table, featurizer: PromptFeaturizer | None) -> M
 
 
 def check_featurizer(table: pa.Table, featurizer: PromptFeaturizer, sample: int = 64) -> None:
-    """Warn when the featurizer does not reproduce the traces' features (wrong tokenizer/template)."""
+    """Warn when the featurizer does not reproduce the traces' features (wrong
+    tokenizer/template)."""
     if "prompt" not in table.column_names:
         return
     rows = [
@@ -272,8 +274,9 @@ def check_featurizer(table: pa.Table, featurizer: PromptFeaturizer, sample: int 
     bad = int(np.sum(np.any(got != want, axis=1)))
     if bad:
         log.warning(
-            "the tokenizer/chat template reproduce the traced features for only %d of %d prompts: raw-text "
-            "admission estimates will be off; pass the served model's tokenizer and chat template",
+            "the tokenizer/chat template reproduce the traced features for only %d of %d prompts: "
+            "raw-text admission estimates will be off; pass the served model's tokenizer and chat "
+            "template",
             len(rows) - bad,
             len(rows),
         )

@@ -1,12 +1,15 @@
-"""Train the refinement predictor: a 3-seed survival-MLP ensemble with Lightning, then an isotonic map.
+"""Train the refinement predictor: a 3-seed survival-MLP ensemble with Lightning, then an isotonic
+map.
 
-docs/concepts.md, "The predictors". Each member is ``Linear(H+2, 256) -> GELU(tanh) -> Dropout(0.2) -> Linear(256, K)``
-emitting one hazard logit per future round (K = largest remaining-round count in training).
-Loss: negative log-likelihood of the discrete-time logistic hazards. For a request with ``y``
-remaining rounds (``y = total_rounds - 1``; hazard index ``j`` stands for round ``k = j + 1``):
+docs/concepts.md, "The predictors". Each member is
+``Linear(H+2, 256) -> GELU(tanh) -> Dropout(0.2) -> Linear(256, K)`` emitting one hazard logit per
+future round (K = largest remaining-round count in training). Loss: negative log-likelihood of the
+discrete-time logistic hazards. For a request with ``y`` remaining rounds
+(``y = total_rounds - 1``; hazard index ``j`` stands for round ``k = j + 1``):
 
     uncensored: log P(T = y) = sum_{j < y} log(1 - h_j) + log h_y     (no event term when y = K)
-    censored (``hit_budget``: the output budget cut it, T >= y):  log P(T >= y) = sum_{j < y} log(1 - h_j)
+    censored (``hit_budget``: the output budget cut it, T >= y):
+                log P(T >= y) = sum_{j < y} log(1 - h_j)
 
 Members differ only in seed (``seed_everything(seed + i, workers=True)``); their survival
 curves are averaged at inference. Training reads the traces through a row source
@@ -15,7 +18,8 @@ memory train the same way as a table in memory, and under DDP each process reads
 share; where it runs is a :class:`~.devices.DeviceConfig`.
 The isotonic map (scikit-learn) is fitted on the training
 split, from the raw ensemble mean to the actual remaining rounds (or their log / log1p:
-``RefinementConfig.calibration``), and exported as plain arrays. Weights are exported to numpy (safetensors in the bundle), never as a checkpoint.
+``RefinementConfig.calibration``), and exported as plain arrays. Weights are exported to numpy
+(safetensors in the bundle), never as a checkpoint.
 """
 
 from __future__ import annotations
@@ -96,7 +100,8 @@ class RefinementConfig:
 def survival_nll(
     logits: torch.Tensor, remaining: torch.Tensor, censored: torch.Tensor
 ) -> torch.Tensor:
-    """Mean negative log-likelihood of logistic hazards with right censoring (see the module doc)."""
+    """Mean negative log-likelihood of logistic hazards with right censoring (see the module
+    doc)."""
     j = torch.arange(logits.shape[1], device=logits.device)
     y = remaining[:, None]
     survive = (j < y).to(logits.dtype)

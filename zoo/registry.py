@@ -119,7 +119,8 @@ def load_index(path: str | Path | None = None) -> ZooIndex:
             raise ConfigError(f"{where}: model {model!r} has no tags")
         if default not in tags:
             raise ConfigError(
-                f"{where}: model {model!r} default_tag {default!r} is not one of its tags {sorted(tags)}"
+                f"{where}: model {model!r} default_tag "
+                f"{default!r} is not one of its tags {sorted(tags)}"
             )
         for tag, t in sorted(tags.items()):
             _check_name(tag, where)
@@ -130,7 +131,8 @@ def load_index(path: str | Path | None = None) -> ZooIndex:
 
 
 def resolve(name: str, *, index: ZooIndex | None = None) -> ZooEntry:
-    """``"tiny-bd"`` (default tag) or ``"tiny-bd.tau095"`` -> :class:`ZooEntry`; unknown -> ConfigError listing names."""
+    """``"tiny-bd"`` (default tag) or ``"tiny-bd.tau095"`` -> :class:`ZooEntry`; unknown ->
+    ConfigError listing names."""
     return (index or load_index()).resolve(name)
 
 

@@ -284,8 +284,8 @@ def load_bundle(ref: str | Path) -> Bundle:
         wrong = resolved.expected_fingerprint.mismatches(fingerprint)
         if wrong:
             raise BundleIntegrityError(
-                f"zoo entry {str(ref)!r} promises {resolved.expected_fingerprint.short()} but the bundle at {path} is "
-                f"for {fingerprint.short()} (differs in {', '.join(wrong)}); the zoo index and bundle are out of step: "
-                "reinstall dwise-predict"
+                f"zoo entry {str(ref)!r} promises {resolved.expected_fingerprint.short()} but the "
+                f"bundle at {path} is for {fingerprint.short()} (differs in {', '.join(wrong)}); "
+                "the zoo index and bundle are out of step: reinstall dwise-predict"
             )
     return Bundle(path=path, manifest=manifest, fingerprint=fingerprint, modules=modules)

@@ -1,4 +1,5 @@
-"""The bundle's model card: ``README.md`` with Hugging Face Hub metadata, rendered from the manifest.
+"""The bundle's model card: ``README.md`` with Hugging Face Hub metadata, rendered from the
+manifest.
 
 Why render it from the manifest (never edit it by hand): the card is what a person reads on the
 Hub before trusting a bundle with their scheduler, so it must say exactly what the manifest
@@ -32,7 +33,8 @@ NOT_EVALUATED = "Not evaluated yet."
 
 
 def render_card(manifest: Mapping[str, Any], plots: Sequence[str] = ()) -> str:
-    """The model card for a bundle ``manifest``; ``plots`` are bundle-relative image paths (``plots/x.png``)."""
+    """The model card for a bundle ``manifest``; ``plots`` are bundle-relative image paths
+    (``plots/x.png``)."""
     manifest = migrate(dict(manifest))
     name = str(manifest.get("name") or "bundle")
     fp = dict(manifest.get("fingerprint") or {})
@@ -57,7 +59,8 @@ def evaluated_estimates(metrics: Mapping[str, Any]) -> list[str]:
 
 # -- front matter ---------------------------------------------------------------------------
 def _yaml(value: Any) -> str:
-    """One YAML scalar: JSON quoting for strings (valid YAML), plain numbers, null for non-finite."""
+    """One YAML scalar: JSON quoting for strings (valid YAML), plain numbers, null for
+    non-finite."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "null"
     if isinstance(value, bool):
@@ -118,18 +121,19 @@ def _intro(name: str, fp: Mapping[str, Any], manifest: Mapping[str, Any]) -> str
     return (
         f"# {_md(name)}: remaining-work predictors for `{_md(model)}`\n\n"
         f"A [dwise-predict](https://github.com/dwise-predict/dwise-predict) bundle (format "
-        f"v{manifest.get('format_version', '?')}, written by dwise-predict {lib.get('version', '?')}, "
-        f"readable by dwise-predict{lib.get('requires', '')}). It estimates how much work each request to a "
-        "block-diffusion LLM still has, so a scheduler can run shortest-remaining-work-first (DWISE): "
-        "remaining work R = prompt blocks P + estimated denoising rounds r̂.\n\n"
+        f"v{manifest.get('format_version', '?')}, written by dwise-predict "
+        f"{lib.get('version', '?')}, readable by dwise-predict{lib.get('requires', '')}). It "
+        "estimates how much work each request to a block-diffusion LLM still has, so a scheduler "
+        "can run shortest-remaining-work-first (DWISE): remaining work R = prompt blocks P + "
+        "estimated denoising rounds r̂.\n\n"
         + "".join(
             f"- **{_md(kind)}** estimate: {_md(entry.get('estimate', '?'))};\n"
             for kind, entry in declared(manifest)
         )
         + "\nThe predictors are valid only for the dLLM and decoding setting below: "
         "another model, block size "
-        "or confidence threshold denoises differently, and a bundle loaded into the wrong server would "
-        "silently mis-rank every request. Loading checks this (see *Refusal* below).\n"
+        "or confidence threshold denoises differently, and a bundle loaded into the wrong server "
+        "would silently mis-rank every request. Loading checks this (see *Refusal* below).\n"
     )
 
 
@@ -172,11 +176,13 @@ def _training_section(training: Mapping[str, Any]) -> str:
     rounds = training.get("total_rounds") or {}
     if rounds:
         facts.append(
-            f"total rounds min {rounds.get('min')} / median {rounds.get('median')} / max {rounds.get('max')}"
+            f"total rounds min {rounds.get('min')} / median "
+            f"{rounds.get('median')} / max {rounds.get('max')}"
         )
     if training.get("hit_budget_fraction") is not None:
         facts.append(
-            f"{100 * float(training['hit_budget_fraction']):.1f}% cut by the output budget (censored)"
+            f"{100 * float(training['hit_budget_fraction']):.1f}% "
+            "cut by the output budget (censored)"
         )
     out = "## Training data\n\n" + ("; ".join(facts) + ".\n" if facts else "")
     cats = training.get("categories") or {}
@@ -192,13 +198,15 @@ def _evaluation_section(metrics: Mapping[str, Any], plots: Sequence[str]) -> str
             "## Evaluation\n\n"
             + NOT_EVALUATED
             + " Record one on traces disjoint from the training traces "
-            "with `dwise-predict eval --bundle THIS_FOLDER --traces EVAL_TRACES --out metrics.json --record`.\n"
+            "with `dwise-predict eval --bundle THIS_FOLDER --traces EVAL_TRACES "
+            "--out metrics.json --record`.\n"
         )
     where = f" on `{_md(metrics['traces'])}`" if metrics.get("traces") else ""
     out = (
-        f"## Evaluation\n\n{metrics.get('n_requests', '?')} requests{where}. Spearman ρ ranks predicted against "
-        "actual work (overall and within each category); the median ratio is the median of predicted / "
-        "actual (1.0 = on scale).\n\n"
+        "## Evaluation\n\n"
+        f"{metrics.get('n_requests', '?')} requests{where}. Spearman ρ ranks predicted against "
+        "actual work (overall and within each category); the median ratio is the median of "
+        "predicted / actual (1.0 = on scale).\n\n"
     )
     out += _table(
         ["estimate", "compared with", "ρ overall", "ρ within category (mean)", "median ratio", "n"],
@@ -283,8 +291,9 @@ def _exports_section(exports: Mapping[str, Any]) -> str:
             ]
         )
     return (
-        "## Exported files\n\nEach exported file is gated on parity with the native predictor; refused "
-        "files are recorded with the reason.\n\n"
+        "## Exported files\n\n"
+        "Each exported file is gated on parity with the native predictor; refused files are "
+        "recorded with the reason.\n\n"
         + _table(["file", "predictor", "precision", "kept", "max abs error", "reason"], rows)
     )
 
@@ -306,13 +315,16 @@ left = bundle.predict_refined(hidden, prompt_tokens, output_budget)    # rounds 
 
 ## Refusal
 
-- `load_bundle` reads `manifest.json` first and refuses a newer bundle format or a dwise-predict version
-  outside `library.requires` before opening anything else; then it checks the size and sha256 of every
+- `load_bundle` reads `manifest.json` first and refuses a newer bundle format or a \
+dwise-predict version
+  outside `library.requires` before opening anything else; then it checks the size and \
+sha256 of every
   file listed in the manifest (this card and the plots included) and names the file that is missing,
   truncated or modified. Nothing in a bundle is ever unpickled.
 - `bundle.check(fingerprint)` raises `FingerprintMismatchError` naming both sides when the server's
   model id, block size, decoding algorithm, threshold, mask id or hidden size differ from this
-  bundle's (`{_md(model)}`, block {block}, threshold {thr}); `allow_mismatch=True` turns the refusal into a
+  bundle's (`{_md(model)}`, block {block}, threshold {thr}); `allow_mismatch=True` turns the \
+refusal into a
   warning, for experts who know the difference is harmless.
 """
 

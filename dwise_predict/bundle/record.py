@@ -1,4 +1,5 @@
-"""Record an evaluation into a bundle: metrics in the manifest, plots under ``plots/``, card re-rendered.
+"""Record an evaluation into a bundle: metrics in the manifest, plots under ``plots/``, card
+re-rendered.
 
 Why record it in the bundle and not only in a side JSON: the bundle is what gets pushed to the Hub
 and pulled by a scheduler; its card should show how well these exact predictors ranked requests,
@@ -26,7 +27,8 @@ PLOT_SUFFIXES = (".png", ".jpg", ".jpeg", ".svg", ".gif", ".webp")
 #: a plot larger than this is almost certainly not a plot (the card would not render it either)
 MAX_PLOT_BYTES = 20 * 1024 * 1024
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-#: keys of the eval JSON that describe the local run, not the bundle (a local path means nothing on the Hub)
+#: keys of the eval JSON that describe the local run, not the bundle (a local path means nothing on
+#: the Hub)
 _LOCAL_KEYS = ("bundle", "plots")
 
 
@@ -37,11 +39,12 @@ def record_evaluation(
     *,
     out: str | Path | None = None,
 ) -> Path:
-    """Store ``metrics`` (the dict ``dwise-predict eval`` writes) and ``plot_files`` in bundle ``bundle``.
+    """Store ``metrics`` (the dict ``dwise-predict eval`` writes) and ``plot_files`` in bundle
+    ``bundle``.
 
     Sets ``manifest["metrics"]`` (replacing an earlier evaluation and its plots), copies the plots
-    to ``plots/NAME``, re-renders ``README.md`` and re-hashes, all atomically; returns the bundle folder.
-    ``out`` writes the updated bundle to a new folder instead (needed for Hub/zoo copies).
+    to ``plots/NAME``, re-renders ``README.md`` and re-hashes, all atomically; returns the bundle
+    folder. ``out`` writes the updated bundle to a new folder instead (needed for Hub/zoo copies).
     """
     clean = _check_metrics(metrics)
     plots = _check_plots(plot_files)
@@ -70,7 +73,8 @@ def record_evaluation(
 
 
 def json_safe(obj: Any) -> Any:
-    """``obj`` with NaN/inf as None, numpy scalars as Python numbers and keys as strings (strict JSON)."""
+    """``obj`` with NaN/inf as None, numpy scalars as Python numbers and keys as strings (strict
+    JSON)."""
     if isinstance(obj, Mapping):
         return {str(k): json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -85,7 +89,8 @@ def json_safe(obj: Any) -> Any:
 def _check_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(metrics, Mapping):
         raise ConfigError(
-            f"metrics must be a dict (the JSON `dwise-predict eval` writes), got {type(metrics).__name__}"
+            "metrics must be a dict (the JSON `dwise-predict eval` "
+            f"writes), got {type(metrics).__name__}"
         )
     clean = {k: v for k, v in json_safe(metrics).items() if k not in _LOCAL_KEYS}
     if not evaluated_estimates(clean):

@@ -37,7 +37,8 @@ SUBCOMMANDS: dict[str, str] = {
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dwise-predict",
-        description="Trace diffusion LLMs, train remaining-work predictors, publish them, and schedule with them.",
+        description="Trace diffusion LLMs, train remaining-work "
+        "predictors, publish them, and schedule with them.",
     )
     parser.add_argument("--version", action="version", version=f"dwise-predict {__version__}")
     common = argparse.ArgumentParser(add_help=False)

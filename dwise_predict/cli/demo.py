@@ -34,8 +34,9 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
         name,
         parents=[common],
         help="Run the whole pipeline on the embedded defaults (offline)",
-        description="Build a workload, trace it with the bundled tiny-bd model, train, evaluate and export the "
-        "predictors, and compare scheduling policies — offline, in a few minutes on a CPU.",
+        description="Build a workload, trace it with the bundled tiny-bd model, train, evaluate "
+        "and export the predictors, and compare scheduling policies — offline, in a few minutes on "
+        "a CPU.",
     )
     p.add_argument(
         "--out",
@@ -63,7 +64,8 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
         type=int,
         default=16,
         metavar="B",
-        help="simulated slots per round; small, so a few hundred requests form a backlog (default: 16)",
+        help="simulated slots per round; small, so a few "
+        "hundred requests form a backlog (default: 16)",
     )
     p.add_argument(
         "--policies",

@@ -44,7 +44,8 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
     p.add_argument(
         "--record",
         action="store_true",
-        help="also store the metrics and plots in the bundle (manifest, plots/, README.md card), atomically",
+        help="also store the metrics and plots in the bundle "
+        "(manifest, plots/, README.md card), atomically",
     )
     p.set_defaults(func=run)
 
@@ -69,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.holdout_category and not args.train_traces:
         raise ConfigError(
-            "--holdout-category retrains without that category: pass the training traces with --train-traces"
+            "--holdout-category retrains without that category: "
+            "pass the training traces with --train-traces"
         )
     bundle = load_bundle(args.bundle)
     if args.streaming:

@@ -25,7 +25,8 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
         name,
         parents=[common],
         help="Replay traces under scheduling policies in the trace-driven simulator",
-        description="Replay traces (or the paper-matched synthetic workload) under scheduling policies.",
+        description="Replay traces (or the paper-matched "
+        "synthetic workload) under scheduling policies.",
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument(
@@ -43,7 +44,8 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
     p.add_argument(
         "--policies",
         default="fcfs,mlfq,sjf,dwise,oracle",
-        help="comma-separated: fcfs, fcfs-mixed, mlfq, sjf, srpt, dwise, oracle, dws-sjf (default: %(default)s)",
+        help="comma-separated: fcfs, fcfs-mixed, mlfq, sjf, "
+        "srpt, dwise, oracle, dws-sjf (default: %(default)s)",
     )
     p.add_argument(
         "--arrival",
@@ -65,7 +67,8 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
         "--spearman",
         type=float,
         default=0.87,
-        help="synthetic: Spearman rho of the refined estimates with the truth (default: 0.87, the paper's)",
+        help="synthetic: Spearman rho of the refined estimates "
+        "with the truth (default: 0.87, the paper's)",
     )
     p.add_argument(
         "--spearman-admission",
@@ -99,7 +102,8 @@ def _workload(args: argparse.Namespace) -> Any:
     if args.synthetic:
         if args.bundle:
             raise ConfigError(
-                "--bundle applies to --traces; the synthetic workload carries its own noisy estimates"
+                "--bundle applies to --traces; the synthetic "
+                "workload carries its own noisy estimates"
             )
         return synthetic_workload(
             args.synthetic,

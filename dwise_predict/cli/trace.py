@@ -1,4 +1,5 @@
-"""`dwise-predict trace`: trace a dLLM's denoising rounds and first-round hidden states into Parquet.
+"""`dwise-predict trace`: trace a dLLM's denoising rounds and first-round hidden states into
+Parquet.
 
 Composes :func:`dwise_predict.tracing.adapters.load_adapter` and
 :func:`dwise_predict.tracing.runner.trace_workload`. torch/transformers are imported inside
@@ -25,8 +26,9 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
         name,
         parents=[common],
         help="Trace a dLLM's denoising rounds and first-round hidden states into Parquet",
-        description="Decode every workload request with a block-diffusion LM and write one Parquet row per request "
-        "(rounds per output block, first-round hidden state, prompt features, model fingerprint).",
+        description="Decode every workload request with a block-diffusion LM and write one Parquet "
+        "row per request (rounds per output block, first-round hidden state, prompt features, "
+        "model fingerprint).",
     )
     p.add_argument(
         "--model",
@@ -115,7 +117,8 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
         type=int,
         default=None,
         metavar="N",
-        help="CPU threads for the model (default: torch's choice); 1 is often fastest on a busy machine",
+        help="CPU threads for the model (default: torch's "
+        "choice); 1 is often fastest on a busy machine",
     )
     p.add_argument(
         "--limit", type=int, default=None, help="trace only the first N requests of the workload"

@@ -57,8 +57,8 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
     p.add_argument(
         "--model",
         metavar="NAME_OR_PATH",
-        help="served model whose tokenizer and chat template the bundle carries, so it predicts from raw "
-        "text (default: the traces' model when it is tiny-bd or a local folder)",
+        help="served model whose tokenizer and chat template the bundle carries, so it predicts "
+        "from raw text (default: the traces' model when it is tiny-bd or a local folder)",
     )
     p.add_argument("--tokenizer", help="tokenizer.json of the served model (overrides --model)")
     p.add_argument(
@@ -117,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
         featurizer = _model_featurizer(args.model, args.traces)
     if featurizer is None:
         log.warning(
-            "no --tokenizer given: the bundle predicts admission from feature rows only, not raw text"
+            "no --tokenizer given: the bundle predicts "
+            "admission from feature rows only, not raw text"
         )
     epochs = {"epochs": args.epochs} if args.epochs else {}
     rcfg = RefinementConfig(**epochs, num_workers=args.workers)
@@ -170,7 +171,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _model_featurizer(model: str | None, traces: str) -> PromptFeaturizer | None:
-    """The served model's featurizer: from ``--model``, else from the traces' fingerprint when local."""
+    """The served model's featurizer: from ``--model``, else from the traces' fingerprint when
+    local."""
     from pathlib import Path
 
     from dwise_predict.features import PromptFeaturizer

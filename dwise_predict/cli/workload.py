@@ -34,9 +34,9 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
         name,
         parents=[common],
         help="Build the request workload (prompts by category) as JSONL",
-        description="Build prompt-disjoint train and eval workloads with the DWISE paper's Table-1 mix "
-        "(chat, code, instruction, math, mcq, long_context) from offline sources and generators. "
-        "Writes DIR/train.jsonl, DIR/eval.jsonl and DIR/summary.json.",
+        description="Build prompt-disjoint train and eval workloads with the DWISE paper's Table-1 "
+        "mix (chat, code, instruction, math, mcq, long_context) from offline sources and "
+        "generators. Writes DIR/train.jsonl, DIR/eval.jsonl and DIR/summary.json.",
     )
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (created if missing)")
     p.add_argument(
@@ -57,7 +57,8 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
         "--categories",
         default=None,
         metavar="A,B",
-        help="comma-separated subset of chat,code,instruction,math,mcq,long_context (default: all six)",
+        help="comma-separated subset of "
+        "chat,code,instruction,math,mcq,long_context (default: all six)",
     )
     p.add_argument(
         "--long-context-chars",
@@ -109,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def summary_table(splits: WorkloadSplits) -> str:
-    """The per-category table (given vs asked per split, prompt characters p50/p90); the demo reuses it."""
+    """The per-category table (given vs asked per split, prompt characters p50/p90); the demo reuses
+    it."""
     rows: list[list[Any]] = []
     for s in splits.summary:
         rows.append(

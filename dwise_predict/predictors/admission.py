@@ -37,7 +37,10 @@ TOKENIZER_FILE = "tokenizer.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 ONNX_FILE = "admission.onnx"
 #: what the estimate means, recorded in files and manifests
-ESTIMATE = "total denoising rounds of the request (exp of the log-rounds regression; prefill blocks excluded)"
+ESTIMATE = (
+    "total denoising rounds of the request (exp of the "
+    "log-rounds regression; prefill blocks excluded)"
+)
 
 
 class AdmissionModel:
@@ -63,8 +66,8 @@ class AdmissionModel:
         n_model = int(header["max_feature_idx"]) + 1
         if n_model != len(self.feature_names):
             raise PredictorError(
-                f"the LightGBM model has {n_model} features but {len(self.feature_names)} names were given "
-                f"({list(self.feature_names)}); retrain with `dwise-predict train`"
+                f"the LightGBM model has {n_model} features but {len(self.feature_names)} names "
+                f"were given ({list(self.feature_names)}); retrain with `dwise-predict train`"
             )
         self.forest = CompiledForest(trees, n_model, grid_limit=grid_limit)
         self.featurizer = featurizer
@@ -72,7 +75,8 @@ class AdmissionModel:
 
     # -- inference --------------------------------------------------------------------------
     def raw_score(self, X: np.ndarray) -> np.ndarray:
-        """The regression output, log(total rounds), for ``(n, n_features)`` features (NaN = missing)."""
+        """The regression output, log(total rounds), for ``(n, n_features)`` features (NaN =
+        missing)."""
         return self.forest.predict_raw(np.asarray(X, dtype=np.float64))
 
     def predict_features(self, X: np.ndarray) -> np.ndarray:
@@ -84,7 +88,8 @@ class AdmissionModel:
         """One request's estimate from its feature row: the per-arrival fast path (~1 µs)."""
         if len(x) != len(self.feature_names):
             raise PredictorInputError(
-                f"expected {len(self.feature_names)} features {list(self.feature_names)}, got {len(x)}"
+                f"expected {len(self.feature_names)} features "
+                f"{list(self.feature_names)}, got {len(x)}"
             )
         for v in x:
             if not (-math.inf < float(v) < math.inf) or v < 0:
@@ -94,7 +99,8 @@ class AdmissionModel:
         return math.exp(self.forest.predict_raw_one(x))
 
     def predict(self, prompts: str | Sequence[str]) -> np.ndarray:
-        """Estimated total denoising rounds for raw prompts (tokenized with the served model's template)."""
+        """Estimated total denoising rounds for raw prompts (tokenized with the served model's
+        template)."""
         if self.featurizer is None:
             raise PredictorInputError(
                 "this admission model has no tokenizer/chat template; use predict_features, or "
@@ -104,7 +110,8 @@ class AdmissionModel:
 
     # -- reference path ---------------------------------------------------------------------
     def booster(self) -> Any:
-        """The model as a ``lightgbm.Booster`` (for parity checks and export; not used to predict)."""
+        """The model as a ``lightgbm.Booster`` (for parity checks and export; not used to
+        predict)."""
         import lightgbm as lgb
 
         return lgb.Booster(model_str=self.model_text)

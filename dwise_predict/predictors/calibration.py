@@ -60,7 +60,8 @@ class IsotonicMap:
             )
         if self.target_transform not in TRANSFORMS:
             raise PredictorError(
-                f"unknown isotonic target_transform {self.target_transform!r}; expected one of {TRANSFORMS}"
+                "unknown isotonic target_transform "
+                f"{self.target_transform!r}; expected one of {TRANSFORMS}"
             )
         object.__setattr__(self, "x_thresholds", x)
         object.__setattr__(self, "y_thresholds", y)

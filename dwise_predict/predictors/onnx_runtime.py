@@ -45,7 +45,8 @@ REFINEMENT_OUTPUTS = ("survival", "mean")
 def open_session(
     path: str | Path, expected: str, *, threads: int = 1
 ) -> tuple[Any, dict[str, str]]:
-    """An onnxruntime session for ``path`` and its ``dwise.*`` metadata, refusing other predictors' files."""
+    """An onnxruntime session for ``path`` and its ``dwise.*`` metadata, refusing other predictors'
+    files."""
     import onnxruntime as ort
 
     path = Path(path)
@@ -115,11 +116,15 @@ class OnnxAdmission:
         return float(self.predict_features([list(x)])[0])
 
     def __repr__(self) -> str:
-        return f"OnnxAdmission({self.path.name}, features={list(self.feature_names)}, {self.precision})"
+        return (
+            f"OnnxAdmission({self.path.name}, "
+            f"features={list(self.feature_names)}, {self.precision})"
+        )
 
 
 class OnnxRefinement:
-    """Refinement ensemble from ``refinement.onnx`` (+ optional isotonic map) -> remaining rounds."""
+    """Refinement ensemble from ``refinement.onnx`` (+ optional isotonic map) -> remaining
+    rounds."""
 
     def __init__(
         self, path: str | Path, calibration: IsotonicMap | None = None, *, threads: int = 1
@@ -163,7 +168,8 @@ class OnnxRefinement:
     def predict(
         self, hidden: Any, prompt_tokens: Any, output_budget: Any, *, raw: bool = False
     ) -> np.ndarray:
-        """Estimated rounds still to go after the first denoising round (calibrated unless ``raw``)."""
+        """Estimated rounds still to go after the first denoising round (calibrated unless
+        ``raw``)."""
         mean = np.asarray(
             self._run(["mean"], hidden, prompt_tokens, output_budget)[0], dtype=np.float64
         )
@@ -192,8 +198,8 @@ class OnnxRefinement:
 
     def __repr__(self) -> str:
         return (
-            f"OnnxRefinement({self.path.name}, hidden_size={self.hidden_size}, K={self.K}, {self.precision}, "
-            f"calibrated={self.calibration is not None})"
+            f"OnnxRefinement({self.path.name}, hidden_size={self.hidden_size}, K={self.K}, "
+            f"{self.precision}, calibrated={self.calibration is not None})"
         )
 
 

@@ -1,9 +1,9 @@
 """The refinement predictor: rounds STILL TO GO after the first denoising round, in numpy.
 
-Input (docs/concepts.md, "The predictors"): the first-round hidden vector (final layer, mean-pooled; ``(n, H)``), the
-prompt token count and the output budget, the last two normalized by the training maxima
-(``prompt_tokens_scale``, ``output_budget_scale``); the hidden vector is standardized with the
-training mean and standard deviation. Model: a discrete-time survival ensemble: each of the
+Input (docs/concepts.md, "The predictors"): the first-round hidden vector (final layer, mean-pooled;
+``(n, H)``), the prompt token count and the output budget, the last two normalized by the training
+maxima (``prompt_tokens_scale``, ``output_budget_scale``); the hidden vector is standardized with
+the training mean and standard deviation. Model: a discrete-time survival ensemble: each of the
 members is a 2-layer MLP ``Linear(H+2, 256) -> GELU(tanh) -> Linear(256, K)`` emitting hazard
 logits ``z_k``, ``k = 1..K``, where ``h_k = sigmoid(z_k)`` is the probability that the request
 needs no k-th remaining round given that it needed k-1, so
@@ -84,7 +84,8 @@ class RefinementEnsemble:
         for i, m in enumerate(self.members):
             if m.w1.shape[0] != d_in or m.w2.shape[1] != k or m.w1.shape[1] != m.w2.shape[0]:
                 raise PredictorError(
-                    f"refinement member {i} has shapes {m.w1.shape}/{m.w2.shape}, expected ({d_in}, w)/(w, {k})"
+                    f"refinement member {i} has shapes "
+                    f"{m.w1.shape}/{m.w2.shape}, expected ({d_in}, w)/(w, {k})"
                 )
         if self.prompt_tokens_scale <= 0 or self.output_budget_scale <= 0:
             raise PredictorError(
@@ -191,7 +192,8 @@ class RefinementEnsemble:
             ],
             "prompt_tokens_scale": float(self.prompt_tokens_scale),
             "output_budget_scale": float(self.output_budget_scale),
-            "survival": "S(k) = prod_{j<=k} (1 - sigmoid(z_j)); members' S averaged; raw = sum_k S(k)",
+            "survival": "S(k) = prod_{j<=k} (1 - sigmoid(z_j)); "
+            "members' S averaged; raw = sum_k S(k)",
             "n_params": int(self.n_params),
             "calibrated": self.calibration is not None,
             "info": self.info,
@@ -271,8 +273,8 @@ class RefinementEnsemble:
 
     def __repr__(self) -> str:
         return (
-            f"RefinementEnsemble(members={len(self.members)}, hidden_size={self.hidden_size}, K={self.K}, "
-            f"calibrated={self.calibration is not None})"
+            f"RefinementEnsemble(members={len(self.members)}, hidden_size={self.hidden_size}, "
+            f"K={self.K}, calibrated={self.calibration is not None})"
         )
 
 
@@ -285,7 +287,8 @@ def normalized_inputs(
     prompt_tokens_scale: float,
     output_budget_scale: float,
 ) -> np.ndarray:
-    """The model input ``(n, H+2)`` float32; the trainer uses this very function, so train = serve."""
+    """The model input ``(n, H+2)`` float32; the trainer uses this very function, so train =
+    serve."""
     n, h = hidden.shape
     x = np.empty((n, h + 2), dtype=np.float32)
     np.multiply(hidden.astype(np.float32, copy=False) - hidden_mean, inv_std, out=x[:, :h])
@@ -295,7 +298,8 @@ def normalized_inputs(
 
 
 def check_hidden(hidden: Any, hidden_size: int, owner: str = "the bundle") -> np.ndarray:
-    """First-round hidden vectors as ``(n, hidden_size)`` float32, refused with the fix when malformed."""
+    """First-round hidden vectors as ``(n, hidden_size)`` float32, refused with the fix when
+    malformed."""
     try:
         h = np.asarray(hidden, dtype=np.float32)
     except (TypeError, ValueError) as e:
@@ -321,7 +325,8 @@ def check_hidden(hidden: Any, hidden_size: int, owner: str = "the bundle") -> np
 
 
 def per_row(v: Any, n: int, name: str) -> np.ndarray:
-    """A scalar or one value per hidden row, as float64 ``(n,)``; finite, >= 0 and within float32."""
+    """A scalar or one value per hidden row, as float64 ``(n,)``; finite, >= 0 and within
+    float32."""
     try:
         a = np.asarray(v, dtype=np.float64)
     except (TypeError, ValueError) as e:

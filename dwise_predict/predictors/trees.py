@@ -107,16 +107,19 @@ def parse_lightgbm_text(text: str) -> tuple[dict[str, str], list[Tree]]:
             current[k] = v
     if header.get("version") is None or "max_feature_idx" not in header:
         raise PredictorError(
-            "not a LightGBM text model (no version/max_feature_idx header); save it with Booster.save_model"
+            "not a LightGBM text model (no version/max_feature_idx "
+            "header); save it with Booster.save_model"
         )
     objective = header.get("objective", "").split(" ")[0]
     if objective not in IDENTITY_OBJECTIVES:
         raise PredictorError(
-            f"LightGBM objective {objective!r} has an output transform; only {IDENTITY_OBJECTIVES} compile"
+            f"LightGBM objective {objective!r} has an output "
+            f"transform; only {IDENTITY_OBJECTIVES} compile"
         )
     if "average_output" in header:
         raise PredictorError(
-            "LightGBM random-forest mode (average_output) is not supported; train with boosting=gbdt"
+            "LightGBM random-forest mode (average_output) "
+            "is not supported; train with boosting=gbdt"
         )
     if int(header.get("num_tree_per_iteration", "1")) != 1:
         raise PredictorError(
@@ -138,7 +141,8 @@ def _parse_tree(i: int, b: dict[str, str]) -> Tree:
         n_leaves = int(b["num_leaves"])
         if int(b.get("num_cat", "0")) != 0:
             raise PredictorError(
-                f"tree {i} has categorical splits; the admission model compiles numerical splits only"
+                f"tree {i} has categorical splits; the "
+                "admission model compiles numerical splits only"
             )
         if int(b.get("is_linear", "0")) != 0:
             raise PredictorError(f"tree {i} is a linear tree; train without linear_tree")
@@ -173,13 +177,15 @@ def _parse_tree(i: int, b: dict[str, str]) -> Tree:
         or len(leaf_value) != n_leaves
     ):
         raise PredictorError(
-            f"LightGBM tree {i} has inconsistent array lengths; the model text is truncated or edited"
+            f"LightGBM tree {i} has inconsistent array "
+            "lengths; the model text is truncated or edited"
         )
     return tree
 
 
 class CompiledForest:
-    """The forest as binned lookup tables. ``predict_raw`` equals ``Booster.predict(raw_score=True)``."""
+    """The forest as binned lookup tables. ``predict_raw`` equals
+    ``Booster.predict(raw_score=True)``."""
 
     def __init__(
         self, trees: Sequence[Tree], n_features: int, *, grid_limit: int = DEFAULT_GRID_LIMIT
@@ -189,7 +195,8 @@ class CompiledForest:
         for t in self.trees:
             if len(t.split_feature) and int(t.split_feature.max()) >= self.n_features:
                 raise PredictorError(
-                    f"a tree splits on feature {int(t.split_feature.max())} but the model has {n_features}"
+                    f"a tree splits on feature {int(t.split_feature.max())} "
+                    f"but the model has {n_features}"
                 )
         #: per feature: the sorted unique thresholds of the whole forest
         self.cuts: list[np.ndarray] = []

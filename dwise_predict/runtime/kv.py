@@ -15,7 +15,8 @@ from ..errors import ConfigError, SchedulerError
 
 @dataclass
 class KVPool:
-    """Token-counted KV pool. ``limit_tokens`` = ``limit_frac`` · ``pool_tokens`` is what residents may reserve."""
+    """Token-counted KV pool. ``limit_tokens`` = ``limit_frac`` · ``pool_tokens`` is what residents
+    may reserve."""
 
     pool_tokens: int
     limit_frac: float = 0.9
@@ -25,7 +26,8 @@ class KVPool:
     def __post_init__(self) -> None:
         if not isinstance(self.pool_tokens, (int,)) or self.pool_tokens < 1:
             raise ConfigError(
-                f"kv pool_tokens={self.pool_tokens!r} must be a positive integer (tokens the KV cache holds)"
+                f"kv pool_tokens={self.pool_tokens!r} must be "
+                "a positive integer (tokens the KV cache holds)"
             )
         if not 0.0 < self.limit_frac <= 1.0:
             raise ConfigError(
@@ -50,8 +52,9 @@ class KVPool:
         """Refuse at arrival a request that could never be admitted (it would wait forever)."""
         if tokens > self.limit_tokens:
             raise SchedulerError(
-                f"{where} needs {tokens} KV tokens worst case but the pool admits at most {self.limit_tokens} "
-                f"({self.limit_frac:.0%} of {self.pool_tokens}); raise kv_pool_tokens or shorten the prompt/output budget"
+                f"{where} needs {tokens} KV tokens worst case but the pool admits at most "
+                f"{self.limit_tokens} ({self.limit_frac:.0%} of {self.pool_tokens}); raise "
+                "kv_pool_tokens or shorten the prompt/output budget"
             )
 
     def fits(self, tokens: int) -> bool:
@@ -60,7 +63,8 @@ class KVPool:
     def reserve(self, tokens: int) -> None:
         if not self.fits(tokens):
             raise SchedulerError(
-                f"KV over-commit: reserving {tokens} with {self.reserved}/{self.limit_tokens} reserved"
+                f"KV over-commit: reserving {tokens} with "
+                f"{self.reserved}/{self.limit_tokens} reserved"
             )
         self.reserved += int(tokens)
 

@@ -1,4 +1,5 @@
-"""Per-policy figures from a :class:`~.simulator.SimulationRun` (metrics as defined in docs/concepts.md).
+"""Per-policy figures from a :class:`~.simulator.SimulationRun` (metrics as defined in
+docs/concepts.md).
 
 Latency = finish − arrival; TTFT = time the first output block is committed − arrival (the
 paper's dLLM definition: prefill alone yields no token); throughput = requests / makespan,

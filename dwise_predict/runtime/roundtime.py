@@ -13,9 +13,9 @@
 Defaults (10.0 ms, 0.427 ms, 0.925 ms per 1K tokens) solve the three equations the DWISE
 paper's LLaDA2.1-mini figures give on the paper-matched synthetic workload: SGLang's ≈1,050 s
 makespan, DWISE's ≈510 s and its ≈95 ms median round (docs/simulator.md gives the arithmetic;
-the first guess of 8 / 0.75 / 1.0 gives 1,065 s / 633 s / 137 ms there). :meth:`RoundTimeModel.fit` re-fits the three
-numbers by least squares from measured rounds (e.g. the ``round_wall_ms`` column of traces
-together with each round's composition).
+the first guess of 8 / 0.75 / 1.0 gives 1,065 s / 633 s / 137 ms there). :meth:`RoundTimeModel.fit`
+re-fits the three numbers by least squares from measured rounds (e.g. the ``round_wall_ms`` column
+of traces together with each round's composition).
 """
 
 from __future__ import annotations
@@ -43,13 +43,15 @@ class RoundTimeModel:
                 raise ConfigError(f"round-time model {name}={v} must be finite and >= 0")
         if self.overhead_ms == 0 and self.per_slot_ms == 0 and self.per_slot_per_1k_context_ms == 0:
             raise ConfigError(
-                "a round-time model with all-zero costs makes every round free; give at least one positive cost"
+                "a round-time model with all-zero costs makes "
+                "every round free; give at least one positive cost"
             )
 
     def round_ms(
         self, filled: int | np.ndarray, context_tokens: float | np.ndarray
     ) -> float | np.ndarray:
-        """Wall time of a round (ms) with ``filled`` slots attending ``context_tokens`` tokens in total."""
+        """Wall time of a round (ms) with ``filled`` slots attending ``context_tokens`` tokens in
+        total."""
         return (
             self.overhead_ms
             + self.per_slot_ms * filled
@@ -68,7 +70,8 @@ class RoundTimeModel:
         unknown = set(d) - set(cls.__dataclass_fields__)
         if unknown:
             raise ConfigError(
-                f"unknown round-time model fields {sorted(unknown)}; expected {sorted(cls.__dataclass_fields__)}"
+                f"unknown round-time model fields {sorted(unknown)}; "
+                f"expected {sorted(cls.__dataclass_fields__)}"
             )
         return cls(**{k: float(v) for k, v in d.items()})
 

@@ -10,9 +10,9 @@ Round protocol (paper Algorithm 1 for preemptive policies; see :mod:`.policies` 
     ... run one forward pass over plan.rows (prompt block if plan.prompt[j]) ...
     sched.update(RoundResult(plan.rows, finished, refined))
 
-``update`` applies the DWISE update (docs/concepts.md): prompt block done → P −= 1; first denoising round done → r̂ := the
-refined estimate if the driver gave one (once, never again), else r̂ := max(r̂ − 1, 0);
-finished requests free their KV and their row.
+``update`` applies the DWISE update (docs/concepts.md): prompt block done → P −= 1; first denoising
+round done → r̂ := the refined estimate if the driver gave one (once, never again), else r̂ :=
+max(r̂ − 1, 0); finished requests free their KV and their row.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def _finite_nonneg(value: float | None, name: str, where: str) -> float:
     v = float(value)
     if not math.isfinite(v) or v < 0:
         raise SchedulerError(
-            f"{where}: {name}={value} must be a finite number >= 0 (NaN means the predictor failed: re-run it)"
+            f"{where}: {name}={value} must be a finite number "
+            ">= 0 (NaN means the predictor failed: re-run it)"
         )
     return v
 
@@ -66,11 +67,13 @@ class Scheduler:
     ) -> None:
         if not isinstance(policy, Policy):
             raise ConfigError(
-                f"policy {policy!r} does not implement the Policy protocol (name, preemptive, batch_former, needs, key)"
+                f"policy {policy!r} does not implement the Policy "
+                "protocol (name, preemptive, batch_former, needs, key)"
             )
         if not isinstance(slots, (int, np.integer)) or slots < 1:
             raise ConfigError(
-                f"slots={slots!r} must be a positive integer (block slots B per round; the paper uses 128)"
+                f"slots={slots!r} must be a positive integer "
+                "(block slots B per round; the paper uses 128)"
             )
         if not isinstance(k, (int, np.integer)) or k < 1:
             raise ConfigError(
@@ -115,7 +118,8 @@ class Scheduler:
         where = f"request {request_id!r}"
         if request_id in self._row_of:
             raise SchedulerError(
-                f"{where} is already queued or running; request ids must be unique among live requests"
+                f"{where} is already queued or running; "
+                "request ids must be unique among live requests"
             )
         if int(prompt_blocks) < 0:
             # 0 is legal: SGLang runs no prefill round for a prompt shorter than one block
@@ -239,7 +243,8 @@ class Scheduler:
         """Admit, rank and choose the blocks of the next round (see the module docstring)."""
         if self._plan is not None:
             raise SchedulerError(
-                "plan_round() called twice without update(); report the previous round's result first"
+                "plan_round() called twice without update(); "
+                "report the previous round's result first"
             )
         t0 = time.perf_counter()
         t, pol, B, ri = self.table, self.policy, self.slots, self.round_index
@@ -330,12 +335,14 @@ class Scheduler:
             rows.shape != plan.rows.shape or not np.array_equal(rows, plan.rows)
         ):
             raise SchedulerError(
-                "RoundResult.rows differ from the planned rows; report exactly the rows of the last plan"
+                "RoundResult.rows differ from the planned "
+                "rows; report exactly the rows of the last plan"
             )
         finished = np.asarray(result.finished, dtype=bool)
         if finished.shape != rows.shape:
             raise SchedulerError(
-                f"RoundResult.finished has shape {finished.shape}, expected {rows.shape} (one flag per planned row)"
+                f"RoundResult.finished has shape {finished.shape}, "
+                f"expected {rows.shape} (one flag per planned row)"
             )
         t = self.table
         prompt = plan.prompt
@@ -353,14 +360,16 @@ class Scheduler:
                 refined = np.asarray(result.refined, dtype=np.float64)
                 if refined.shape != rows.shape:
                     raise SchedulerError(
-                        f"RoundResult.refined has shape {refined.shape}, expected {rows.shape} (NaN where none)"
+                        f"RoundResult.refined has shape {refined.shape}, "
+                        f"expected {rows.shape} (NaN where none)"
                     )
                 given = ~np.isnan(refined)
                 if given.any():
                     if np.any(given & ~plan.first_denoise):
                         raise SchedulerError(
-                            "a refined estimate was given for a request not in its first denoising round; "
-                            "refinement is applied once, after the first denoising round (pass NaN elsewhere)"
+                            "a refined estimate was given for a request not in its first denoising "
+                            "round; refinement is applied once, after the first denoising round "
+                            "(pass NaN elsewhere)"
                         )
                     vals = refined[given]
                     if not np.all(np.isfinite(vals)) or np.any(vals < 0):

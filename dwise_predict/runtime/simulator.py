@@ -35,7 +35,8 @@ DEFAULT_KV_POOL_TOKENS = 1 << 21
 
 @dataclass
 class SimulationRun:
-    """Raw outcome of replaying one workload under one policy (see :mod:`.metrics` for summaries)."""
+    """Raw outcome of replaying one workload under one policy (see :mod:`.metrics` for
+    summaries)."""
 
     policy: str
     arrival: str
@@ -94,7 +95,8 @@ def policy_inputs(workload: Workload, policy: Policy) -> dict[str, np.ndarray | 
         if policy.name == "dws-sjf":
             if workload.cost is None:
                 raise ConfigError(
-                    "policy 'dws-sjf' needs a predicted cost per request (Workload.cost, from a DWS predictor)"
+                    "policy 'dws-sjf' needs a predicted cost per "
+                    "request (Workload.cost, from a DWS predictor)"
                 )
             out["score"] = workload.cost
         elif workload.score is not None:
@@ -105,7 +107,8 @@ def policy_inputs(workload: Workload, policy: Policy) -> dict[str, np.ndarray | 
             )  # an oracle output-length ranker
         else:
             raise ConfigError(
-                f"policy {policy.name!r} needs a score per request (Workload.score) or output token counts"
+                f"policy {policy.name!r} needs a score per "
+                "request (Workload.score) or output token counts"
             )
     return out
 

@@ -67,7 +67,8 @@ SOURCES = (
 def noisy_estimate(
     truth: np.ndarray, target_rho: float, rng: np.random.Generator, name: str
 ) -> np.ndarray:
-    """``(truth + 1) · exp(σ z) − 1`` clipped at 0, with σ solved so Spearman ρ(estimate, truth) ≈ target."""
+    """``(truth + 1) · exp(σ z) − 1`` clipped at 0, with σ solved so Spearman ρ(estimate, truth) ≈
+    target."""
     if not 0.0 < target_rho <= 1.0:
         raise ConfigError(f"{name} Spearman target {target_rho} must lie in (0, 1]")
     t = np.asarray(truth, dtype=np.float64)

@@ -89,7 +89,8 @@ class Workload:
         if np.any(np.diff(self.block_offsets) < 1):
             i = int(np.flatnonzero(np.diff(self.block_offsets) < 1)[0])
             raise SchedulerError(
-                f"request {self.request_ids[i]!r} has no output blocks; each request denoises >= 1 block"
+                f"request {self.request_ids[i]!r} has no "
+                "output blocks; each request denoises >= 1 block"
             )
         for name in ("prompt_blocks", "prompt_tokens", "output_budget", "block_size"):
             a = getattr(self, name)
@@ -107,7 +108,8 @@ class Workload:
                 - 1
             )
             raise SchedulerError(
-                f"request {self.request_ids[i]!r} has a block with zero or negative rounds; every block takes >= 1 round"
+                f"request {self.request_ids[i]!r} has a block with "
+                "zero or negative rounds; every block takes >= 1 round"
             )
         for name in ("admission", "refined", "cost", "score"):
             object.__setattr__(self, name, _opt(getattr(self, name), n, name))
@@ -150,7 +152,8 @@ class Workload:
             if any(v is None for v in vals):
                 missing = next(r.request_id for r in requests if getattr(r, name) is None)
                 raise SchedulerError(
-                    f"{name} is given for some requests but not for {missing!r}; give it for all or none"
+                    f"{name} is given for some requests but not "
+                    f"for {missing!r}; give it for all or none"
                 )
             return np.asarray(vals, dtype=np.float64)
 
@@ -217,7 +220,8 @@ def requests_from_traces(
     missing = [c for c in SIM_COLUMNS if c not in table.column_names]
     if missing:
         raise TraceError(
-            f"traces lack the columns {missing} the simulator replays; re-trace with `dwise-predict trace`"
+            f"traces lack the columns {missing} the simulator "
+            "replays; re-trace with `dwise-predict trace`"
         )
     n = table.num_rows
     if n == 0:
@@ -269,7 +273,8 @@ def estimates_from_bundle(bundle: Any, table: pa.Table) -> tuple[np.ndarray, np.
     for c in (*FEATURE_NAMES, "output_budget", "first_round_hidden"):
         if c not in table.column_names:
             raise TraceError(
-                f"traces lack the column {c!r} the bundle needs; re-trace with `dwise-predict trace`"
+                f"traces lack the column {c!r} the bundle "
+                "needs; re-trace with `dwise-predict trace`"
             )
     features = np.column_stack(
         [table.column(c).to_numpy().astype(np.float64) for c in FEATURE_NAMES]

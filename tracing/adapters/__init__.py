@@ -73,8 +73,8 @@ def load_adapter(
 
             return load_diffusion_gemma(path, dtype=torch_dtype, device=device, **options)
         raise ModelError(
-            f"{path} holds a model of type {mt!r}, which the tracer cannot decode; accepted: {ACCEPTED}. "
-            f"For another mask-predict dLLM pass --model {HF_MASK_PREDICT_PREFIX}{path}"
+            f"{path} holds a model of type {mt!r}, which the tracer cannot decode; accepted: "
+            f"{ACCEPTED}. For another mask-predict dLLM pass --model {HF_MASK_PREDICT_PREFIX}{path}"
         )
     raise ModelError(
         f"unknown model {name!r}: not a known name nor an existing folder; accepted: {ACCEPTED}"

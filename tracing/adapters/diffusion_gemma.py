@@ -1,4 +1,5 @@
-"""Adapter for transformers' native ``DiffusionGemmaForBlockDiffusion`` (traced through its own loop).
+"""Adapter for transformers' native ``DiffusionGemmaForBlockDiffusion`` (traced through its own
+loop).
 
 DiffusionGemma does not decode by masking: each canvas (block) starts as random tokens, and
 an entropy-bound sampler accepts low-entropy tokens and renoises the rest, until its own
@@ -128,8 +129,8 @@ class DiffusionGemmaAdapter(BaseAdapter):
     def resolve_block_size(self, block_size: int | None) -> int:
         if block_size is not None and block_size != self.canvas_length:
             raise ConfigError(
-                f"DiffusionGemma decodes canvases of {self.canvas_length} tokens (config canvas_length); "
-                f"--block-size {block_size} cannot change that: drop --block-size"
+                f"DiffusionGemma decodes canvases of {self.canvas_length} tokens (config "
+                f"canvas_length); --block-size {block_size} cannot change that: drop --block-size"
             )
         return self.canvas_length
 
@@ -380,13 +381,14 @@ def load_diffusion_gemma(
     path = Path(path)
     try:
         model = DiffusionGemmaForBlockDiffusion.from_pretrained(str(path), dtype=dtype)
-        # transformers types PreTrainedModel.to through a decorator whose stub takes the model as the argument
+        # transformers types PreTrainedModel.to through a decorator whose stub takes the model as
+        # the argument
         model = model.to(device)  # type: ignore[arg-type]
         tokenizer = AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError) as e:
         raise ModelError(
-            f"cannot load DiffusionGemma from {path}: {e}; the folder needs config.json, the weights "
-            "and a tokenizer"
+            f"cannot load DiffusionGemma from {path}: {e}; the folder needs config.json, the "
+            "weights and a tokenizer"
         ) from e
     revision = None
     weights = sorted(path.glob("*.safetensors"))

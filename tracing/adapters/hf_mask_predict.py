@@ -66,7 +66,8 @@ def prefix_attention_mask(
 
 
 class HFMaskPredictAdapter(BaseAdapter):
-    """Drives any HF mask-predict LM block by block for the engine (no KV cache: prefix recompute)."""
+    """Drives any HF mask-predict LM block by block for the engine (no KV cache: prefix
+    recompute)."""
 
     def __init__(
         self,
@@ -179,7 +180,8 @@ class HFMaskPredictAdapter(BaseAdapter):
 
 
 def resolve_mask_token_id(tokenizer: Any, config: Any, mask_token_id: int | None) -> int:
-    """The mask id: explicit > tokenizer's mask token > config.mask_token_id > known family default."""
+    """The mask id: explicit > tokenizer's mask token > config.mask_token_id > known family
+    default."""
     if mask_token_id is not None:
         return int(mask_token_id)
     for cand in (getattr(tokenizer, "mask_token_id", None), getattr(config, "mask_token_id", None)):

@@ -21,7 +21,8 @@ from .base import AdapterInfo, BaseAdapter, BlockBatch, BlockOutput
 
 
 class TinyBDAdapter(BaseAdapter):
-    """Runs a :class:`~dwise_predict.zoo.tiny_bd.model.TinyBDModel` block by block with a KV cache."""
+    """Runs a :class:`~dwise_predict.zoo.tiny_bd.model.TinyBDModel` block by block with a KV
+    cache."""
 
     def __init__(self, loaded: object, *, model_id: str = "tiny-bd") -> None:
         from dwise_predict.zoo.tiny_bd.io import TinyBD

@@ -184,7 +184,8 @@ def build_workload(
         not isinstance(chat_max_prompt_chars, int) or chat_max_prompt_chars < 1
     ):
         raise ConfigError(
-            f"chat_max_prompt_chars must be a positive integer or None, got {chat_max_prompt_chars!r}"
+            "chat_max_prompt_chars must be a positive "
+            f"integer or None, got {chat_max_prompt_chars!r}"
         )
     if pools is None:
         pools = load_pools([c for c, (t, e) in plan.items() if t + e > 0], chat_max_prompt_chars)
@@ -257,8 +258,8 @@ def _resolve_categories(
     unknown = [c for c in categories if c not in CATEGORIES]
     if unknown:
         raise ConfigError(
-            f"unknown categor{'y' if len(unknown) == 1 else 'ies'} {', '.join(map(repr, unknown))}; "
-            f"valid: {', '.join(CATEGORIES)}"
+            f"unknown categor{'y' if len(unknown) == 1 else 'ies'} "
+            f"{', '.join(map(repr, unknown))}; valid: {', '.join(CATEGORIES)}"
         )
     if not categories:
         raise ConfigError(f"no categories given; choose from {', '.join(CATEGORIES)}")
@@ -298,10 +299,10 @@ def _given(
         return t_ask, e_ask
     if strict:
         raise WorkloadError(
-            f"category {category!r} asked for {t_ask + e_ask} prompts ({t_ask} train + {e_ask} eval) "
-            f"but source {source!r} has only {available} distinct prompts; ask for fewer "
-            "(--train-size/--eval-size), drop it with --categories, or allow a short category "
-            "(no --strict) to take all it has"
+            f"category {category!r} asked for {t_ask + e_ask} prompts ({t_ask} train + {e_ask} "
+            f"eval) but source {source!r} has only {available} distinct prompts; ask for fewer "
+            "(--train-size/--eval-size), drop it with --categories, or allow a short category (no "
+            "--strict) to take all it has"
         )
     t_give = math.floor(available * t_ask / (t_ask + e_ask) + 0.5)
     return t_give, available - t_give

@@ -590,7 +590,10 @@ def make_long_context(
     values = rng.sample(range(1000, 10000), n_needles)
     keys = [f"{c} {o}" for c, o in pairs]
     needles = [f"The {prop} of the {k} is {v}." for k, v in zip(keys, values)]
-    header = "Read the following text carefully. A few sentences in it state facts you will be asked about.\n\n"
+    header = (
+        "Read the following text carefully. A few sentences "
+        "in it state facts you will be asked about.\n\n"
+    )
     question = (
         f"\n\nQuestion: What is the {prop} of {_join_list(['the ' + k for k in keys])}? "
         f"Give all {n_needles} values in this order."
@@ -650,7 +653,8 @@ def _check_chars_range(chars_range: Any) -> tuple[int, int]:
 def make_synthetic(
     rng: random.Random, task: str | None = None, length: int | None = None
 ) -> WorkloadRecord:
-    """Copy / reverse / count-a-letter over a random lowercase string of ``length`` (1-64) characters.
+    """Copy / reverse / count-a-letter over a random lowercase string of ``length`` (1-64)
+    characters.
 
     A warm-up task set for the tiny reference dLLM; not part of the default workload mix.
     """

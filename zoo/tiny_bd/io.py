@@ -79,7 +79,8 @@ def save_pretrained(
 def from_pretrained(
     name_or_path: str | Path = NAME, *, dtype: torch.dtype = torch.float32
 ) -> TinyBD:
-    """Load ``tiny-bd`` (the shipped weights) or a checkpoint folder written by :func:`save_pretrained`."""
+    """Load ``tiny-bd`` (the shipped weights) or a checkpoint folder written by
+    :func:`save_pretrained`."""
     path = WEIGHTS_DIR if str(name_or_path) == NAME else Path(name_or_path)
     cfg_file, weights = path / "config.json", path / "model.safetensors"
     if not cfg_file.exists() or not weights.exists():

@@ -142,7 +142,8 @@ class TinyBDModel(nn.Module):
         """
         if position_ids.max() >= self.config.max_position:
             raise ValueError(
-                f"position {int(position_ids.max())} exceeds max_position {self.config.max_position}"
+                f"position {int(position_ids.max())} exceeds "
+                f"max_position {self.config.max_position}"
             )
         x = self.embed(input_ids)
         cos, sin = self.rope(position_ids)

@@ -262,7 +262,8 @@ def trace_eval(
         resume=bool(existing_shards(out_dir)),
     )
     print(
-        f"traced {summary.traced} (skipped {summary.skipped}) at tau={threshold} in {time.monotonic() - t0:.0f}s",
+        f"traced {summary.traced} (skipped {summary.skipped}) "
+        f"at tau={threshold} in {time.monotonic() - t0:.0f}s",
         file=sys.stderr,
     )
     return out_dir
@@ -405,7 +406,8 @@ def figures_markdown(report: dict[str, Any], images: Sequence[str]) -> str:
         o = report["thresholds"][tau]["overall"]
         lines.append(
             f"| {tau} | {_f(o['rounds_p10'])} | {_f(o['rounds_p50'])} | {_f(o['rounds_p90'])} | "
-            f"{o['rounds_max']} | {_f(o['rounds_p90_over_p10'])} | {100 * o['budget_hit_share']:.1f}% |"
+            f"{o['rounds_max']} | {_f(o['rounds_p90_over_p10'])} "
+            f"| {100 * o['budget_hit_share']:.1f}% |"
         )
     for tau in taus:
         t = report["thresholds"][tau]
@@ -413,22 +415,25 @@ def figures_markdown(report: dict[str, Any], images: Sequence[str]) -> str:
             "",
             f"### Per category, τ = {tau}",
             "",
-            "| category | requests | median rounds | median rounds / block | rounds/block p10-p90 (p90/p10) | "
-            "median output tokens | budget hit | tokens committed / round |",
+            "| category | requests | median rounds | median rounds / block | rounds/block p10-p90 "
+            "(p90/p10) | median output tokens | budget hit | tokens committed / round |",
             "|---|---|---|---|---|---|---|---|",
         ]
         for c, v in t["per_category"].items():
             lines.append(
-                f"| {c} | {v['requests']} | {_f(v['median_rounds'])} | {_f(v['median_rounds_per_block'], 2)} | "
+                f"| {c} | {v['requests']} | {_f(v['median_rounds'])} | "
+                f"{_f(v['median_rounds_per_block'], 2)} | "
                 f"{_f(v['rounds_per_block_p10'], 1)}-{_f(v['rounds_per_block_p90'], 1)} "
-                f"({_f(v['rounds_per_block_p90_over_p10'], 2)}) | {_f(v['median_output_tokens'], 0)} | "
-                f"{100 * v['budget_hit_share']:.1f}% | {_f(v['tokens_committed_per_round'], 2)} |"
+                f"({_f(v['rounds_per_block_p90_over_p10'], 2)}) | "
+                f"{_f(v['median_output_tokens'], 0)} | {100 * v['budget_hit_share']:.1f}% | "
+                f"{_f(v['tokens_committed_per_round'], 2)} |"
             )
         acc = t["accuracy"]
         lines += ["", "| task | exact match | chance | chance rule |", "|---|---|---|---|"]
         for c, a in acc.items():
             lines.append(
-                f"| {c} | {100 * a['exact_match']:.1f}% | {100 * a['chance']:.1f}% | {a['chance_rule']} |"
+                f"| {c} | {100 * a['exact_match']:.1f}% | "
+                f"{100 * a['chance']:.1f}% | {a['chance_rule']} |"
             )
         if "math" in acc:
             lines.append("")

@@ -1,4 +1,5 @@
-"""Small, fast experiments that explain how tiny-bd learns (docs/reference-model.md, *What mattered*).
+"""Small, fast experiments that explain how tiny-bd learns (docs/reference-model.md, *What
+mattered*).
 
     python -m dwise_predict.zoo.tiny_bd.toys read-prompt            # ~3 minutes on 2 cores
     python -m dwise_predict.zoo.tiny_bd.toys mcq-curve --steps 3000  # ~20 minutes on 2 cores
@@ -44,7 +45,8 @@ from .train import TrainConfig, diffusion_loss, make_optimizer, train
 from .two_stream import collate
 
 BLOCK = 32
-#: (padding weight, learning rate) settings of ``read-prompt``: the shipped stages' loss, then the fixes
+#: (padding weight, learning rate) settings of ``read-prompt``: the shipped stages' loss, then the
+#: fixes
 READ_PROMPT_GRID: tuple[tuple[float, float], ...] = (
     (1.0, 6e-4),
     (1.0, 3e-3),

@@ -67,7 +67,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     batch_tokens: int = 8_000
     loss_weighting: str = "none"  # or "inv_t"
-    #: loss weight of the EOS padding after a response's first EOS (1.0 = plain mean over masked tokens)
+    #: loss weight of the EOS padding after a response's first EOS (1.0 = plain mean over masked
+    #: tokens)
     pad_weight: float = 0.1
     t_min: float = 0.0
     threads: int = 2
@@ -205,7 +206,8 @@ class TinyBDDataModule(pl.LightningDataModule):
         ds = BatchListDataset(
             self.loaded().examples, self.batches, self.data_config.block_size, self.t_min, self.seed
         )
-        # batches are already shuffled with the seed; epochs repeat the order (noise differs per index only)
+        # batches are already shuffled with the seed; epochs repeat the order (noise differs per
+        # index only)
         return DataLoader(ds, batch_size=None, shuffle=False, num_workers=0, collate_fn=lambda b: b)
 
 
@@ -409,7 +411,8 @@ def parse_mix(text: str) -> dict[str, float]:
         name = name.strip()
         if not sep or name not in DEFAULT_MIX:
             raise TrainingError(
-                f"bad --mix entry {part!r}: use FAMILY=SHARE with FAMILY in {', '.join(DEFAULT_MIX)}"
+                f"bad --mix entry {part!r}: use FAMILY=SHARE "
+                f"with FAMILY in {', '.join(DEFAULT_MIX)}"
             )
         try:
             mix[name] = float(value)
@@ -536,7 +539,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0  # rank 0 writes the checkpoint
     model_config = model.config
     print(
-        f"trained {result.steps} steps in {result.seconds:.0f}s, final loss {result.final_loss:.4f}",
+        f"trained {result.steps} steps in {result.seconds:.0f}s, "
+        f"final loss {result.final_loss:.4f}",
         file=sys.stderr,
     )
     command = "python -m dwise_predict.zoo.tiny_bd.train " + " ".join(

@@ -52,7 +52,8 @@ class TwoStreamBatch:
     targets: torch.Tensor  # [B, T] long, -100 = no loss
     mask_ratio: torch.Tensor  # [B, T] float
     kind: torch.Tensor  # [B, T] long (PROMPT/CLEAN/NOISY/PADDING)
-    #: [B, T] bool: noisy positions after the response's first EOS (the EOS padding of its last block)
+    #: [B, T] bool: noisy positions after the response's first EOS (the EOS padding of its last
+    #: block)
     eos_padding: torch.Tensor | None = None
 
 
