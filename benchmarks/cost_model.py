@@ -49,14 +49,28 @@ def planted(sizes: list[int], noises: list[float], seeds: int) -> list[dict]:
     rows = []
     for n in sizes:
         for noise in noises:
-            errs: dict[str, list[float]] = {k: [] for k in (
-                "alpha", "beta", "delta", "K_mean", "K_activity_weighted", "K_max", "cv_r2",
-                "cv_mape")}
+            errs: dict[str, list[float]] = {
+                k: []
+                for k in (
+                    "alpha",
+                    "beta",
+                    "delta",
+                    "K_mean",
+                    "K_activity_weighted",
+                    "K_max",
+                    "cv_r2",
+                    "cv_mape",
+                )
+            }
             t0 = time.perf_counter()
             for seed in range(seeds):
                 reqs = synthetic_requests(truth, n, noise=noise, seed=seed)
-                fit = fit_cost_profile(reqs, block_size=32, hardware="synthetic",
-                                       config=FitConfig(n_blocks=truth.n_blocks, seed=seed))
+                fit = fit_cost_profile(
+                    reqs,
+                    block_size=32,
+                    hardware="synthetic",
+                    config=FitConfig(n_blocks=truth.n_blocks, seed=seed),
+                )
                 rel_k = np.abs(fit.K_ms - truth.K_ms) / truth.K_ms
                 act = np.zeros_like(rel_k)
                 for r in reqs:
@@ -70,8 +84,12 @@ def planted(sizes: list[int], noises: list[float], seeds: int) -> list[dict]:
                 errs["K_max"].append(float(rel_k.max()))
                 errs["cv_r2"].append(fit.cv["r2"] if fit.cv else float("nan"))
                 errs["cv_mape"].append(fit.cv["mape"] if fit.cv else float("nan"))
-            row: dict = {"requests": n, "noise": noise, "seeds": seeds,
-                         "fit_s_per_seed": (time.perf_counter() - t0) / seeds}
+            row: dict = {
+                "requests": n,
+                "noise": noise,
+                "seeds": seeds,
+                "fit_s_per_seed": (time.perf_counter() - t0) / seeds,
+            }
             for k, v in errs.items():
                 row[f"{k}_median"] = float(np.median(v))
                 row[f"{k}_max"] = float(np.max(v))
@@ -81,20 +99,33 @@ def planted(sizes: list[int], noises: list[float], seeds: int) -> list[dict]:
     return rows
 
 
-def profiled(requests: list[ProfiledRequest], fingerprint: dict, hardware: str,
-             seed: int) -> dict[str, dict]:
+def profiled(
+    requests: list[ProfiledRequest], fingerprint: dict, hardware: str, seed: int
+) -> dict[str, dict]:
     out = {}
     bs = int(fingerprint.get("block_size", 32))
     for form in ("linear", "quadratic", "auto"):
-        fit = fit_cost_profile(requests, block_size=bs, fingerprint=fingerprint, hardware=hardware,
-                               config=FitConfig(prefill=form, seed=seed))
+        fit = fit_cost_profile(
+            requests,
+            block_size=bs,
+            fingerprint=fingerprint,
+            hardware=hardware,
+            config=FitConfig(prefill=form, seed=seed),
+        )
         K = fit.K_ms
         out[form] = {
-            "cv": fit.cv, "alpha_ms": fit.alpha_ms, "alpha2_ms": fit.alpha2_ms,
-            "beta_ms": fit.beta_ms, "delta_ms": fit.delta_ms,
-            "K_block0_step0_ms": float(K[0, 0]), "K_block0_last_step_ms": float(K[0, -1]),
-            "K_last_block_step0_ms": float(K[-1, 0]), "K_min_ms": float(K.min()),
-            "K_max_ms": float(K.max()), "K_shape": list(K.shape), "profile": fit,
+            "cv": fit.cv,
+            "alpha_ms": fit.alpha_ms,
+            "alpha2_ms": fit.alpha2_ms,
+            "beta_ms": fit.beta_ms,
+            "delta_ms": fit.delta_ms,
+            "K_block0_step0_ms": float(K[0, 0]),
+            "K_block0_last_step_ms": float(K[0, -1]),
+            "K_last_block_step0_ms": float(K[-1, 0]),
+            "K_min_ms": float(K.min()),
+            "K_max_ms": float(K.max()),
+            "K_shape": list(K.shape),
+            "profile": fit,
         }
     return out
 
@@ -112,22 +143,32 @@ def transfer(requests: list[ProfiledRequest], profile_a: CostProfile, seed: int)
 
     def on_b(r: ProfiledRequest) -> ProfiledRequest:  # B's measurement of the same request
         nb = len(r.rounds_per_block)
-        A = (np.arange(paper.max_steps)[None, :] < np.array(r.rounds_per_block)[:, None])
+        A = np.arange(paper.max_steps)[None, :] < np.array(r.rounds_per_block)[:, None]
         den = float(np.sum(A * (paper.cell_costs(nb) + paper.delta_ms * r.prompt_blocks)))
         noise = np.exp(rng.normal(0.0, 0.02, size=3))
-        return ProfiledRequest(r.prompt_blocks, r.rounds_per_block,
-                               paper.alpha_ms * r.prompt_blocks * noise[0], den * noise[1],
-                               paper.beta_ms * nb * noise[2])
+        return ProfiledRequest(
+            r.prompt_blocks,
+            r.rounds_per_block,
+            paper.alpha_ms * r.prompt_blocks * noise[0],
+            den * noise[1],
+            paper.beta_ms * nb * noise[2],
+        )
 
     b_reqs = [on_b(r) for r in requests]
     b_fit = [b_reqs[i] for i in fit_idx]
     b_eval = [b_reqs[i] for i in eval_idx]
     true_eval = np.array([r.total_ms for r in b_eval])
     stale = _costs(profile_a, b_eval)
-    scale = float(np.sum(np.array([r.total_ms for r in b_fit]) * _costs(profile_a, b_fit))
-                  / np.sum(_costs(profile_a, b_fit) ** 2))
-    reprofiled = fit_cost_profile(b_fit, block_size=profile_a.block_size, hardware="deployment B",
-                                  config=FitConfig(n_blocks=profile_a.n_blocks, seed=seed))
+    scale = float(
+        np.sum(np.array([r.total_ms for r in b_fit]) * _costs(profile_a, b_fit))
+        / np.sum(_costs(profile_a, b_fit) ** 2)
+    )
+    reprofiled = fit_cost_profile(
+        b_fit,
+        block_size=profile_a.block_size,
+        hardware="deployment B",
+        config=FitConfig(n_blocks=profile_a.n_blocks, seed=seed),
+    )
     fresh = _costs(reprofiled, b_eval)
     a_true = np.array([requests[i].total_ms for i in eval_idx])
     a_pred = _costs(profile_a, [requests[i] for i in eval_idx])
@@ -136,12 +177,15 @@ def transfer(requests: list[ProfiledRequest], profile_a: CostProfile, seed: int)
         return float(np.mean(np.abs(p - t)))
 
     return {
-        "requests_fit": int(half), "requests_eval": int(len(eval_idx)),
+        "requests_fit": int(half),
+        "requests_eval": int(len(eval_idx)),
         "A_cost_mae_ms_on_A": mae(a_pred, a_true),
         "B_mean_cost_ms": float(true_eval.mean()),
-        "B_cost_mae_ms": {"stale_A_profile": mae(stale, true_eval),
-                          "A_profile_rescaled": mae(scale * stale, true_eval),
-                          "reprofiled_B": mae(fresh, true_eval)},
+        "B_cost_mae_ms": {
+            "stale_A_profile": mae(stale, true_eval),
+            "A_profile_rescaled": mae(scale * stale, true_eval),
+            "reprofiled_B": mae(fresh, true_eval),
+        },
         "rescale_factor": scale,
         "reprofiled_cv": reprofiled.cv,
     }
@@ -149,54 +193,123 @@ def transfer(requests: list[ProfiledRequest], profile_a: CostProfile, seed: int)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--profile-traces", type=Path, required=True,
-                    help="a `dwise-predict profile --out` folder (or its profile.parquet)")
+    ap.add_argument(
+        "--profile-traces",
+        type=Path,
+        required=True,
+        help="a `dwise-predict profile --out` folder (or its profile.parquet)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--seeds", type=int, default=10, help="synthetic samples per planted setting")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
 
     rows = planted([200, 400], [0.01, 0.02], args.seeds)
-    print(f"Planted paper-llada2.0-mini profile, recovered over {args.seeds} seeds: median "
-          "relative error (share of seeds within 5%)")
+    print(
+        f"Planted paper-llada2.0-mini profile, recovered over {args.seeds} seeds: median "
+        "relative error (share of seeds within 5%)"
+    )
 
     def cell(r: dict, k: str) -> str:
         share = r.get(f"{k}_within_5pct")
         return f"{r[f'{k}_median']:.2%}" + ("" if share is None else f" ({share:.0%})")
 
-    print(format_table(["requests", "noise", "alpha", "beta", "delta", "K mean", "K act-wtd",
-                        "K max", "CV R2", "CV MAPE"],
-                       [[r["requests"], f"{r['noise']:.0%}", cell(r, "alpha"), cell(r, "beta"),
-                         cell(r, "delta"), cell(r, "K_mean"), cell(r, "K_activity_weighted"),
-                         cell(r, "K_max"), f"{r['cv_r2_median']:.4f}",
-                         f"{r['cv_mape_median']:.2%}"] for r in rows]))
+    print(
+        format_table(
+            [
+                "requests",
+                "noise",
+                "alpha",
+                "beta",
+                "delta",
+                "K mean",
+                "K act-wtd",
+                "K max",
+                "CV R2",
+                "CV MAPE",
+            ],
+            [
+                [
+                    r["requests"],
+                    f"{r['noise']:.0%}",
+                    cell(r, "alpha"),
+                    cell(r, "beta"),
+                    cell(r, "delta"),
+                    cell(r, "K_mean"),
+                    cell(r, "K_activity_weighted"),
+                    cell(r, "K_max"),
+                    f"{r['cv_r2_median']:.4f}",
+                    f"{r['cv_mape_median']:.2%}",
+                ]
+                for r in rows
+            ],
+        )
+    )
 
     requests, fingerprint, hardware = read_profile_traces(args.profile_traces)
     fits = profiled(requests, fingerprint, hardware, args.seed)
     print(f"\n{fingerprint.get('model_id')} profiled ({len(requests)} requests, {hardware}):")
-    print(format_table(["prefill", "R2", "MAPE", "Spearman", "pairwise", "alpha", "alpha2",
-                        "beta", "delta", "K b0 s0", "K b0 last", "K last b s0"],
-                       [[f, f"{v['cv']['r2']:.4f}", f"{v['cv']['mape']:.2%}",
-                         f"{v['cv']['spearman']:.4f}", f"{v['cv']['pairwise']:.2%}",
-                         f"{v['alpha_ms']:.3g}", f"{v['alpha2_ms']:.3g}", f"{v['beta_ms']:.3g}",
-                         f"{v['delta_ms']:.3g}", f"{v['K_block0_step0_ms']:.3g}",
-                         f"{v['K_block0_last_step_ms']:.3g}", f"{v['K_last_block_step0_ms']:.3g}"]
-                        for f, v in fits.items()]))
+    print(
+        format_table(
+            [
+                "prefill",
+                "R2",
+                "MAPE",
+                "Spearman",
+                "pairwise",
+                "alpha",
+                "alpha2",
+                "beta",
+                "delta",
+                "K b0 s0",
+                "K b0 last",
+                "K last b s0",
+            ],
+            [
+                [
+                    f,
+                    f"{v['cv']['r2']:.4f}",
+                    f"{v['cv']['mape']:.2%}",
+                    f"{v['cv']['spearman']:.4f}",
+                    f"{v['cv']['pairwise']:.2%}",
+                    f"{v['alpha_ms']:.3g}",
+                    f"{v['alpha2_ms']:.3g}",
+                    f"{v['beta_ms']:.3g}",
+                    f"{v['delta_ms']:.3g}",
+                    f"{v['K_block0_step0_ms']:.3g}",
+                    f"{v['K_block0_last_step_ms']:.3g}",
+                    f"{v['K_last_block_step0_ms']:.3g}",
+                ]
+                for f, v in fits.items()
+            ],
+        )
+    )
 
     tr = transfer(requests, fits["auto"]["profile"], args.seed)
     b = tr["B_cost_mae_ms"]
-    print(f"\nTransfer to deployment B (paper-llada2.0-mini costs; re-profiled from "
-          f"{tr['requests_fit']} requests, evaluated on {tr['requests_eval']}; "
-          f"mean B cost {tr['B_mean_cost_ms']:.0f} ms):")
-    print(format_table(["pricing on B", "cost MAE ms", "MAE / mean cost"],
-                       [[k, f"{v:.1f}", f"{v / tr['B_mean_cost_ms']:.1%}"] for k, v in b.items()]))
+    print(
+        f"\nTransfer to deployment B (paper-llada2.0-mini costs; re-profiled from "
+        f"{tr['requests_fit']} requests, evaluated on {tr['requests_eval']}; "
+        f"mean B cost {tr['B_mean_cost_ms']:.0f} ms):"
+    )
+    print(
+        format_table(
+            ["pricing on B", "cost MAE ms", "MAE / mean cost"],
+            [[k, f"{v:.1f}", f"{v / tr['B_mean_cost_ms']:.1%}"] for k, v in b.items()],
+        )
+    )
 
     for v in fits.values():
         v.pop("profile")
-    result = {"planted": rows, "profiled": fits, "transfer": tr,
-              "profile_traces": str(args.profile_traces), "hardware": hardware,
-              "fingerprint": fingerprint,
-              "command": f"python benchmarks/cost_model.py --profile-traces {args.profile_traces}"}
+    result = {
+        "planted": rows,
+        "profiled": fits,
+        "transfer": tr,
+        "profile_traces": str(args.profile_traces),
+        "hardware": hardware,
+        "fingerprint": fingerprint,
+        "command": f"python benchmarks/cost_model.py --profile-traces {args.profile_traces}",
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nwrote {args.out}")

@@ -44,8 +44,10 @@ def prompts(n: int, seed: int) -> list[dict[str, str]]:
     out: list[dict[str, str]] = []
     for i, cat in enumerate(cats):
         k = n // len(cats) + (1 if i < n % len(cats) else 0)
-        out += [{"id": r.id, "category": cat, "source": r.source, "prompt": r.prompt}
-                for r in generate(cat, k, seed)]
+        out += [
+            {"id": r.id, "category": cat, "source": r.source, "prompt": r.prompt}
+            for r in generate(cat, k, seed)
+        ]
     return out
 
 
@@ -60,22 +62,29 @@ def tiny_diffusion_gemma(folder: Path) -> Path:
 def summarize(out: Path, wall_s: float) -> dict[str, Any]:
     table = read_traces(out)
     fp = read_trace_fingerprint(out)
-    rounds = np.concatenate([np.asarray(r, dtype=np.int64)
-                             for r in table.column("rounds_per_block").to_pylist()])
+    rounds = np.concatenate(
+        [np.asarray(r, dtype=np.int64) for r in table.column("rounds_per_block").to_pylist()]
+    )
     return {
-        "decoding": fp.decoding, "threshold": fp.threshold, "block_size": fp.block_size,
-        "max_steps_per_block": fp.max_steps_per_block, "requests": table.num_rows,
-        "blocks": int(rounds.size), "rounds_per_block_mean": float(rounds.mean()),
+        "decoding": fp.decoding,
+        "threshold": fp.threshold,
+        "block_size": fp.block_size,
+        "max_steps_per_block": fp.max_steps_per_block,
+        "requests": table.num_rows,
+        "blocks": int(rounds.size),
+        "rounds_per_block_mean": float(rounds.mean()),
         "rounds_per_block_median": float(np.median(rounds)),
         "rounds_per_block_p90": float(np.percentile(rounds, 90)),
         "rounds_per_block_max": int(rounds.max()),
         "blocks_over_block_size": float((rounds > fp.block_size).mean()),
-        "total_rounds": int(rounds.sum()), "wall_s": wall_s,
+        "total_rounds": int(rounds.sum()),
+        "wall_s": wall_s,
     }
 
 
-def trace(adapter: Any, records: list[dict[str, str]], decoding: str | None, budget: int,
-          tmp: Path) -> dict[str, Any]:
+def trace(
+    adapter: Any, records: list[dict[str, str]], decoding: str | None, budget: int, tmp: Path
+) -> dict[str, Any]:
     from dwise_predict.tracing.runner import trace_workload
 
     out = tmp / f"{adapter.info.model_id.replace(':', '_')}-{decoding or 'own'}"
@@ -88,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=24, help="prompts (same ones for every model/decoder)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads (1: the 2 shared cores here)")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1: the 2 shared cores here)"
+    )
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -100,28 +110,70 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="decoders-") as d:
         tmp = Path(d)
         dg = tiny_diffusion_gemma(tmp / "dg")
-        models = [("tiny-bd (shipped weights)", load_adapter("tiny-bd")),
-                  ("tiny random DiffusionGemma", load_adapter(str(dg)))]
+        models = [
+            ("tiny-bd (shipped weights)", load_adapter("tiny-bd")),
+            ("tiny random DiffusionGemma", load_adapter(str(dg))),
+        ]
         for label, adapter in models:
             runs: list[str | None] = list(DECODERS)
             if getattr(adapter, "native_loop", False):
                 runs.append(None)
             for decoding in runs:
-                results.append({"model": label, **trace(adapter, records, decoding,
-                                                        args.max_new_tokens, tmp)})
-    rows = [[r["model"], r["decoding"], f"{r['threshold']:g}", r["block_size"],
-             r["max_steps_per_block"], r["blocks"], f"{r['rounds_per_block_mean']:.2f}",
-             f"{r['rounds_per_block_median']:g}", f"{r['rounds_per_block_p90']:g}",
-             r["rounds_per_block_max"], f"{100 * r['blocks_over_block_size']:.1f}%",
-             r["total_rounds"], f"{r['wall_s']:.1f}"] for r in results]
-    print(f"{len(records)} prompts (math/mcq/synthetic, seed 0), budget {args.max_new_tokens} "
-          f"tokens, {args.threads} thread(s)")
-    print(format_table(["model", "decoding", "threshold", "block", "S", "blocks", "mean",
-                        "median", "p90", "max", "> block", "rounds", "wall s"], rows))
-    payload = {"benchmark": "decoders", "prompts": len(records),
-               "max_new_tokens": args.max_new_tokens, "threads": args.threads,
-               "torch": torch.__version__, "python": platform.python_version(),
-               "cpu_count": os.cpu_count(), "results": results}
+                results.append(
+                    {"model": label, **trace(adapter, records, decoding, args.max_new_tokens, tmp)}
+                )
+    rows = [
+        [
+            r["model"],
+            r["decoding"],
+            f"{r['threshold']:g}",
+            r["block_size"],
+            r["max_steps_per_block"],
+            r["blocks"],
+            f"{r['rounds_per_block_mean']:.2f}",
+            f"{r['rounds_per_block_median']:g}",
+            f"{r['rounds_per_block_p90']:g}",
+            r["rounds_per_block_max"],
+            f"{100 * r['blocks_over_block_size']:.1f}%",
+            r["total_rounds"],
+            f"{r['wall_s']:.1f}",
+        ]
+        for r in results
+    ]
+    print(
+        f"{len(records)} prompts (math/mcq/synthetic, seed 0), budget {args.max_new_tokens} "
+        f"tokens, {args.threads} thread(s)"
+    )
+    print(
+        format_table(
+            [
+                "model",
+                "decoding",
+                "threshold",
+                "block",
+                "S",
+                "blocks",
+                "mean",
+                "median",
+                "p90",
+                "max",
+                "> block",
+                "rounds",
+                "wall s",
+            ],
+            rows,
+        )
+    )
+    payload = {
+        "benchmark": "decoders",
+        "prompts": len(records),
+        "max_new_tokens": args.max_new_tokens,
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "results": results,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, payload)
     print(f"wrote {args.out}")

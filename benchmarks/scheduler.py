@@ -47,7 +47,14 @@ def _populated(seed: int = 0) -> tuple[Scheduler, np.random.Generator, list[int]
     nid = [0]
 
     def add(est: float) -> None:
-        s.add_request(nid[0], int(rng.integers(1, 6)), est, prompt_tokens=150, output_budget=256, block_size=32)
+        s.add_request(
+            nid[0],
+            int(rng.integers(1, 6)),
+            est,
+            prompt_tokens=150,
+            output_budget=256,
+            block_size=32,
+        )
         nid[0] += 1
 
     for wave in range(K):  # each wave outranks the last, so all of it is admitted
@@ -74,8 +81,14 @@ def bench_runtime(rounds: int, churn: bool) -> float:
         s.update(RoundResult(p.rows, fin))
         times.append(time.perf_counter() - t0)
         for _ in range(int(fin.sum())):
-            s.add_request(nid[0], int(rng.integers(1, 6)), float(rng.random()) * 1000.0, prompt_tokens=150,
-                          output_budget=256, block_size=32)
+            s.add_request(
+                nid[0],
+                int(rng.integers(1, 6)),
+                float(rng.random()) * 1000.0,
+                prompt_tokens=150,
+                output_budget=256,
+                block_size=32,
+            )
             nid[0] += 1
     return statistics.median(times) * 1e6
 
@@ -106,7 +119,10 @@ class _Req:
 def bench_python_objects(rounds: int) -> float:
     """Peer: one Python object per request, ``sorted`` by (R, seq) every round."""
     rng = np.random.default_rng(0)
-    reqs = [_Req(int(rng.integers(0, 6)), float(rng.random() * 1000), i, i < RESIDENTS) for i in range(RESIDENTS + WAITING)]
+    reqs = [
+        _Req(int(rng.integers(0, 6)), float(rng.random() * 1000), i, i < RESIDENTS)
+        for i in range(RESIDENTS + WAITING)
+    ]
     times = []
     for _ in range(rounds):
         t0 = time.perf_counter()
@@ -139,7 +155,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=300)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "scheduler.json")
+    ap.add_argument(
+        "--out", type=Path, default=Path(__file__).parent / "results" / "scheduler.json"
+    )
     args = ap.parse_args()
 
     per_round = {
@@ -150,17 +168,48 @@ def main() -> None:
         "paper_ranking_plus_reorder_us": 1160.0,
         "goal_us": 200.0,
     }
-    print(f"Per-round scheduling time, {RESIDENTS} residents + {WAITING} waiting, B={B}, k={K} (median of {args.rounds} rounds)")
-    print(format_table(["implementation", "us/round"], [[k, f"{v:.1f}"] for k, v in per_round.items()]))
+    print(
+        f"Per-round scheduling time, {RESIDENTS} residents + {WAITING} "
+        f"waiting, B={B}, k={K} (median of {args.rounds} rounds)"
+    )
+    print(
+        format_table(
+            ["implementation", "us/round"], [[k, f"{v:.1f}"] for k, v in per_round.items()]
+        )
+    )
     replays = bench_replays(args.reps)
-    print(f"\nSimulator wall time, 4,096-request paper-matched replay, burst (median of {args.reps}; goal <= 5 s)")
-    print(format_table(["policy", "wall_s", "rounds", "us/round"],
-                       [[k, f"{v['wall_s_median']:.2f}", v["rounds"], f"{v['us_per_round']:.1f}"] for k, v in replays.items()]))
+    print(
+        "\n"
+        f"Simulator wall time, 4,096-request paper-matched replay, burst (median of {args.reps}; "
+        "goal <= 5 s)"
+    )
+    print(
+        format_table(
+            ["policy", "wall_s", "rounds", "us/round"],
+            [
+                [k, f"{v['wall_s_median']:.2f}", v["rounds"], f"{v['us_per_round']:.1f}"]
+                for k, v in replays.items()
+            ],
+        )
+    )
     result = {
-        "benchmark": "scheduler", "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                                              "cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]},
-        "config": {"slots": B, "k": K, "residents": RESIDENTS, "waiting": WAITING, "rounds": args.rounds, "reps": args.reps},
-        "per_round_us_median": per_round, "replay_4096_burst": replays,
+        "benchmark": "scheduler",
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "load_avg_1m": os.getloadavg()[0],
+        },
+        "config": {
+            "slots": B,
+            "k": K,
+            "residents": RESIDENTS,
+            "waiting": WAITING,
+            "rounds": args.rounds,
+            "reps": args.reps,
+        },
+        "per_round_us_median": per_round,
+        "replay_4096_burst": replays,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, result, sort_keys=False)

@@ -39,13 +39,15 @@ def table(rows: int, seed: int = 0) -> pa.Table:
     offsets = np.concatenate([[0], np.cumsum(blocks)]).astype(np.int32)
     rpb = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
     total = np.add.reduceat(flat.astype(np.int64), offsets[:-1])
-    return pa.table({
-        "request_id": pa.array([f"r{i}" for i in range(rows)]),
-        "block_size": pa.array(np.full(rows, BLOCK, dtype=np.int32)),
-        "max_steps_per_block": pa.array(np.full(rows, S, dtype=np.int32)),
-        "rounds_per_block": rpb,
-        "total_rounds": pa.array(total.astype(np.int32)),
-    })
+    return pa.table(
+        {
+            "request_id": pa.array([f"r{i}" for i in range(rows)]),
+            "block_size": pa.array(np.full(rows, BLOCK, dtype=np.int32)),
+            "max_steps_per_block": pa.array(np.full(rows, S, dtype=np.int32)),
+            "rounds_per_block": rpb,
+            "total_rounds": pa.array(total.astype(np.int32)),
+        }
+    )
 
 
 def row_loop(t: pa.Table) -> None:
@@ -81,13 +83,23 @@ def main(argv: list[str] | None = None) -> int:
     ours = timed(lambda x: validate_table(x, "bench"), t, args.reps)
     peer = timed(row_loop, t, args.reps)
     print(f"{args.rows:,} requests, {blocks:,} blocks, median of {args.reps}")
-    rows = [["validate_table (column-wise)", f"{ours:.3f}", f"{peer / ours:.1f}x faster"],
-            ["previous checks in Python (peer)", f"{peer:.3f}", "1.0x"]]
+    rows = [
+        ["validate_table (column-wise)", f"{ours:.3f}", f"{peer / ours:.1f}x faster"],
+        ["previous checks in Python (peer)", f"{peer:.3f}", "1.0x"],
+    ]
     print(format_table(["check", "seconds", "vs loop"], rows))
-    payload = {"benchmark": "trace_validation", "rows": args.rows, "blocks": blocks,
-               "reps": args.reps, "validate_table_s": ours, "row_loop_s": peer,
-               "speedup": peer / ours, "python": platform.python_version(),
-               "pyarrow": pa.__version__, "cpu_count": os.cpu_count()}
+    payload = {
+        "benchmark": "trace_validation",
+        "rows": args.rows,
+        "blocks": blocks,
+        "reps": args.reps,
+        "validate_table_s": ours,
+        "row_loop_s": peer,
+        "speedup": peer / ours,
+        "python": platform.python_version(),
+        "pyarrow": pa.__version__,
+        "cpu_count": os.cpu_count(),
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, payload)
     print(f"wrote {args.out}")

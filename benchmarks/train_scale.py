@@ -40,8 +40,15 @@ MIB = 1 << 20
 H = 2048
 
 
-def write_set(folder: Path, n: int, seed: int, *, rows_per_shard: int = 16_384,
-              row_group: int = 1024, prefix: str = "req") -> Path:
+def write_set(
+    folder: Path,
+    n: int,
+    seed: int,
+    *,
+    rows_per_shard: int = 16_384,
+    row_group: int = 1024,
+    prefix: str = "req",
+) -> Path:
     """``n`` SYNTHETIC traces in shards; categories, features and rounds from make_traces."""
     import numpy as np
     import pyarrow as pa
@@ -62,14 +69,21 @@ def write_set(folder: Path, n: int, seed: int, *, rows_per_shard: int = 16_384,
         z_blocks = (np.log(blocks) - 1.0) / 0.6
         z_steps = (np.log(rounds / blocks) - 1.5) / 0.45
         rng = np.random.default_rng([seed, k])
-        hidden = (dirs[2 + cat] + z_blocks[:, None] * dirs[0] + z_steps[:, None] * dirs[1]
-                  + 2.0 * rng.standard_normal((rows, H), dtype=np.float32)).astype(np.float32)
+        hidden = (
+            dirs[2 + cat]
+            + z_blocks[:, None] * dirs[0]
+            + z_steps[:, None] * dirs[1]
+            + 2.0 * rng.standard_normal((rows, H), dtype=np.float32)
+        ).astype(np.float32)
         offsets = pa.array(np.arange(0, rows * H + 1, H, dtype=np.int32))
         col = pa.ListArray.from_arrays(offsets, pa.array(hidden.reshape(-1)))
         i = base.schema.get_field_index("first_round_hidden")
         table = base.set_column(i, base.schema.field(i), col)
-        table = table.set_column(table.schema.get_field_index("hidden_size"), "hidden_size",
-                                 pa.array(np.full(rows, H, dtype=np.int32)))
+        table = table.set_column(
+            table.schema.get_field_index("hidden_size"),
+            "hidden_size",
+            pa.array(np.full(rows, H, dtype=np.int32)),
+        )
         meta = dict(base.schema.metadata)
         fp = json.loads(meta[b"dwise.fingerprint"])
         fp["hidden_size"] = H
@@ -97,8 +111,11 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     from dwise_predict.bundle import Bundle
 
     baseline_rss = _status("VmRSS")
-    out: dict[str, Any] = {"path": args.run, "traces": args.traces,
-                           "baseline_rss_mib": baseline_rss / MIB}
+    out: dict[str, Any] = {
+        "path": args.run,
+        "traces": args.traces,
+        "baseline_rss_mib": baseline_rss / MIB,
+    }
     if args.cap_mib:
         # start pyarrow's thread pools before the cap: a pool thread that cannot get its stack
         # under RLIMIT_DATA leaves the reader waiting forever instead of raising
@@ -121,42 +138,72 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             ensemble = train_refinement(arrays, cfg)
             del arrays
         train_s = time.perf_counter() - t0
-        bundle = Bundle(path=Path(args.traces), manifest={}, fingerprint=None,  # type: ignore[arg-type]
-                        refinement=ensemble)
+        bundle = Bundle(
+            path=Path(args.traces),
+            manifest={},
+            fingerprint=None,  # type: ignore[arg-type]
+            refinement=ensemble,
+        )
         t1 = time.perf_counter()
         if args.run == "streaming":
             evs = ParquetSource(args.eval)
             metrics, _ = evaluate_source(bundle, evs, cfg.chunk_rows)
         else:
-            metrics, _ = evaluate_arrays(bundle, trace_arrays(args.eval, need_hidden=True),
-                                         cfg.chunk_rows)
+            metrics, _ = evaluate_arrays(
+                bundle, trace_arrays(args.eval, need_hidden=True), cfg.chunk_rows
+            )
         eval_s = time.perf_counter() - t1
-        out.update(ok=True, n_train=n, n_eval=metrics["n_requests"], train_seconds=train_s,
-                   eval_seconds=eval_s,
-                   train_traces_per_s=n * cfg.epochs * cfg.members / train_s,
-                   eval_traces_per_s=metrics["n_requests"] / eval_s,
-                   metrics={k: {"spearman": metrics[k]["spearman"],
-                                "median_ratio": metrics[k]["median_ratio"]}
-                            for k in ("refined_raw", "refined")})
+        out.update(
+            ok=True,
+            n_train=n,
+            n_eval=metrics["n_requests"],
+            train_seconds=train_s,
+            eval_seconds=eval_s,
+            train_traces_per_s=n * cfg.epochs * cfg.members / train_s,
+            eval_traces_per_s=metrics["n_requests"] / eval_s,
+            metrics={
+                k: {"spearman": metrics[k]["spearman"], "median_ratio": metrics[k]["median_ratio"]}
+                for k in ("refined_raw", "refined")
+            },
+        )
     except (MemoryError, RuntimeError, OSError) as e:  # the cap hit (numpy, torch, arrow)
-        out.update(ok=False, error=f"{type(e).__name__}: {str(e)[:160]}",
-                   seconds_until_error=time.perf_counter() - t0)
+        out.update(
+            ok=False,
+            error=f"{type(e).__name__}: {str(e)[:160]}",
+            seconds_until_error=time.perf_counter() - t0,
+        )
     out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / MIB
     out["peak_above_baseline_mib"] = out["peak_rss_mib"] - baseline_rss / MIB
     return out
 
 
 def run_child(run: str, traces: Path, eval_: Path, epochs: int, cap_mib: int = 0) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--child", "--run", run, "--traces", str(traces),
-           "--eval", str(eval_),
-           "--epochs", str(epochs), "--cap-mib", str(cap_mib)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        "--run",
+        run,
+        "--traces",
+        str(traces),
+        "--eval",
+        str(eval_),
+        "--epochs",
+        str(epochs),
+        "--cap-mib",
+        str(cap_mib),
+    ]
     # Arrow's system allocator: jemalloc's retained arenas would count against RLIMIT_DATA
     env = {**os.environ, "ARROW_DEFAULT_MEMORY_POOL": "system"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if not lines:
-        return {"path": run, "traces": str(traces), "ok": False,
-                "error": f"exit {done.returncode}: {done.stderr.strip()[-300:]}"}
+        return {
+            "path": run,
+            "traces": str(traces),
+            "ok": False,
+            "error": f"exit {done.returncode}: {done.stderr.strip()[-300:]}",
+        }
     return json.loads(lines[-1])
 
 
@@ -174,41 +221,83 @@ def ddp_comparison(work: Path, epochs: int) -> dict[str, Any]:
     train = write_traces(first, make_traces(4096, 256, seed=0)).parent
     ev = trace_arrays(make_traces(2048, 256, seed=1, id_prefix="ev"))
     t0 = time.perf_counter()
-    train_bundle(train, work / "ddp-one", only="refinement",
-                 refinement_config=RefinementConfig(epochs=epochs),
-                 overwrite=True)
+    train_bundle(
+        train,
+        work / "ddp-one",
+        only="refinement",
+        refinement_config=RefinementConfig(epochs=epochs),
+        overwrite=True,
+    )
     one_s = time.perf_counter() - t0
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "dwise_predict", "train", "--traces", str(train), "--out", str(work / "ddp-two"),
-           "--only", "refinement", "--epochs", str(epochs), "--streaming", "--force",
-           "--accelerator", "cpu", "--devices", "2", "--strategy", "ddp"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "dwise_predict",
+        "train",
+        "--traces",
+        str(train),
+        "--out",
+        str(work / "ddp-two"),
+        "--only",
+        "refinement",
+        "--epochs",
+        str(epochs),
+        "--streaming",
+        "--force",
+        "--accelerator",
+        "cpu",
+        "--devices",
+        "2",
+        "--strategy",
+        "ddp",
+    ]
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, capture_output=True)
     two_s = time.perf_counter() - t0
-    res: dict[str, Any] = {"n_train": 4096, "n_eval": 2048, "hidden_size": 256, "epochs": epochs,
-                           "command": " ".join(cmd[1:]).replace(str(ROOT) + "/", "")}
-    for name, path, secs in (("one_process", work / "ddp-one", one_s),
-                             ("ddp_2", work / "ddp-two", two_s)):
+    res: dict[str, Any] = {
+        "n_train": 4096,
+        "n_eval": 2048,
+        "hidden_size": 256,
+        "epochs": epochs,
+        "command": " ".join(cmd[1:]).replace(str(ROOT) + "/", ""),
+    }
+    for name, path, secs in (
+        ("one_process", work / "ddp-one", one_s),
+        ("ddp_2", work / "ddp-two", two_s),
+    ):
         b = load_bundle(path)
         m, _ = evaluate_arrays(b, ev)
-        res[name] = {"wall_seconds": secs, "train_seconds": b.refinement.info["train_seconds"],
-                     **{k: {"spearman": m[k]["spearman"], "median_ratio": m[k]["median_ratio"]}
-                        for k in ("refined_raw", "refined")}}
+        res[name] = {
+            "wall_seconds": secs,
+            "train_seconds": b.refinement.info["train_seconds"],
+            **{
+                k: {"spearman": m[k]["spearman"], "median_ratio": m[k]["median_ratio"]}
+                for k in ("refined_raw", "refined")
+            },
+        }
     return res
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--run", default="streaming", help=argparse.SUPPRESS)
     ap.add_argument("--traces", help=argparse.SUPPRESS)
     ap.add_argument("--eval", help=argparse.SUPPRESS)
-    ap.add_argument("--cap-mib", type=int, default=256,
-                    help="memory cap above the imports (default: 256)")
+    ap.add_argument(
+        "--cap-mib", type=int, default=256, help="memory cap above the imports (default: 256)"
+    )
     ap.add_argument("--scale", type=float, default=4.0, help="hidden states / cap (default: 4)")
-    ap.add_argument("--epochs", type=int, default=1,
-                    help="refinement epochs on the large set (default: 1)")
+    ap.add_argument(
+        "--epochs", type=int, default=1, help="refinement epochs on the large set (default: 1)"
+    )
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "train-scale")
     ap.add_argument("--no-ddp", action="store_true", help="skip the DDP comparison")
     ap.add_argument("--quick", action="store_true", help="64 MiB cap, small sets (smoke test)")
@@ -225,22 +314,32 @@ def main() -> int:
     large = write_set(args.work / f"large-{n_large}", n_large, seed=0)
     small = write_set(args.work / f"small-{n_small}", n_small, seed=2)
     ev = write_set(args.work / f"eval-{n_small}", n_small, seed=1, prefix="ev")
-    print(f"data ready in {time.perf_counter() - t0:.0f}s: large {n_large} traces "
-          f"({n_large * per_trace / MIB:.0f} MiB of hidden states), small {n_small}",
-          file=sys.stderr)
-    runs = [run_child("streaming", large, ev, args.epochs, args.cap_mib),
-            run_child("in-memory", large, ev, args.epochs, args.cap_mib),
-            run_child("in-memory", small, ev, 3),
-            run_child("streaming", small, ev, 3)]
+    print(
+        f"data ready in {time.perf_counter() - t0:.0f}s: large {n_large} traces "
+        f"({n_large * per_trace / MIB:.0f} MiB of hidden states), small {n_small}",
+        file=sys.stderr,
+    )
+    runs = [
+        run_child("streaming", large, ev, args.epochs, args.cap_mib),
+        run_child("in-memory", large, ev, args.epochs, args.cap_mib),
+        run_child("in-memory", small, ev, 3),
+        run_child("streaming", small, ev, 3),
+    ]
     result: dict[str, Any] = {
         "benchmark": "train_scale",
         "data": "SYNTHETIC planted traces (tests/synthetic_traces.py signal)",
-        "hidden_size": H, "cap_mib_above_imports": args.cap_mib,
-        "n_large": n_large, "n_small": n_small,
+        "hidden_size": H,
+        "cap_mib_above_imports": args.cap_mib,
+        "n_large": n_large,
+        "n_small": n_small,
         "hidden_mib_large": n_large * per_trace / MIB,
         "hidden_mib_small": n_small * per_trace / MIB,
-        "runs": runs, "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                                  "platform": platform.platform()},
+        "runs": runs,
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+        },
         "command": "python benchmarks/train_scale.py" + (" --quick" if args.quick else ""),
     }
     small_mem, small_str = runs[2].get("metrics"), runs[3].get("metrics")
@@ -261,27 +360,35 @@ def print_table(r: dict[str, Any]) -> None:
     def f(v: Any, fmt: str = ".0f") -> str:
         return "-" if v is None else format(v, fmt)
 
-    print(f"hidden states: large {r['hidden_mib_large']:.0f} MiB ({r['n_large']} traces), small "
-          f"{r['hidden_mib_small']:.0f} MiB; cap {r['cap_mib_above_imports']} MiB above the "
-          "imports")
-    print(f"{'path':<10} {'set':<6} {'cap':>5} {'peak RSS':>9} {'above imports':>14} "
-          f"{'train tr/s':>11} "
-          f"{'eval tr/s':>10} {'rho':>6} {'median':>7}  result")
+    print(
+        f"hidden states: large {r['hidden_mib_large']:.0f} MiB ({r['n_large']} traces), small "
+        f"{r['hidden_mib_small']:.0f} MiB; cap {r['cap_mib_above_imports']} MiB above the "
+        "imports"
+    )
+    print(
+        f"{'path':<10} {'set':<6} {'cap':>5} {'peak RSS':>9} {'above imports':>14} "
+        f"{'train tr/s':>11} "
+        f"{'eval tr/s':>10} {'rho':>6} {'median':>7}  result"
+    )
     for run, size in zip(r["runs"], ("large", "large", "small", "small")):
         m = (run.get("metrics") or {}).get("refined", {})
-        print(f"{run['path']:<10} {size:<6} {'yes' if run.get('rlimit_data_mib') else 'no':>5} "
-              f"{f(run.get('peak_rss_mib')):>7}Mi {f(run.get('peak_above_baseline_mib')):>12}Mi "
-              f"{f(run.get('train_traces_per_s')):>11} {f(run.get('eval_traces_per_s')):>10} "
-              f"{f(m.get('spearman'), '.3f'):>6} {f(m.get('median_ratio'), '.3f'):>7}  "
-              f"{'ok' if run.get('ok') else run.get('error', '')[:60]}")
+        print(
+            f"{run['path']:<10} {size:<6} {'yes' if run.get('rlimit_data_mib') else 'no':>5} "
+            f"{f(run.get('peak_rss_mib')):>7}Mi {f(run.get('peak_above_baseline_mib')):>12}Mi "
+            f"{f(run.get('train_traces_per_s')):>11} {f(run.get('eval_traces_per_s')):>10} "
+            f"{f(m.get('spearman'), '.3f'):>6} {f(m.get('median_ratio'), '.3f'):>7}  "
+            f"{'ok' if run.get('ok') else run.get('error', '')[:60]}"
+        )
     print(f"small set: streaming metrics equal in-memory metrics: {r['small_metrics_equal']}")
     if "ddp" in r:
         d = r["ddp"]
         for name in ("one_process", "ddp_2"):
-            print(f"{name:<12} rho raw {d[name]['refined_raw']['spearman']:.4f} calibrated "
-                  f"{d[name]['refined']['spearman']:.4f} median ratio "
-                  f"{d[name]['refined']['median_ratio']:.4f} "
-                  f"train {d[name]['train_seconds']:.1f}s")
+            print(
+                f"{name:<12} rho raw {d[name]['refined_raw']['spearman']:.4f} calibrated "
+                f"{d[name]['refined']['spearman']:.4f} median ratio "
+                f"{d[name]['refined']['median_ratio']:.4f} "
+                f"train {d[name]['train_seconds']:.1f}s"
+            )
 
 
 if __name__ == "__main__":

@@ -126,8 +126,14 @@ def write_text(target: str | os.PathLike[str], text: str) -> Path:
     return write_bytes(target, text.encode("utf-8"))
 
 
-def write_json(target: str | os.PathLike[str], obj: Any, *, sort_keys: bool = True,
-               allow_nan: bool = False, default: Any = None) -> Path:
+def write_json(
+    target: str | os.PathLike[str],
+    obj: Any,
+    *,
+    sort_keys: bool = True,
+    allow_nan: bool = False,
+    default: Any = None,
+) -> Path:
     """Write ``obj`` as indented JSON (plus a newline) to ``target`` whole or not at all.
 
     ``allow_nan`` is off by default: NaN is not JSON, and other tools reading the file choke.

@@ -80,11 +80,15 @@ class CostProfile:
         for name in ("alpha_ms", "beta_ms", "delta_ms", "alpha2_ms"):
             v = getattr(self, name)
             if not isinstance(v, (int, float, np.floating, np.integer)) or not math.isfinite(v):
-                raise ConfigError(f"cost profile {name}={v!r} is not a finite number; "
-                                  "re-run `dwise-predict profile` to produce a valid profile")
+                raise ConfigError(
+                    f"cost profile {name}={v!r} is not a finite number; "
+                    "re-run `dwise-predict profile` to produce a valid profile"
+                )
             if v < 0:
-                raise ConfigError(f"cost profile {name}={v} is negative; a cost cannot be "
-                                  "negative: re-fit the profile (the fitter is non-negative)")
+                raise ConfigError(
+                    f"cost profile {name}={v} is negative; a cost cannot be "
+                    "negative: re-fit the profile (the fitter is non-negative)"
+                )
             object.__setattr__(self, name, float(v))
         for name in ("block_size", "max_steps"):
             v = getattr(self, name)
@@ -96,15 +100,20 @@ class CostProfile:
         except (TypeError, ValueError) as e:
             raise ConfigError(f"cost profile K_ms is not a numeric N x S matrix ({e})") from e
         if K.ndim != 2 or K.shape[0] < 1:
-            raise ConfigError(f"cost profile K_ms must be an N x S matrix with N >= 1, "
-                              f"got shape {K.shape}")
+            raise ConfigError(
+                f"cost profile K_ms must be an N x S matrix with N >= 1, got shape {K.shape}"
+            )
         if K.shape[1] != self.max_steps:
-            raise ConfigError(f"cost profile K_ms has {K.shape[1]} step columns but "
-                              f"max_steps={self.max_steps}; they must agree")
+            raise ConfigError(
+                f"cost profile K_ms has {K.shape[1]} step columns but "
+                f"max_steps={self.max_steps}; they must agree"
+            )
         if not np.all(np.isfinite(K)):
             bad = np.argwhere(~np.isfinite(K))[0].tolist()
-            raise ConfigError(f"cost profile K_ms holds NaN/inf (first at block, step {bad}); "
-                              "re-run `dwise-predict profile` to produce a valid profile")
+            raise ConfigError(
+                f"cost profile K_ms holds NaN/inf (first at block, step {bad}); "
+                "re-run `dwise-predict profile` to produce a valid profile"
+            )
         if np.any(K < 0):
             raise ConfigError("cost profile K_ms holds negative cell costs; re-fit the profile")
         K.setflags(write=False)
@@ -141,13 +150,16 @@ class CostProfile:
             raise PredictorInputError(f"surface must have shape (n, N, S), got {D.shape}")
         m = np.asarray(prompt_blocks, dtype=np.float64).reshape(-1)
         if m.size != D.shape[0]:
-            raise PredictorInputError(f"{D.shape[0]} surfaces but {m.size} prompt-block counts; "
-                                      "give one prompt-block count per surface")
+            raise PredictorInputError(
+                f"{D.shape[0]} surfaces but {m.size} prompt-block counts; "
+                "give one prompt-block count per surface"
+            )
         if D.shape[2] > self.max_steps:
             raise PredictorInputError(
                 f"surface has {D.shape[2]} steps per block but the cost profile was measured "
                 f"for at most {self.max_steps} (block size {self.block_size}): it belongs to "
-                "another decoder; profile that decoder with `dwise-predict profile`")
+                "another decoder; profile that decoder with `dwise-predict profile`"
+            )
         if not (np.all(np.isfinite(D)) and np.all(np.isfinite(m))):
             raise PredictorInputError("surface or prompt blocks contain NaN/inf")
         if np.any(D < 0) or np.any(D > 1 + 1e-6):
@@ -160,18 +172,20 @@ class CostProfile:
         expected_blocks = D[:, :, 0].sum(axis=1)
         cells = D.sum(axis=(1, 2))
         denoise = np.einsum("nbs,bs->n", D, K) + self.delta_ms * m * cells
-        out: np.ndarray = (self.alpha_ms * m + self.alpha2_ms * m * m
-                           + self.beta_ms * expected_blocks + denoise)
+        out: np.ndarray = (
+            self.alpha_ms * m + self.alpha2_ms * m * m + self.beta_ms * expected_blocks + denoise
+        )
         return out
 
     def request_cost(self, rounds_per_block: Sequence[int], prompt_blocks: int) -> float:
         """Cost (ms) of one request that ran ``rounds_per_block[b]`` steps in output block b."""
         rounds = np.asarray(rounds_per_block, dtype=np.int64).reshape(-1)
         if rounds.size == 0:
-            return float(self.alpha_ms * prompt_blocks + self.alpha2_ms * prompt_blocks ** 2)
+            return float(self.alpha_ms * prompt_blocks + self.alpha2_ms * prompt_blocks**2)
         if np.any(rounds < 1) or np.any(rounds > self.max_steps):
-            raise PredictorInputError(f"rounds per block must lie in [1, {self.max_steps}], "
-                                      f"got {rounds.tolist()}")
+            raise PredictorInputError(
+                f"rounds per block must lie in [1, {self.max_steps}], got {rounds.tolist()}"
+            )
         A = (np.arange(self.max_steps)[None, :] < rounds[:, None]).astype(np.float64)
         return float(self.expected_cost(A[None], np.array([prompt_blocks]))[0])
 
@@ -186,21 +200,26 @@ class CostProfile:
         """Fingerprint fields (of :data:`PROFILE_CRITICAL_FIELDS`) where the two disagree
         (a field unknown on either side is skipped)."""
         mine = _as_fingerprint({**self.fingerprint, "block_size": self.block_size})
-        other = fingerprint if isinstance(fingerprint, ModelFingerprint) \
+        other = (
+            fingerprint
+            if isinstance(fingerprint, ModelFingerprint)
             else _as_fingerprint(fingerprint)
+        )
         return mine.mismatches(other, PROFILE_CRITICAL_FIELDS)
 
     def check_compatible(self, fingerprint: ModelFingerprint | dict[str, Any]) -> None:
         """Refuse a profile measured for another dLLM, block size or decoder."""
         bad = self.mismatches(fingerprint)
         if bad:
-            other = fingerprint.to_dict() if isinstance(fingerprint, ModelFingerprint) \
-                else fingerprint
+            other = (
+                fingerprint.to_dict() if isinstance(fingerprint, ModelFingerprint) else fingerprint
+            )
             pairs = ", ".join(f"{k}: profile {self._field(k)!r} vs {other.get(k)!r}" for k in bad)
             raise FingerprintMismatchError(
                 f"cost profile was measured for another dLLM/decoder ({pairs}); profile this "
                 "deployment with `dwise-predict profile`, or pass allow_mismatch=True to "
-                "price with it anyway (e.g. to study a paper profile)")
+                "price with it anyway (e.g. to study a paper profile)"
+            )
 
     def _field(self, name: str) -> Any:
         return self.block_size if name == "block_size" else self.fingerprint.get(name)
@@ -228,21 +247,32 @@ class CostProfile:
             raise ConfigError(f"a cost profile must be a JSON object, got {type(d).__name__}")
         version = d.get("format_version", COST_PROFILE_FORMAT_VERSION)
         if version != COST_PROFILE_FORMAT_VERSION:
-            raise ConfigError(f"cost profile format_version {version} is not supported (this "
-                              f"library reads {COST_PROFILE_FORMAT_VERSION}); upgrade "
-                              "dwise-predict")
-        missing = [k for k in ("alpha_ms", "beta_ms", "delta_ms", "K_ms", "block_size")
-                   if k not in d]
+            raise ConfigError(
+                f"cost profile format_version {version} is not supported (this "
+                f"library reads {COST_PROFILE_FORMAT_VERSION}); upgrade "
+                "dwise-predict"
+            )
+        missing = [
+            k for k in ("alpha_ms", "beta_ms", "delta_ms", "K_ms", "block_size") if k not in d
+        ]
         if missing:
             raise ConfigError(f"cost profile is missing {missing}; re-run `dwise-predict profile`")
         K = d["K_ms"]
         steps = d.get("max_steps")
         if steps is None:
             steps = len(K[0]) if K and isinstance(K[0], list) else 0
-        return cls(alpha_ms=_num(d["alpha_ms"]), beta_ms=_num(d["beta_ms"]), K_ms=K,
-                   delta_ms=_num(d["delta_ms"]), block_size=d["block_size"], max_steps=steps,
-                   fingerprint=d.get("fingerprint") or {}, hardware=str(d.get("hardware", "")),
-                   cv=d.get("cv"), alpha2_ms=_num(d.get("alpha2_ms", 0.0)))
+        return cls(
+            alpha_ms=_num(d["alpha_ms"]),
+            beta_ms=_num(d["beta_ms"]),
+            K_ms=K,
+            delta_ms=_num(d["delta_ms"]),
+            block_size=d["block_size"],
+            max_steps=steps,
+            fingerprint=d.get("fingerprint") or {},
+            hardware=str(d.get("hardware", "")),
+            cv=d.get("cv"),
+            alpha2_ms=_num(d.get("alpha2_ms", 0.0)),
+        )
 
     def save(self, path: str | Path) -> list[str]:
         """Write ``cost_profile.json`` atomically; ``path`` is the file or its folder (a bundle
@@ -254,8 +284,11 @@ class CostProfile:
         return [p.name]
 
     @classmethod
-    def load(cls, path: str | Path | BundleFolder,  # type: ignore[override]
-             entry: Mapping[str, Any] | None = None) -> CostProfile:
+    def load(
+        cls,
+        path: str | Path | BundleFolder,  # type: ignore[override]
+        entry: Mapping[str, Any] | None = None,
+    ) -> CostProfile:
         """From a ``cost_profile.json`` (or its folder), or, as a bundle module, from a verified
         bundle folder and its manifest entry."""
         if not isinstance(path, (str, Path)):
@@ -263,8 +296,9 @@ class CostProfile:
             try:
                 return cls.from_json(path.read_json(name))
             except ConfigError as e:
-                raise BundleIntegrityError(f"{path.root}/{name} is not a valid cost profile ({e});"
-                                           " re-profile the bundle") from e
+                raise BundleIntegrityError(
+                    f"{path.root}/{name} is not a valid cost profile ({e}); re-profile the bundle"
+                ) from e
         p = Path(path)
         if p.is_dir():
             p = p / COST_PROFILE_FILE
@@ -285,31 +319,49 @@ class CostProfile:
 
     def entry(self) -> dict[str, Any]:
         """The manifest's record: what the card shows without opening the file."""
-        return {"estimate": "milliseconds of work: prices an activity matrix or a DWS surface",
-                "model": "cost_profile", "file": COST_PROFILE_FILE, "hardware": self.hardware,
-                "cv": self.cv, "block_size": self.block_size, "max_steps": self.max_steps,
-                "n_blocks": self.n_blocks, "prefill": "quadratic" if self.alpha2_ms else "linear"}
+        return {
+            "estimate": "milliseconds of work: prices an activity matrix or a DWS surface",
+            "model": "cost_profile",
+            "file": COST_PROFILE_FILE,
+            "hardware": self.hardware,
+            "cv": self.cv,
+            "block_size": self.block_size,
+            "max_steps": self.max_steps,
+            "n_blocks": self.n_blocks,
+            "prefill": "quadratic" if self.alpha2_ms else "linear",
+        }
 
     @classmethod
     def card_summary(cls, entry: Mapping[str, Any], manifest: Mapping[str, Any]) -> str:
         cv = entry.get("cv") or {}
-        fit = (f"; 5-fold R² {cv['r2']:.4f}, MAPE {100 * cv['mape']:.1f}%"
-               if isinstance(cv.get("r2"), float) and isinstance(cv.get("mape"), float) else "")
-        return (f"cost profile rev {entry.get('revision', 1)} (alpha, beta, K "
-                f"{entry.get('n_blocks', '?')} x {entry.get('max_steps', '?')}, delta; "
-                f"{entry.get('prefill', 'linear')} prefill) on {entry.get('hardware') or '?'}"
-                f"{fit}")
+        fit = (
+            f"; 5-fold R² {cv['r2']:.4f}, MAPE {100 * cv['mape']:.1f}%"
+            if isinstance(cv.get("r2"), float) and isinstance(cv.get("mape"), float)
+            else ""
+        )
+        return (
+            f"cost profile rev {entry.get('revision', 1)} (alpha, beta, K "
+            f"{entry.get('n_blocks', '?')} x {entry.get('max_steps', '?')}, delta; "
+            f"{entry.get('prefill', 'linear')} prefill) on {entry.get('hardware') or '?'}"
+            f"{fit}"
+        )
 
     def check_fingerprint(self, fingerprint: ModelFingerprint, where: str) -> None:
         bad = self.mismatches(fingerprint)
         if bad:
-            raise BundleIntegrityError(f"{where}: the cost profile was measured for another "
-                                       f"dLLM/decoder ({', '.join(bad)}); re-profile the bundle")
+            raise BundleIntegrityError(
+                f"{where}: the cost profile was measured for another "
+                f"dLLM/decoder ({', '.join(bad)}); re-profile the bundle"
+            )
 
 
-def write_bundle_cost_profile(ref: str | Path, profile: CostProfile, *,
-                              out: str | Path | None = None,
-                              allow_mismatch: bool = False) -> Path:
+def write_bundle_cost_profile(
+    ref: str | Path,
+    profile: CostProfile,
+    *,
+    out: str | Path | None = None,
+    allow_mismatch: bool = False,
+) -> Path:
     """Write a new revision of bundle ``ref`` holding ``profile``; returns its folder.
 
     Only ``cost_profile.json``, its manifest entry (``revision`` + 1), the card and the manifest
@@ -324,15 +376,19 @@ def write_bundle_cost_profile(ref: str | Path, profile: CostProfile, *,
         files = profile.save(draft.path(COST_PROFILE_FILE))
         parts = draft.manifest.setdefault("predictors", {})
         previous = parts.get(CostProfile.kind) or {}
-        parts[CostProfile.kind] = {**profile.entry(), "files": files,
-                                   "revision": int(previous.get("revision", 0)) + 1}
+        parts[CostProfile.kind] = {
+            **profile.entry(),
+            "files": files,
+            "revision": int(previous.get("revision", 0)) + 1,
+        }
         return draft.destination
 
 
 def _as_fingerprint(d: dict[str, Any]) -> ModelFingerprint:
     """A possibly partial fingerprint dict as a ModelFingerprint (missing fields unknown)."""
-    return ModelFingerprint.from_dict({"model_id": None, "block_size": None, "threshold": None,
-                                       **d})
+    return ModelFingerprint.from_dict(
+        {"model_id": None, "block_size": None, "threshold": None, **d}
+    )
 
 
 def _num(v: Any) -> float:
@@ -360,5 +416,7 @@ def load_cost_profile(name_or_path: str | Path) -> CostProfile:
     if name in named_cost_profiles():
         text = resources.files("dwise_predict.cost_profiles").joinpath(f"{name}.json")
         return CostProfile.from_json(json.loads(text.read_text(encoding="utf-8")))
-    raise ConfigError(f"no cost profile file or shipped profile named {name!r}; shipped: "
-                      f"{', '.join(named_cost_profiles())}, or give a cost_profile.json path")
+    raise ConfigError(
+        f"no cost profile file or shipped profile named {name!r}; shipped: "
+        f"{', '.join(named_cost_profiles())}, or give a cost_profile.json path"
+    )

@@ -38,7 +38,8 @@ class ModelError(DwisePredictError):
 
 
 class PredictorError(DwisePredictError, ValueError):
-    """A predictor's model is malformed or unsupported (LightGBM text, weight shapes, isotonic map)."""
+    """A predictor's model is malformed or unsupported (LightGBM text, weight shapes, isotonic
+    map)."""
 
 
 class PredictorInputError(DwisePredictError, ValueError):
@@ -84,4 +85,3 @@ class Terminated(KeyboardInterrupt):
         self.signum = signum
         self.signal_name = name
         self.exit_code = 128 + signum
-

@@ -1,9 +1,10 @@
-"""Prompt features for the admission predictor: word count, newline count, chat-template token count.
+"""Prompt features for the admission predictor: word count, newline count, chat-template token
+count.
 
-These three numbers are all the admission predictor sees (docs/concepts.md, "The predictors"). The token count must be
-the one the *served* model sees, i.e. after its chat template, so the featurizer carries the
-model's tokenizer (a Hugging Face ``tokenizers`` file: no torch, no transformers) and its chat
-template (Jinja, rendered like ``transformers`` does). A bundle ships both, which is how a
+These three numbers are all the admission predictor sees (docs/concepts.md, "The predictors"). The
+token count must be the one the *served* model sees, i.e. after its chat template, so the featurizer
+carries the model's tokenizer (a Hugging Face ``tokenizers`` file: no torch, no transformers) and
+its chat template (Jinja, rendered like ``transformers`` does). A bundle ships both, which is how a
 scheduler process can predict from raw text alone.
 """
 
@@ -42,7 +43,9 @@ class ChatTemplate:
         import jinja2
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined
+        )
 
         def raise_exception(message: str) -> None:
             raise ConfigError(f"chat template error: {message}")
@@ -55,7 +58,9 @@ class ChatTemplate:
 
     def render(self, prompt: str, add_generation_prompt: bool = True, **kwargs: Any) -> str:
         return self._template.render(
-            messages=[{"role": "user", "content": prompt}], add_generation_prompt=add_generation_prompt, **kwargs
+            messages=[{"role": "user", "content": prompt}],
+            add_generation_prompt=add_generation_prompt,
+            **kwargs,
         )
 
     @property
@@ -70,16 +75,23 @@ class PromptFeaturizer:
     the raw prompt is tokenized as is). ``add_special_tokens`` follows the served model.
     """
 
-    def __init__(self, tokenizer: Any, chat_template: str | None = None, *, add_special_tokens: bool = False,
-                 template_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        chat_template: str | None = None,
+        *,
+        add_special_tokens: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.chat_template = ChatTemplate(chat_template) if chat_template else None
         self.add_special_tokens = add_special_tokens
         self.template_kwargs = dict(template_kwargs or {})
 
     @classmethod
-    def from_files(cls, tokenizer_file: str | Path, chat_template_file: str | Path | None = None,
-                   **kwargs: Any) -> PromptFeaturizer:
+    def from_files(
+        cls, tokenizer_file: str | Path, chat_template_file: str | Path | None = None, **kwargs: Any
+    ) -> PromptFeaturizer:
         from tokenizers import Tokenizer
 
         try:
@@ -93,17 +105,22 @@ class PromptFeaturizer:
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, **kwargs: Any) -> PromptFeaturizer:
-        """The featurizer of a model folder in Hugging Face layout (``tokenizer.json`` and, if present,
-        ``tokenizer_config.json`` with its ``chat_template``): the tokens the served model sees."""
+        """The featurizer of a model folder in Hugging Face layout (``tokenizer.json`` and, if
+        present, ``tokenizer_config.json`` with its ``chat_template``): the tokens the served model
+        sees."""
         folder = Path(folder)
         tok = folder / "tokenizer.json"
         if not tok.is_file():
-            raise ConfigError(f"{folder} has no tokenizer.json; pass --tokenizer FILE (and --chat-template FILE)")
+            raise ConfigError(
+                f"{folder} has no tokenizer.json; pass --tokenizer FILE (and --chat-template FILE)"
+            )
         cfg = folder / "tokenizer_config.json"
         template = None
         if cfg.is_file():
             data = json.loads(cfg.read_text(encoding="utf-8"))
-            template = data.get("chat_template") if isinstance(data.get("chat_template"), str) else None
+            template = (
+                data.get("chat_template") if isinstance(data.get("chat_template"), str) else None
+            )
         from tokenizers import Tokenizer
 
         return cls(Tokenizer.from_file(str(tok)), template, **kwargs)
@@ -114,13 +131,22 @@ class PromptFeaturizer:
         return self.chat_template.render(prompt, **self.template_kwargs)
 
     def token_count(self, prompt: str) -> int:
-        return len(self.tokenizer.encode(self.render(prompt), add_special_tokens=self.add_special_tokens).ids)
+        return len(
+            self.tokenizer.encode(
+                self.render(prompt), add_special_tokens=self.add_special_tokens
+            ).ids
+        )
 
     def token_counts(self, prompts: Sequence[str]) -> np.ndarray:
         rendered = [self.render(p) for p in prompts]
-        encs = self.tokenizer.encode_batch(rendered, add_special_tokens=self.add_special_tokens) if len(rendered) > 1 else [
-            self.tokenizer.encode(r, add_special_tokens=self.add_special_tokens) for r in rendered
-        ]
+        encs = (
+            self.tokenizer.encode_batch(rendered, add_special_tokens=self.add_special_tokens)
+            if len(rendered) > 1
+            else [
+                self.tokenizer.encode(r, add_special_tokens=self.add_special_tokens)
+                for r in rendered
+            ]
+        )
         return np.fromiter((len(e.ids) for e in encs), dtype=np.float64, count=len(encs))
 
     def __call__(self, prompts: str | Sequence[str]) -> np.ndarray:

@@ -70,11 +70,16 @@ class ModelFingerprint:
         rev = f"@{self.revision[:12]}" if self.revision else ""
         steps = self.max_steps_per_block
         most = f", up to {steps} steps per block" if steps and steps != self.block_size else ""
-        return (f"{self.model_id}{rev} (block {self.block_size}, {self.decoding} "
-                f"threshold {self.threshold:g}{most})")
+        return (
+            f"{self.model_id}{rev} (block {self.block_size}, {self.decoding} "
+            f"threshold {self.threshold:g}{most})"
+        )
 
-    def mismatches(self, other: ModelFingerprint, fields: tuple[str, ...] = CRITICAL_FIELDS) -> list[str]:
-        """Names of the ``fields`` where two fingerprints disagree (None on either side = unknown, skipped)."""
+    def mismatches(
+        self, other: ModelFingerprint, fields: tuple[str, ...] = CRITICAL_FIELDS
+    ) -> list[str]:
+        """Names of the ``fields`` where two fingerprints disagree (None on either side = unknown,
+        skipped)."""
         out = []
         for name in fields:
             a, b = getattr(self, name), getattr(other, name)

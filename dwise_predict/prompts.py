@@ -75,11 +75,15 @@ def prompt_text(value: Any, where: str = "record", field: str = "prompt") -> str
     elif isinstance(value, (list, tuple)):
         text = _conversation_text(list(value), where, field)
     elif value is None:
-        raise WorkloadError(f"{where}: field {field!r} is missing or null; every record needs a "
-                            f"prompt (pick the column with --prompt-column)")
+        raise WorkloadError(
+            f"{where}: field {field!r} is missing or null; every record needs a "
+            f"prompt (pick the column with --prompt-column)"
+        )
     else:
-        raise WorkloadError(f"{where}: field {field!r} must be text or a list of "
-                            f"{{role, content}} turns, got {type(value).__name__}")
+        raise WorkloadError(
+            f"{where}: field {field!r} must be text or a list of "
+            f"{{role, content}} turns, got {type(value).__name__}"
+        )
     if not text.strip():
         raise WorkloadError(f"{where}: field {field!r} is empty; drop the record or fill it in")
     return text
@@ -87,13 +91,17 @@ def prompt_text(value: Any, where: str = "record", field: str = "prompt") -> str
 
 def _conversation_text(turns: list[Any], where: str, field: str) -> str:
     if not turns:
-        raise WorkloadError(f"{where}: field {field!r} is an empty conversation; it needs at least "
-                            "one {role, content} turn")
+        raise WorkloadError(
+            f"{where}: field {field!r} is an empty conversation; it needs at least "
+            "one {role, content} turn"
+        )
     parts: list[tuple[str, str]] = []
     for k, turn in enumerate(turns):
         if not isinstance(turn, dict) or not isinstance(turn.get("role"), str):
-            raise WorkloadError(f"{where}: field {field!r} turn {k} must be an object with a "
-                                f"'role' and a 'content', got {str(turn)[:60]!r}")
+            raise WorkloadError(
+                f"{where}: field {field!r} turn {k} must be an object with a "
+                f"'role' and a 'content', got {str(turn)[:60]!r}"
+            )
         parts.append((turn["role"], _turn_content(turn.get("content"), where, field, k)))
     if len(parts) == 1 and parts[0][0] == "user":
         return parts[0][1]
@@ -107,8 +115,10 @@ def _turn_content(content: Any, where: str, field: str, k: int) -> str:
         texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
         if len(texts) == len(content) and all(isinstance(t, str) for t in texts):
             return "".join(texts)  # type: ignore[arg-type]
-    raise WorkloadError(f"{where}: field {field!r} turn {k} has no text content (only text "
-                        f"turns can be traced), got {str(content)[:60]!r}")
+    raise WorkloadError(
+        f"{where}: field {field!r} turn {k} has no text content (only text "
+        f"turns can be traced), got {str(content)[:60]!r}"
+    )
 
 
 def read_prompts(path: str | Path, columns: PromptColumns | None = None) -> list[PromptRecord]:
@@ -129,9 +139,11 @@ def read_prompts(path: str | Path, columns: PromptColumns | None = None) -> list
         where = f"{path} {line_word} {line}"
         rec = _record(obj, cols, where, str(line), path.name)
         if rec.id in seen:
-            raise WorkloadError(f"{where}: id {rec.id!r} is also the id of {line_word} "
-                                f"{seen[rec.id]}; ids must be unique (a record without an id "
-                                f"gets its {line_word} number)")
+            raise WorkloadError(
+                f"{where}: id {rec.id!r} is also the id of {line_word} "
+                f"{seen[rec.id]}; ids must be unique (a record without an id "
+                f"gets its {line_word} number)"
+            )
         seen[rec.id] = line
         records.append(rec)
     if not records:
@@ -145,23 +157,31 @@ def _format_of(path: Path) -> str:
         if suffix in suffixes:
             return fmt
     known = ", ".join(s for group in FORMATS.values() for s in group)
-    raise WorkloadError(f"cannot tell the format of {path} from its suffix {suffix!r}; "
-                        f"name it with one of {known}")
+    raise WorkloadError(
+        f"cannot tell the format of {path} from its suffix {suffix!r}; name it with one of {known}"
+    )
 
 
-def _record(obj: Any, cols: PromptColumns, where: str, default_id: str,
-            file_name: str) -> PromptRecord:
+def _record(
+    obj: Any, cols: PromptColumns, where: str, default_id: str, file_name: str
+) -> PromptRecord:
     if not isinstance(obj, dict):
-        raise WorkloadError(f"{where}: expected an object with a {cols.prompt!r} field, got "
-                            f"{type(obj).__name__}")
+        raise WorkloadError(
+            f"{where}: expected an object with a {cols.prompt!r} field, got {type(obj).__name__}"
+        )
     if cols.prompt not in obj:
         have = ", ".join(sorted(map(str, obj))) or "none"
-        raise WorkloadError(f"{where}: no field {cols.prompt!r} (fields: {have}); name the prompt "
-                            "field with --prompt-column")
+        raise WorkloadError(
+            f"{where}: no field {cols.prompt!r} (fields: {have}); name the prompt "
+            "field with --prompt-column"
+        )
     prompt = prompt_text(obj[cols.prompt], where, cols.prompt)
-    return PromptRecord(id=_text_field(obj, cols.id, where, default_id),
-                        category=_text_field(obj, cols.category, where, UNKNOWN_CATEGORY),
-                        source=_text_field(obj, "source", where, file_name), prompt=prompt)
+    return PromptRecord(
+        id=_text_field(obj, cols.id, where, default_id),
+        category=_text_field(obj, cols.category, where, UNKNOWN_CATEGORY),
+        source=_text_field(obj, "source", where, file_name),
+        prompt=prompt,
+    )
 
 
 def _text_field(obj: dict[str, Any], key: str, where: str, default: str) -> str:
@@ -170,8 +190,9 @@ def _text_field(obj: dict[str, Any], key: str, where: str, default: str) -> str:
     if value is None or value == "":
         return default
     if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise WorkloadError(f"{where}: field {key!r} must be text or an integer, got "
-                            f"{type(value).__name__}")
+        raise WorkloadError(
+            f"{where}: field {key!r} must be text or an integer, got {type(value).__name__}"
+        )
     return str(value)
 
 
@@ -190,8 +211,10 @@ def _rows(path: Path, fmt: str) -> Iterator[tuple[int, Any]]:
                 try:
                     yield i, json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise WorkloadError(f"{path} line {i}: not valid JSON ({e.msg}); each line "
-                                        "must be one JSON object") from e
+                    raise WorkloadError(
+                        f"{path} line {i}: not valid JSON ({e.msg}); each line "
+                        "must be one JSON object"
+                    ) from e
         return
     reader = csv.DictReader(io.StringIO(text, newline=""))
     for row in reader:

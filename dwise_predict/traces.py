@@ -92,8 +92,9 @@ REQUIRED_COLUMNS: tuple[str, ...] = tuple(f.name for f in TRACE_SCHEMA if not f.
 _ADDED_IN: dict[str, int] = {"max_steps_per_block": 2}
 
 
-def activity_matrix(rounds_per_block: Sequence[int], max_steps: int,
-                    n_blocks: int | None = None) -> np.ndarray:
+def activity_matrix(
+    rounds_per_block: Sequence[int], max_steps: int, n_blocks: int | None = None
+) -> np.ndarray:
     """The activity matrix ``A[b, s] = 1`` iff output block ``b`` needed a step ``s``.
 
     Derived, never stored: block ``b`` ran ``rounds_per_block[b]`` denoising steps, so
@@ -104,11 +105,15 @@ def activity_matrix(rounds_per_block: Sequence[int], max_steps: int,
     rounds = np.asarray(rounds_per_block, dtype=np.int64)
     n = len(rounds) if n_blocks is None else n_blocks
     if n < len(rounds):
-        raise TraceError(f"n_blocks={n} is smaller than the {len(rounds)} blocks traced; "
-                         f"pass n_blocks >= {len(rounds)}")
+        raise TraceError(
+            f"n_blocks={n} is smaller than the {len(rounds)} blocks traced; "
+            f"pass n_blocks >= {len(rounds)}"
+        )
     if np.any(rounds < 1) or np.any(rounds > max_steps):
-        raise TraceError(f"rounds per block must lie in [1, {max_steps}] (the decoder's most "
-                         f"steps per block), got {rounds.tolist()}")
+        raise TraceError(
+            f"rounds per block must lie in [1, {max_steps}] (the decoder's most "
+            f"steps per block), got {rounds.tolist()}"
+        )
     steps = np.arange(max_steps)
     out = np.zeros((n, max_steps), dtype=np.uint8)
     out[: len(rounds)] = steps[None, :] < rounds[:, None]
@@ -126,16 +131,22 @@ def shard_files(folder: str | Path) -> list[Path]:
 
 
 def trace_files(path: str | Path) -> list[Path]:
-    """The Parquet files a trace path stands for: the file itself, or a directory's shards, sorted."""
+    """The Parquet files a trace path stands for: the file itself, or a directory's shards,
+    sorted."""
     p = Path(path)
     if p.is_file():
         return [p]
     if p.is_dir():
         files = shard_files(p)
         if not files:
-            raise TraceError(f"no trace files (*.parquet) in {p}; run `dwise-predict trace --out {p}` first")
+            raise TraceError(
+                f"no trace files (*.parquet) in {p}; run `dwise-predict trace --out {p}` first"
+            )
         return files
-    raise TraceError(f"trace path {p} does not exist; pass a trace file or the folder `dwise-predict trace` wrote")
+    raise TraceError(
+        f"trace path {p} does not exist; pass a trace "
+        "file or the folder `dwise-predict trace` wrote"
+    )
 
 
 def check_schema(schema: pa.Schema, where: Path) -> int:
@@ -143,8 +154,10 @@ def check_schema(schema: pa.Schema, where: Path) -> int:
     meta = schema.metadata or {}
     raw = meta.get(META_SCHEMA_VERSION)
     if raw is None:
-        raise TraceError(f"{where} is not a dwise-predict trace (no {META_SCHEMA_VERSION.decode()} "
-                         "metadata); write it with `dwise-predict trace`")
+        raise TraceError(
+            f"{where} is not a dwise-predict trace (no {META_SCHEMA_VERSION.decode()} "
+            "metadata); write it with `dwise-predict trace`"
+        )
     try:
         version = int(raw)
     except ValueError as e:
@@ -156,11 +169,13 @@ def check_schema(schema: pa.Schema, where: Path) -> int:
         )
     if version < 1:
         raise TraceError(f"{where} has an invalid trace schema version {version}")
-    missing = [c for c in REQUIRED_COLUMNS
-               if c not in schema.names and _ADDED_IN.get(c, 0) <= version]
+    missing = [
+        c for c in REQUIRED_COLUMNS if c not in schema.names and _ADDED_IN.get(c, 0) <= version
+    ]
     if missing:
-        raise TraceError(f"{where} lacks required trace columns {missing}; "
-                         "re-trace with `dwise-predict trace`")
+        raise TraceError(
+            f"{where} lacks required trace columns {missing}; re-trace with `dwise-predict trace`"
+        )
     return version
 
 
@@ -174,8 +189,11 @@ def migrate_table(table: pa.Table) -> pa.Table:
     names = table.column_names
     if "max_steps_per_block" not in names and "block_size" in names:  # v1 -> v2
         at = names.index("threshold") + 1 if "threshold" in names else len(names)
-        table = table.add_column(at, TRACE_SCHEMA.field("max_steps_per_block"),
-                                 table.column("block_size").cast(pa.int32()))
+        table = table.add_column(
+            at,
+            TRACE_SCHEMA.field("max_steps_per_block"),
+            table.column("block_size").cast(pa.int32()),
+        )
     if "schema_version" in table.column_names:
         i = table.column_names.index("schema_version")
         version = pa.array(np.full(table.num_rows, TRACE_SCHEMA_VERSION, dtype=np.int16))
@@ -205,8 +223,9 @@ def _read_one(f: Path, columns: list[str] | None, schema: pa.Schema) -> pa.Table
     return table.select([c for c in columns if c in table.column_names])
 
 
-def read_traces(path: str | Path, columns: Iterable[str] | None = None, *,
-                validate: bool = True) -> pa.Table:
+def read_traces(
+    path: str | Path, columns: Iterable[str] | None = None, *, validate: bool = True
+) -> pa.Table:
     """Read a trace file or a folder of shards into one Arrow table, validating the schema.
 
     Files of an older schema version are migrated on read (:func:`migrate_table`), so the
@@ -225,7 +244,9 @@ def read_traces(path: str | Path, columns: Iterable[str] | None = None, *,
         try:
             schema = pq.read_schema(f)
         except (OSError, pa.ArrowInvalid) as e:
-            raise TraceError(f"cannot read trace file {f}: {e}; the file is corrupt or not Parquet") from e
+            raise TraceError(
+                f"cannot read trace file {f}: {e}; the file is corrupt or not Parquet"
+            ) from e
         check_schema(schema, f)
         fp = (schema.metadata or {}).get(META_FINGERPRINT)
         if fingerprint is None:
@@ -239,9 +260,13 @@ def read_traces(path: str | Path, columns: Iterable[str] | None = None, *,
     table = pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
     table, dropped = first_copies(table, where=str(path))
     if dropped:
-        log.warning("%s: %d request(s) were traced by more than one writer; kept the first copy "
-                    "in shard-name order (`dwise-predict traces compact %s` drops the others)",
-                    path, dropped, path)
+        log.warning(
+            "%s: %d request(s) were traced by more than one writer; kept the first copy "
+            "in shard-name order (`dwise-predict traces compact %s` drops the others)",
+            path,
+            dropped,
+            path,
+        )
     if cols is not None:
         table = table.select(cols)
     if validate:
@@ -253,8 +278,9 @@ def read_traces(path: str | Path, columns: Iterable[str] | None = None, *,
     return table.replace_schema_metadata(meta)
 
 
-def first_copies(table: pa.Table, seen: dict[str, str] | None = None,
-                 where: str = "traces") -> tuple[pa.Table, int]:
+def first_copies(
+    table: pa.Table, seen: dict[str, str] | None = None, where: str = "traces"
+) -> tuple[pa.Table, int]:
     """Drop repeated requests: keep each request id's first row, in table order.
 
     Several writers may share a trace folder, and two of them can trace the same request
@@ -316,8 +342,10 @@ def validate_table(table: pa.Table, where: str = "traces") -> None:
         if flat is not None and len(flat):
             arr = flat.to_numpy(zero_copy_only=False)
             if not np.all(np.isfinite(arr)):
-                raise TraceError(f"{where} has NaN/inf in first_round_hidden; the model diverged "
-                                 "— re-trace in float32")
+                raise TraceError(
+                    f"{where} has NaN/inf in first_round_hidden; the model diverged "
+                    "— re-trace in float32"
+                )
 
 
 def _check_rounds(table: pa.Table, where: str) -> None:
@@ -349,14 +377,19 @@ def hidden_matrix(table: pa.Table) -> np.ndarray:
     """The ``first_round_hidden`` column as a dense ``(n, hidden_size)`` float32 array."""
     col = table.column("first_round_hidden")
     if col.null_count:
-        raise TraceError("some traces have no first_round_hidden; re-trace with hidden-state capture on")
+        raise TraceError(
+            "some traces have no first_round_hidden; re-trace with hidden-state capture on"
+        )
     lengths = pc.list_value_length(col).to_numpy()
     if len(set(lengths.tolist())) != 1:
-        raise TraceError(f"first_round_hidden has mixed sizes {sorted(set(lengths.tolist()))}; traces mix models")
+        raise TraceError(
+            f"first_round_hidden has mixed sizes {sorted(set(lengths.tolist()))}; traces mix models"
+        )
     flat = pc.list_flatten(col).to_numpy(zero_copy_only=False).astype(np.float32)
     return flat.reshape(len(lengths), int(lengths[0]))
 
 
 def prompt_blocks(prompt_tokens: int, block_size: int) -> int:
-    """Blocks a prompt of ``prompt_tokens`` tokens occupies (prefill rounds when run block by block)."""
+    """Blocks a prompt of ``prompt_tokens`` tokens occupies (prefill rounds when run block by
+    block)."""
     return max(1, math.ceil(prompt_tokens / block_size))

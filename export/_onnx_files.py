@@ -21,7 +21,11 @@ def set_metadata(model: Any, meta: dict[str, str]) -> None:
     keep = [p for p in model.metadata_props if not p.key.startswith("dwise.")]
     del model.metadata_props[:]
     model.metadata_props.extend(keep)
-    for key, value in {"dwise.format": FORMAT, "dwise.format_version": str(FORMAT_VERSION), **meta}.items():
+    for key, value in {
+        "dwise.format": FORMAT,
+        "dwise.format_version": str(FORMAT_VERSION),
+        **meta,
+    }.items():
         entry = model.metadata_props.add()
         entry.key, entry.value = key, str(value)
 

@@ -54,15 +54,27 @@ class ExportReport:
         for c in self.checks:
             lat = c.latency_us
             b1, b128 = lat.get("1", {}), lat.get("128", {})
-            out.append([c.file, c.precision, c.parity.max_abs_error, c.parity.tolerance.abs,
-                        b1.get("native", float("nan")), b1.get("exported", float("nan")),
-                        b128.get("native", float("nan")), b128.get("exported", float("nan")),
-                        "yes" if c.kept else "no"])
+            out.append(
+                [
+                    c.file,
+                    c.precision,
+                    c.parity.max_abs_error,
+                    c.parity.tolerance.abs,
+                    b1.get("native", float("nan")),
+                    b1.get("exported", float("nan")),
+                    b128.get("native", float("nan")),
+                    b128.get("exported", float("nan")),
+                    "yes" if c.kept else "no",
+                ]
+            )
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"bundle": str(self.bundle), "checks": [c.to_dict() for c in self.checks],
-                "not_applicable": dict(self.not_applicable)}
+        return {
+            "bundle": str(self.bundle),
+            "checks": [c.to_dict() for c in self.checks],
+            "not_applicable": dict(self.not_applicable),
+        }
 
 
 def exporter_for(cls: Any) -> OnnxExporter | None:
@@ -74,15 +86,24 @@ def exporter_for(cls: Any) -> OnnxExporter | None:
     try:
         exporter = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as e:
-        raise BundleError(f"the {cls.kind} predictor names the exporter {ref!r}, which cannot be "
-                          f"imported ({e}); fix its onnx_exporter") from e
+        raise BundleError(
+            f"the {cls.kind} predictor names the exporter {ref!r}, which cannot be "
+            f"imported ({e}); fix its onnx_exporter"
+        ) from e
     if not isinstance(exporter, OnnxExporter):
         raise BundleError(f"{ref} is a {type(exporter).__name__}, not an OnnxExporter")
     return exporter
 
 
-def export_bundle(ref: str | Path, *, int8: bool = False, out: str | Path | None = None,
-                  repeats: int = 20, min_speedup: float = 1.05, threads: int = 1) -> ExportReport:
+def export_bundle(
+    ref: str | Path,
+    *,
+    int8: bool = False,
+    out: str | Path | None = None,
+    repeats: int = 20,
+    min_speedup: float = 1.05,
+    threads: int = 1,
+) -> ExportReport:
     """Export the predictors of bundle ``ref`` (in place, or into a new folder ``out``).
 
     Every declared module whose class names an ``onnx_exporter`` is written, gated and timed;
@@ -92,7 +113,9 @@ def export_bundle(ref: str | Path, *, int8: bool = False, out: str | Path | None
     from dwise_predict.bundle import update_bundle
 
     with update_bundle(ref, out=out) as draft:
-        for name in (draft.manifest.get(EXPORTS_KEY) or {}):  # a re-export replaces the previous files
+        for name in (
+            draft.manifest.get(EXPORTS_KEY) or {}
+        ):  # a re-export replaces the previous files
             draft.remove_file(name)
         report = ExportReport(bundle=draft.destination)
         for kind, predictor in draft.source.modules.items():
@@ -100,14 +123,31 @@ def export_bundle(ref: str | Path, *, int8: bool = False, out: str | Path | None
             if exporter is None:
                 report.not_applicable[kind] = "this predictor kind has no ONNX exporter"
                 continue
-            _export_one(draft, report, predictor, exporter, int8=int8, repeats=repeats,
-                        min_speedup=min_speedup, threads=threads)
+            _export_one(
+                draft,
+                report,
+                predictor,
+                exporter,
+                int8=int8,
+                repeats=repeats,
+                min_speedup=min_speedup,
+                threads=threads,
+            )
         draft.manifest[EXPORTS_KEY] = _exports_record(draft, report)
     return report
 
 
-def _export_one(draft: BundleDraft, report: ExportReport, predictor: Any, exporter: OnnxExporter, *,
-                int8: bool, repeats: int, min_speedup: float, threads: int) -> None:
+def _export_one(
+    draft: BundleDraft,
+    report: ExportReport,
+    predictor: Any,
+    exporter: OnnxExporter,
+    *,
+    int8: bool,
+    repeats: int,
+    min_speedup: float,
+    threads: int,
+) -> None:
     """FP32 file (kept iff parity holds), then optionally INT8 (kept iff parity holds and is
     faster)."""
     path = exporter.write(predictor, draft.path(exporter.file))
@@ -126,7 +166,8 @@ def _export_one(draft: BundleDraft, report: ExportReport, predictor: Any, export
 
 
 def _exports_record(draft: BundleDraft, report: ExportReport) -> dict[str, Any]:
-    """Drop the files that failed their gate; the record of every file (kept or not) for the manifest."""
+    """Drop the files that failed their gate; the record of every file (kept or not) for the
+    manifest."""
     exports: dict[str, Any] = {}
     for c in report.checks:
         if not c.kept:

@@ -27,39 +27,61 @@ from .parity import ExportCheck, OnnxExporter, Tolerance, compare, decide, time_
 ADMISSION_ONNX = ONNX_FILE
 #: precision -> what is compared, and the bound
 TOLERANCES = {
-    "fp32": Tolerance(1e-4, 0.0, "log(total rounds); float32 thresholds and leaf sums in ONNX vs "
-                      "float64 in LightGBM: ~1e-6 expected, 1e-4 = 0.01% of the estimate"),
+    "fp32": Tolerance(
+        1e-4,
+        0.0,
+        "log(total rounds); float32 thresholds and leaf sums in ONNX vs "
+        "float64 in LightGBM: ~1e-6 expected, 1e-4 = 0.01% of the estimate",
+    ),
 }
 #: the main-domain opset asked of onnxmltools (it picks the matching ai.onnx.ml version); every
 #: onnxruntime >= 1.10 runs it (onnxmltools 1.16 converts up to 15)
 DEFAULT_OPSET = 15
 
 
-def admission_to_onnx(model: Any, path: str | Path, *, feature_names: list[str] | None = None,
-                      target_opset: int = DEFAULT_OPSET) -> Path:
-    """Write ``model`` (an ``AdmissionModel``, a ``lightgbm.Booster`` or LightGBM model text) to ``path``."""
+def admission_to_onnx(
+    model: Any,
+    path: str | Path,
+    *,
+    feature_names: list[str] | None = None,
+    target_opset: int = DEFAULT_OPSET,
+) -> Path:
+    """Write ``model`` (an ``AdmissionModel``, a ``lightgbm.Booster`` or LightGBM model text) to
+    ``path``."""
     try:
         import lightgbm as lgb
         import onnxmltools
         from onnxmltools.convert.common.data_types import FloatTensorType
     except ImportError as e:
-        raise MissingDependencyError(f"ONNX export of the admission model needs onnxmltools ({e}); "
-                                     "pip install 'dwise-predict[train]'") from e
+        raise MissingDependencyError(
+            f"ONNX export of the admission model needs onnxmltools ({e}); "
+            "pip install 'dwise-predict[train]'"
+        ) from e
     booster, names = _booster_and_names(model, lgb)
     names = list(feature_names or names)
     if len(names) != booster.num_feature():
-        raise ModelError(f"{len(names)} feature names given for a model with {booster.num_feature()} features")
-    onx = onnxmltools.convert_lightgbm(booster, initial_types=[(ADMISSION_INPUT, FloatTensorType([None, len(names)]))],
-                                       target_opset=int(target_opset), zipmap=False)
+        raise ModelError(
+            f"{len(names)} feature names given for a model with {booster.num_feature()} features"
+        )
+    onx = onnxmltools.convert_lightgbm(
+        booster,
+        initial_types=[(ADMISSION_INPUT, FloatTensorType([None, len(names)]))],
+        target_opset=int(target_opset),
+        zipmap=False,
+    )
     _rename_output(onx, ADMISSION_OUTPUT)
     onx.graph.name = "dwise_admission"  # onnxmltools draws a random uuid; same model, same bytes
-    set_metadata(onx, {
-        "dwise.predictor": AdmissionModel.kind,
-        "dwise.precision": "fp32",
-        "dwise.feature_names": json.dumps(names),
-        "dwise.output": f"{ADMISSION_OUTPUT}: log(total denoising rounds), shape (n, 1); estimate = exp(output)",
-        "dwise.n_trees": str(booster.num_trees()),
-    })
+    set_metadata(
+        onx,
+        {
+            "dwise.predictor": AdmissionModel.kind,
+            "dwise.precision": "fp32",
+            "dwise.feature_names": json.dumps(names),
+            "dwise.output": f"{ADMISSION_OUTPUT}: log(total denoising "
+            "rounds), shape (n, 1); estimate = exp(output)",
+            "dwise.n_trees": str(booster.num_trees()),
+        },
+    )
     return save_model_atomic(onx, path)
 
 
@@ -69,17 +91,23 @@ def _booster_and_names(model: Any, lgb: Any) -> tuple[Any, list[str]]:
     if isinstance(model, str):
         booster = lgb.Booster(model_str=model)
         return booster, list(booster.feature_name())
-    if hasattr(model, "model_text") and hasattr(model, "feature_names"):  # dwise_predict AdmissionModel
+    if hasattr(model, "model_text") and hasattr(
+        model, "feature_names"
+    ):  # dwise_predict AdmissionModel
         return lgb.Booster(model_str=model.model_text), list(model.feature_names)
-    raise ModelError(f"cannot export {type(model).__name__} as the admission model; pass an AdmissionModel, "
-                     "a lightgbm.Booster or LightGBM model text")
+    raise ModelError(
+        f"cannot export {type(model).__name__} as the admission model; pass an AdmissionModel, "
+        "a lightgbm.Booster or LightGBM model text"
+    )
 
 
 def _rename_output(onx: Any, name: str) -> None:
     """Give the single graph output a meaningful name (onnxmltools calls it ``variable``)."""
     graph = onx.graph
     if len(graph.output) != 1:
-        raise ModelError(f"expected one output from the LightGBM regressor conversion, got {len(graph.output)}")
+        raise ModelError(
+            f"expected one output from the LightGBM regressor conversion, got {len(graph.output)}"
+        )
     old = graph.output[0].name
     for node in graph.node:
         for i, out in enumerate(node.output):
@@ -98,16 +126,19 @@ def admission_probes(model: Any, *, n_random: int = 512, seed: int = 0) -> np.nd
     n_features = len(model.feature_names)
     per_feature: list[np.ndarray] = []
     for f in range(n_features):
-        th = np.concatenate([t.threshold[t.split_feature == f] for t in model.forest.trees]
-                            or [np.zeros(0)])
+        th = np.concatenate(
+            [t.threshold[t.split_feature == f] for t in model.forest.trees] or [np.zeros(0)]
+        )
         th = th[np.isfinite(th) & (th >= 0) & (th < 2**24)]
-        vals = np.unique(np.concatenate([np.floor(th), np.ceil(th), np.floor(th) - 1,
-                                         np.ceil(th) + 1, [0, 1]]))
+        vals = np.unique(
+            np.concatenate([np.floor(th), np.ceil(th), np.floor(th) - 1, np.ceil(th) + 1, [0, 1]])
+        )
         per_feature.append(vals[vals >= 0])
     rows = []
     for f, vals in enumerate(per_feature):  # sweep one feature across its thresholds, others random
-        other = np.stack([rng.choice(per_feature[g], size=len(vals)) for g in range(n_features)],
-                         axis=1)
+        other = np.stack(
+            [rng.choice(per_feature[g], size=len(vals)) for g in range(n_features)], axis=1
+        )
         other[:, f] = vals
         rows.append(other)
     hi = [max(float(v.max()), 1.0) * 1.5 for v in per_feature]
@@ -115,22 +146,34 @@ def admission_probes(model: Any, *, n_random: int = 512, seed: int = 0) -> np.nd
     return np.concatenate(rows).astype(np.float64)
 
 
-def check_admission(model: Any, onnx_path: str | Path, *, probes: np.ndarray | None = None,
-                    peer: str | Path | None = None, batches: tuple[int, ...] = (1, 128),
-                    repeats: int = 50, threads: int = 1) -> ExportCheck:
+def check_admission(
+    model: Any,
+    onnx_path: str | Path,
+    *,
+    probes: np.ndarray | None = None,
+    peer: str | Path | None = None,
+    batches: tuple[int, ...] = (1, 128),
+    repeats: int = 50,
+    threads: int = 1,
+) -> ExportCheck:
     """Parity of ``log(total rounds)`` on probes, and latency of native vs ONNX
     ``predict_features``."""
     onnx_model = OnnxAdmission(onnx_path, threads=threads)
     peer_model = OnnxAdmission(peer, threads=threads) if peer is not None else None
     X = admission_probes(model) if probes is None else np.asarray(probes, dtype=np.float64)
-    check = ExportCheck(AdmissionModel.kind, onnx_model.precision, Path(onnx_path).name,
-                        compare(model.raw_score(X), onnx_model.raw_score(X),
-                                TOLERANCES[onnx_model.precision]))
+    check = ExportCheck(
+        AdmissionModel.kind,
+        onnx_model.precision,
+        Path(onnx_path).name,
+        compare(model.raw_score(X), onnx_model.raw_score(X), TOLERANCES[onnx_model.precision]),
+    )
 
     def sides(b: int) -> dict[str, Any]:
         xb = np.resize(X, (b, X.shape[1]))
-        fns = {"native": partial(model.predict_features, xb),
-               "exported": partial(onnx_model.predict_features, xb)}
+        fns = {
+            "native": partial(model.predict_features, xb),
+            "exported": partial(onnx_model.predict_features, xb),
+        }
         if peer_model is not None:
             fns["peer"] = partial(peer_model.predict_features, xb)
         return fns
@@ -139,5 +182,6 @@ def check_admission(model: Any, onnx_path: str | Path, *, probes: np.ndarray | N
     return decide(check)
 
 
-EXPORTER = OnnxExporter(file=ONNX_FILE, write=admission_to_onnx, check=check_admission,
-                        tolerances=TOLERANCES)
+EXPORTER = OnnxExporter(
+    file=ONNX_FILE, write=admission_to_onnx, check=check_admission, tolerances=TOLERANCES
+)

@@ -1,4 +1,5 @@
-"""Refinement ensemble -> ONNX through ``torch.onnx.export``, with the survival math inside the graph.
+"""Refinement ensemble -> ONNX through ``torch.onnx.export``, with the survival math inside the
+graph.
 
 The exporter takes the same numpy weights the core predicts with
 (:class:`dwise_predict.predictors.refinement.RefinementEnsemble`: members ``w1 (H+2, W)``, ``b1``,
@@ -40,27 +41,39 @@ from .parity import ExportCheck, OnnxExporter, Tolerance, compare, decide, time_
 REFINEMENT_ONNX = ONNX_FILE
 #: precision -> what is compared, and the bound
 TOLERANCES = {
-    "fp32": Tolerance(1e-2, 1e-4, "raw mean remaining rounds; float32 cumsum over K rounds vs "
-                      "float64 in numpy: far below the one-round granularity of the scheduler"),
-    "int8": Tolerance(0.5, 0.02, "raw mean remaining rounds; INT8 weights may move an estimate by "
-                      "under half a round or 2%, less than one round of the scheduler's decrement"),
+    "fp32": Tolerance(
+        1e-2,
+        1e-4,
+        "raw mean remaining rounds; float32 cumsum over K rounds vs "
+        "float64 in numpy: far below the one-round granularity of the scheduler",
+    ),
+    "int8": Tolerance(
+        0.5,
+        0.02,
+        "raw mean remaining rounds; INT8 weights may move an estimate by "
+        "under half a round or 2%, less than one round of the scheduler's decrement",
+    ),
 }
 DEFAULT_OPSET = 18
 
 
 def ensemble_module(ensemble: Any) -> Any:
-    """A ``torch.nn.Module`` computing exactly the ensemble's survival curve and restricted mean (float32)."""
+    """A ``torch.nn.Module`` computing exactly the ensemble's survival curve and restricted mean
+    (float32)."""
     try:
         import torch
     except ImportError as e:
-        raise MissingDependencyError("ONNX export of the refinement ensemble needs torch; "
-                                     "pip install 'dwise-predict[train]'") from e
+        raise MissingDependencyError(
+            "ONNX export of the refinement ensemble needs torch; pip install 'dwise-predict[train]'"
+        ) from e
     members = list(ensemble.members)
     if not members:
         raise ModelError("the refinement ensemble has no members")
     width = int(members[0].w1.shape[1])
     if any(int(m.w1.shape[1]) != width for m in members):
-        raise ModelError("refinement members have different widths; they cannot share one first layer")
+        raise ModelError(
+            "refinement members have different widths; they cannot share one first layer"
+        )
 
     def t(a: Any) -> Any:
         return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
@@ -74,8 +87,13 @@ def ensemble_module(ensemble: Any) -> Any:
         def __init__(self) -> None:
             super().__init__()
             self.register_buffer("hidden_mean", t(ensemble.hidden_mean))
-            self.register_buffer("inv_std", t(1.0 / np.asarray(ensemble.hidden_std, dtype=np.float32)))
-            self.register_buffer("inv_scales", t([1.0 / ensemble.prompt_tokens_scale, 1.0 / ensemble.output_budget_scale]))
+            self.register_buffer(
+                "inv_std", t(1.0 / np.asarray(ensemble.hidden_std, dtype=np.float32))
+            )
+            self.register_buffer(
+                "inv_scales",
+                t([1.0 / ensemble.prompt_tokens_scale, 1.0 / ensemble.output_budget_scale]),
+            )
             self.first = torch.nn.Linear(members[0].w1.shape[0], width * len(members))
             heads = [torch.nn.Linear(width, m.w2.shape[1]) for m in members]
             with torch.no_grad():
@@ -90,10 +108,23 @@ def ensemble_module(ensemble: Any) -> Any:
         def forward(self, hidden: Any, prompt_tokens: Any, output_budget: Any) -> tuple[Any, Any]:
             h = (hidden - self.hidden_mean) * self.inv_std
             scalars = torch.stack([prompt_tokens, output_budget], dim=1) * self.inv_scales
-            a = torch.nn.functional.gelu(self.first(torch.cat([h, scalars], dim=1)), approximate="tanh")
-            curves = [torch.exp(torch.cumsum(-torch.nn.functional.softplus(head(a[:, i * self.width:(i + 1) * self.width])),
-                                             dim=1)) for i, head in enumerate(self.heads)]
-            survival = curves[0]  # members' curves summed in order, then averaged (as the numpy path does)
+            a = torch.nn.functional.gelu(
+                self.first(torch.cat([h, scalars], dim=1)), approximate="tanh"
+            )
+            curves = [
+                torch.exp(
+                    torch.cumsum(
+                        -torch.nn.functional.softplus(
+                            head(a[:, i * self.width : (i + 1) * self.width])
+                        ),
+                        dim=1,
+                    )
+                )
+                for i, head in enumerate(self.heads)
+            ]
+            survival = curves[
+                0
+            ]  # members' curves summed in order, then averaged (as the numpy path does)
             for s in curves[1:]:
                 survival = survival + s
             survival = survival / len(curves)
@@ -108,7 +139,9 @@ def refinement_to_onnx(ensemble: Any, path: str | Path, *, opset: int = DEFAULT_
         import onnx
         import torch
     except ImportError as e:
-        raise MissingDependencyError(f"ONNX export needs torch and onnx ({e}); pip install 'dwise-predict[train]'") from e
+        raise MissingDependencyError(
+            f"ONNX export needs torch and onnx ({e}); pip install 'dwise-predict[train]'"
+        ) from e
     module = ensemble_module(ensemble)
     hidden_size, k = int(ensemble.hidden_size), int(ensemble.K)
     n = 2  # example batch; the axis is exported as dynamic
@@ -117,28 +150,45 @@ def refinement_to_onnx(ensemble: Any, path: str | Path, *, opset: int = DEFAULT_
     with tempfile.TemporaryDirectory(prefix="dwise-onnx-") as tmp:
         raw = Path(tmp) / "refinement.onnx"
         with _quiet_exporter():
-            torch.onnx.export(module, example, str(raw), input_names=list(REFINEMENT_INPUTS),
-                              output_names=list(REFINEMENT_OUTPUTS), opset_version=opset, dynamo=True,
-                              dynamic_shapes={"hidden": {0: batch}, "prompt_tokens": {0: batch},
-                                              "output_budget": {0: batch}},
-                              external_data=False, verbose=False)
+            torch.onnx.export(
+                module,
+                example,
+                str(raw),
+                input_names=list(REFINEMENT_INPUTS),
+                output_names=list(REFINEMENT_OUTPUTS),
+                opset_version=opset,
+                dynamo=True,
+                dynamic_shapes={
+                    "hidden": {0: batch},
+                    "prompt_tokens": {0: batch},
+                    "output_budget": {0: batch},
+                },
+                external_data=False,
+                verbose=False,
+            )
         onx = onnx.load(str(raw), load_external_data=True)
     onx.graph.name = "dwise_refinement"
-    set_metadata(onx, {
-        "dwise.predictor": RefinementEnsemble.kind,
-        "dwise.precision": "fp32",
-        "dwise.hidden_size": str(hidden_size),
-        "dwise.K": str(k),
-        "dwise.members": str(len(ensemble.members)),
-        "dwise.inputs": "hidden (n, H) float32 raw first-round hidden; prompt_tokens (n,); output_budget (n,)",
-        "dwise.output": "survival (n, K): P(remaining >= k); mean (n,): raw restricted mean of remaining rounds "
-                        "after the first denoising round (apply the isotonic map for the calibrated estimate)",
-    })
+    set_metadata(
+        onx,
+        {
+            "dwise.predictor": RefinementEnsemble.kind,
+            "dwise.precision": "fp32",
+            "dwise.hidden_size": str(hidden_size),
+            "dwise.K": str(k),
+            "dwise.members": str(len(ensemble.members)),
+            "dwise.inputs": "hidden (n, H) float32 raw first-round "
+            "hidden; prompt_tokens (n,); output_budget (n,)",
+            "dwise.output": "survival (n, K): P(remaining >= k); mean (n,): raw restricted mean of "
+            "remaining rounds after the first denoising round (apply the isotonic map for the "
+            "calibrated estimate)",
+        },
+    )
     return save_model_atomic(onx, path)
 
 
 class _quiet_exporter:
-    """torch.onnx's dynamo exporter logs progress and torchvision notices; keep the CLI output clean."""
+    """torch.onnx's dynamo exporter logs progress and torchvision notices; keep the CLI output
+    clean."""
 
     def __enter__(self) -> None:
         self._warnings = warnings.catch_warnings()
@@ -156,8 +206,9 @@ class _quiet_exporter:
         self._warnings.__exit__(*exc)
 
 
-def refinement_probes(ensemble: Any, *, n: int = 256,
-                      seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def refinement_probes(
+    ensemble: Any, *, n: int = 256, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Hidden rows ~ N(mean, (1.5 std)^2); prompt lengths in [0, 2 scale]; budgets in [1, scale]."""
     rng = np.random.default_rng(seed)
     mean = np.asarray(ensemble.hidden_mean, dtype=np.float64)
@@ -168,10 +219,16 @@ def refinement_probes(ensemble: Any, *, n: int = 256,
     return hidden, prompt, budget
 
 
-def check_refinement(ensemble: Any, onnx_path: str | Path, *,
-                     probes: tuple[Any, Any, Any] | None = None, peer: str | Path | None = None,
-                     batches: tuple[int, ...] = (1, 128), repeats: int = 30,
-                     threads: int = 1) -> ExportCheck:
+def check_refinement(
+    ensemble: Any,
+    onnx_path: str | Path,
+    *,
+    probes: tuple[Any, Any, Any] | None = None,
+    peer: str | Path | None = None,
+    batches: tuple[int, ...] = (1, 128),
+    repeats: int = 30,
+    threads: int = 1,
+) -> ExportCheck:
     """Parity of the raw restricted mean on probes; latency of native vs ONNX ``predict(raw=True)``.
 
     ``peer``: the FP32 file an INT8 file would replace, timed interleaved with it (for
@@ -180,16 +237,24 @@ def check_refinement(ensemble: Any, onnx_path: str | Path, *,
     onnx_model = OnnxRefinement(onnx_path, threads=threads)
     peer_model = OnnxRefinement(peer, threads=threads) if peer is not None else None
     h, p, b = refinement_probes(ensemble) if probes is None else probes
-    check = ExportCheck(RefinementEnsemble.kind, onnx_model.precision, Path(onnx_path).name,
-                        compare(ensemble.predict(h, p, b, raw=True),
-                                onnx_model.predict(h, p, b, raw=True),
-                                TOLERANCES[onnx_model.precision]))
+    check = ExportCheck(
+        RefinementEnsemble.kind,
+        onnx_model.precision,
+        Path(onnx_path).name,
+        compare(
+            ensemble.predict(h, p, b, raw=True),
+            onnx_model.predict(h, p, b, raw=True),
+            TOLERANCES[onnx_model.precision],
+        ),
+    )
 
     def sides(n: int) -> dict[str, Any]:
         idx = np.arange(n) % len(h)
         args = (h[idx], p[idx], b[idx])
-        fns = {"native": partial(ensemble.predict, *args, raw=True),
-               "exported": partial(onnx_model.predict, *args, raw=True)}
+        fns = {
+            "native": partial(ensemble.predict, *args, raw=True),
+            "exported": partial(onnx_model.predict, *args, raw=True),
+        }
         if peer_model is not None:
             fns["peer"] = partial(peer_model.predict, *args, raw=True)
         return fns
@@ -198,5 +263,6 @@ def check_refinement(ensemble: Any, onnx_path: str | Path, *,
     return decide(check)
 
 
-EXPORTER = OnnxExporter(file=ONNX_FILE, write=refinement_to_onnx, check=check_refinement,
-                        tolerances=TOLERANCES)
+EXPORTER = OnnxExporter(
+    file=ONNX_FILE, write=refinement_to_onnx, check=check_refinement, tolerances=TOLERANCES
+)

@@ -63,13 +63,19 @@ def compare(native: Any, exported: Any, tolerance: Tolerance) -> ParityReport:
     finite = bool(np.all(np.isfinite(err)))
     rel = err / np.maximum(np.abs(a), 1e-12)
     violation = float(np.max(err - tolerance.bound(a))) if finite else float("inf")
-    return ParityReport(n=int(a.size), max_abs_error=float(np.max(err)) if finite else float("inf"),
-                        max_rel_error=float(np.max(rel)) if finite else float("inf"),
-                        worst_violation=violation, tolerance=tolerance, passed=finite and violation <= 0.0)
+    return ParityReport(
+        n=int(a.size),
+        max_abs_error=float(np.max(err)) if finite else float("inf"),
+        max_rel_error=float(np.max(rel)) if finite else float("inf"),
+        worst_violation=violation,
+        tolerance=tolerance,
+        passed=finite and violation <= 0.0,
+    )
 
 
-def median_seconds(fns: dict[str, Callable[[], Any]], *, repeats: int = 50, number: int = 10,
-                   warmup: int = 3) -> dict[str, float]:
+def median_seconds(
+    fns: dict[str, Callable[[], Any]], *, repeats: int = 50, number: int = 10, warmup: int = 3
+) -> dict[str, float]:
     """Per-call median seconds of each function, timed interleaved (A, B, A, B, ...).
 
     Interleaving puts every function under the same background load, which matters on a shared
@@ -96,7 +102,8 @@ class ExportCheck:
     precision: str
     file: str
     parity: ParityReport
-    #: batch -> {"native": µs, "exported": µs[, "peer": µs of the FP32 file an INT8 file would replace]}
+    #: batch -> {"native": µs, "exported": µs[, "peer": µs of the FP32 file an INT8 file would
+    #: replace]}
     latency_us: dict[str, dict[str, float]] = field(default_factory=dict)
     kept: bool = False
     reason: str = ""
@@ -125,8 +132,13 @@ class OnnxExporter:
 
 
 # -- timing -------------------------------------------------------------------------------------
-def time_batches(check: ExportCheck, sides: Callable[[int], dict[str, Callable[[], Any]]], *,
-                 batches: tuple[int, ...], repeats: int) -> None:
+def time_batches(
+    check: ExportCheck,
+    sides: Callable[[int], dict[str, Callable[[], Any]]],
+    *,
+    batches: tuple[int, ...],
+    repeats: int,
+) -> None:
     """Fill ``check.latency_us``: per batch size, the median µs of each side (timed interleaved)."""
     for n in batches:
         med = median_seconds(sides(n), repeats=repeats)
@@ -143,29 +155,58 @@ def decide(check: ExportCheck) -> ExportCheck:
 def _fp32_decision(check: ExportCheck) -> tuple[bool, str]:
     p = check.parity
     if p.passed:
-        return True, f"parity holds (max abs error {p.max_abs_error:.3g} within {p.tolerance.abs:g} + {p.tolerance.rel:g}|x|)"
-    return False, f"parity fails (max abs error {p.max_abs_error:.3g}, tolerance {p.tolerance.abs:g} + {p.tolerance.rel:g}|x|)"
+        return (
+            True,
+            f"parity holds (max abs error {p.max_abs_error:.3g} "
+            f"within {p.tolerance.abs:g} + {p.tolerance.rel:g}|x|)",
+        )
+    return (
+        False,
+        f"parity fails (max abs error {p.max_abs_error:.3g}, "
+        f"tolerance {p.tolerance.abs:g} + {p.tolerance.rel:g}|x|)",
+    )
 
 
-def gate_int8(int8: ExportCheck, fp32: ExportCheck | None = None, *, decision_batch: int = 128,
-              min_speedup: float = 1.05) -> ExportCheck:
-    """Keep the INT8 file iff its parity passes and it beats FP32 by ``min_speedup`` at ``decision_batch``.
+def gate_int8(
+    int8: ExportCheck,
+    fp32: ExportCheck | None = None,
+    *,
+    decision_batch: int = 128,
+    min_speedup: float = 1.05,
+) -> ExportCheck:
+    """Keep the INT8 file iff its parity passes and it beats FP32 by ``min_speedup`` at
+    ``decision_batch``.
 
     The FP32 time is the ``peer`` timed interleaved with the INT8 file when present (an
     exporter's ``check(..., peer=fp32_path)``), else the FP32 check's own measurement.
     """
     key = str(decision_batch)
     lat = int8.latency_us.get(key, {})
-    fp32_us = lat.get("peer", fp32.latency_us.get(key, {}).get("exported") if fp32 is not None else None)
+    fp32_us = lat.get(
+        "peer", fp32.latency_us.get(key, {}).get("exported") if fp32 is not None else None
+    )
     if "exported" not in lat or fp32_us is None:
         raise ValueError(f"gate_int8 needs INT8 and FP32 latencies at batch {decision_batch}")
     speedup = fp32_us / lat["exported"]
     if not int8.parity.passed:
-        int8.kept, int8.reason = False, (f"parity fails (max abs error {int8.parity.max_abs_error:.3g}); "
-                                         f"speed-up {speedup:.2f}x does not matter")
+        int8.kept, int8.reason = (
+            False,
+            (
+                f"parity fails (max abs error {int8.parity.max_abs_error:.3g}); "
+                f"speed-up {speedup:.2f}x does not matter"
+            ),
+        )
     elif speedup < min_speedup:
-        int8.kept, int8.reason = False, (f"parity holds but INT8 is not faster at batch {decision_batch} "
-                                         f"({speedup:.2f}x < {min_speedup:g}x)")
+        int8.kept, int8.reason = (
+            False,
+            (
+                f"parity holds but INT8 is not faster at batch {decision_batch} "
+                f"({speedup:.2f}x < {min_speedup:g}x)"
+            ),
+        )
     else:
-        int8.kept, int8.reason = True, f"parity holds and INT8 is {speedup:.2f}x faster at batch {decision_batch}"
+        int8.kept, int8.reason = (
+            True,
+            f"parity holds and INT8 is {speedup:.2f}x faster at batch {decision_batch}",
+        )
     return int8

@@ -18,7 +18,13 @@ from dwise_predict.errors import MissingDependencyError, ModelError
 
 from ._onnx_files import get_metadata, save_model_atomic, set_metadata
 
-QUANTIZED_OPS = ("MatMulInteger", "DynamicQuantizeLinear", "DynamicQuantizeMatMul", "QGemm", "MatMulIntegerToFloat")
+QUANTIZED_OPS = (
+    "MatMulInteger",
+    "DynamicQuantizeLinear",
+    "DynamicQuantizeMatMul",
+    "QGemm",
+    "MatMulIntegerToFloat",
+)
 
 
 class NotQuantizable(ModelError):
@@ -31,29 +37,43 @@ def int8_name(fp32_path: str | Path) -> Path:
     return p.with_name(f"{p.stem}.int8{p.suffix}")
 
 
-def quantize_int8(src: str | Path, dst: str | Path | None = None, *, per_channel: bool = False,
-                  op_types: tuple[str, ...] = ("MatMul", "Gemm")) -> Path:
+def quantize_int8(
+    src: str | Path,
+    dst: str | Path | None = None,
+    *,
+    per_channel: bool = False,
+    op_types: tuple[str, ...] = ("MatMul", "Gemm"),
+) -> Path:
     """Write the INT8 dynamic-quantized version of ``src`` (default name: :func:`int8_name`)."""
     try:
         import onnx
         from onnxruntime.quantization import QuantType, quantize_dynamic
     except ImportError as e:
-        raise MissingDependencyError(f"INT8 export needs onnx and onnxruntime.quantization ({e}); "
-                                     "pip install 'dwise-predict[train]'") from e
+        raise MissingDependencyError(
+            f"INT8 export needs onnx and onnxruntime.quantization ({e}); "
+            "pip install 'dwise-predict[train]'"
+        ) from e
     src = Path(src)
     dst = Path(dst) if dst is not None else int8_name(src)
     source = onnx.load(str(src))
     if not any(n.op_type in op_types for n in source.graph.node):
-        raise NotQuantizable(f"{src.name} has no {'/'.join(op_types)} operator, so INT8 dynamic quantization "
-                             "cannot speed it up; keep the FP32 file")
+        raise NotQuantizable(
+            f"{src.name} has no {'/'.join(op_types)} operator, so INT8 dynamic quantization "
+            "cannot speed it up; keep the FP32 file"
+        )
     with tempfile.TemporaryDirectory(prefix="dwise-int8-") as tmp:
         out = Path(tmp) / dst.name
         root = logging.getLogger()
         level = root.level
         root.setLevel(logging.ERROR)  # the quantizer logs a pre-processing hint on the root logger
         try:
-            quantize_dynamic(str(src), str(out), weight_type=QuantType.QInt8, per_channel=per_channel,
-                             op_types_to_quantize=list(op_types))
+            quantize_dynamic(
+                str(src),
+                str(out),
+                weight_type=QuantType.QInt8,
+                per_channel=per_channel,
+                op_types_to_quantize=list(op_types),
+            )
         finally:
             root.setLevel(level)
         q = onnx.load(str(out))
@@ -62,6 +82,13 @@ def quantize_int8(src: str | Path, dst: str | Path | None = None, *, per_channel
     meta = {k: v for k, v in get_metadata(source).items() if k.startswith("dwise.")}
     meta.pop("dwise.format", None)
     meta.pop("dwise.format_version", None)
-    set_metadata(q, {**meta, "dwise.precision": "int8", "dwise.quantization": "dynamic, int8 weights"
-                     + (", per channel" if per_channel else "")})
+    set_metadata(
+        q,
+        {
+            **meta,
+            "dwise.precision": "int8",
+            "dwise.quantization": "dynamic, int8 weights"
+            + (", per channel" if per_channel else ""),
+        },
+    )
     return save_model_atomic(q, dst)

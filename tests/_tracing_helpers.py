@@ -32,10 +32,24 @@ PROMPTS = [
 ]
 
 
-def make_tiny_bd(out: Path, *, block_size: int = 8, norm_scale: float = 50.0, eos_weight: float = 0.4,
-                 seed: int = 0, max_position: int = 16384) -> Path:
+def make_tiny_bd(
+    out: Path,
+    *,
+    block_size: int = 8,
+    norm_scale: float = 50.0,
+    eos_weight: float = 0.4,
+    seed: int = 0,
+    max_position: int = 16384,
+) -> Path:
     torch.manual_seed(seed)
-    cfg = TinyBDConfig(d_model=64, n_layers=2, n_heads=2, d_ff=128, block_size=block_size, max_position=max_position)
+    cfg = TinyBDConfig(
+        d_model=64,
+        n_layers=2,
+        n_heads=2,
+        d_ff=128,
+        block_size=block_size,
+        max_position=max_position,
+    )
     model = TinyBDModel(cfg)
     with torch.no_grad():
         model.norm.weight.mul_(norm_scale)
@@ -45,12 +59,24 @@ def make_tiny_bd(out: Path, *, block_size: int = 8, norm_scale: float = 50.0, eo
 
 
 def workload_records(prompts: list[str] = PROMPTS, category: str = "chat") -> list[dict]:
-    return [{"id": f"req-{i:03d}", "category": category, "source": "test", "prompt": p,
-             "reference": None, "meta": {}} for i, p in enumerate(prompts)]
+    return [
+        {
+            "id": f"req-{i:03d}",
+            "category": category,
+            "source": "test",
+            "prompt": p,
+            "reference": None,
+            "meta": {},
+        }
+        for i, p in enumerate(prompts)
+    ]
 
 
-def make_diffusion_gemma(out: Path, *, canvas_length: int = 8, max_denoising_steps: int = 6, seed: int = 0) -> Path:
-    """A tiny random DiffusionGemma (text + a 1-layer vision tower) with tiny-bd's byte tokenizer."""
+def make_diffusion_gemma(
+    out: Path, *, canvas_length: int = 8, max_denoising_steps: int = 6, seed: int = 0
+) -> Path:
+    """A tiny random DiffusionGemma (text + a 1-layer vision tower) with tiny-bd's byte
+    tokenizer."""
     from transformers import (
         DiffusionGemmaConfig,
         DiffusionGemmaForBlockDiffusion,
@@ -60,15 +86,42 @@ def make_diffusion_gemma(out: Path, *, canvas_length: int = 8, max_denoising_ste
     )
 
     text = DiffusionGemmaTextConfig(
-        vocab_size=264, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=16, global_head_dim=16, max_position_embeddings=512, sliding_window=64,
-        pad_token_id=0, eos_token_id=2, bos_token_id=3, layer_types=["sliding_attention", "full_attention"],
-        num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+        vocab_size=264,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        global_head_dim=16,
+        max_position_embeddings=512,
+        sliding_window=64,
+        pad_token_id=0,
+        eos_token_id=2,
+        bos_token_id=3,
+        layer_types=["sliding_attention", "full_attention"],
+        num_experts=4,
+        top_k_experts=2,
+        moe_intermediate_size=32,
     )
-    vision = dict(model_type="gemma4_vision", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                  num_attention_heads=2, num_key_value_heads=2, head_dim=8, position_embedding_size=64)
-    cfg = DiffusionGemmaConfig(text_config=text, vision_config=vision, canvas_length=canvas_length,
-                               image_token_id=260, boi_token_id=261, eoi_token_id=262)
+    vision = dict(
+        model_type="gemma4_vision",
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=8,
+        position_embedding_size=64,
+    )
+    cfg = DiffusionGemmaConfig(
+        text_config=text,
+        vision_config=vision,
+        canvas_length=canvas_length,
+        image_token_id=260,
+        boi_token_id=261,
+        eoi_token_id=262,
+    )
     torch.manual_seed(seed)
     model = DiffusionGemmaForBlockDiffusion(cfg).eval()
     model.generation_config.max_denoising_steps = max_denoising_steps
@@ -78,23 +131,38 @@ def make_diffusion_gemma(out: Path, *, canvas_length: int = 8, max_denoising_ste
 
 
 def _save_byte_tokenizer(out: Path) -> None:
-    """tiny-bd's byte tokenizer and chat template, saved as a transformers tokenizer beside a model."""
+    """tiny-bd's byte tokenizer and chat template, saved as a transformers tokenizer beside a
+    model."""
     from dwise_predict.zoo.tiny_bd.tokenizer import CHAT_TEMPLATE, build_tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    tok = PreTrainedTokenizerFast(tokenizer_object=build_tokenizer(), bos_token="<|bos|>", eos_token="<|eos|>",
-                                  pad_token="<|pad|>", mask_token="<|mask|>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=build_tokenizer(),
+        bos_token="<|bos|>",
+        eos_token="<|eos|>",
+        pad_token="<|pad|>",
+        mask_token="<|mask|>",
+    )
     tok.chat_template = CHAT_TEMPLATE
     tok.save_pretrained(str(out))
 
 
 def make_bert_mask_predict(out: Path, *, seed: int = 0) -> Path:
-    """A tiny random BERT masked LM with tiny-bd's byte tokenizer: a real HF mask-predict model, offline."""
+    """A tiny random BERT masked LM with tiny-bd's byte tokenizer: a real HF mask-predict model,
+    offline."""
     from transformers import BertConfig, BertForMaskedLM
 
     torch.manual_seed(seed)
-    cfg = BertConfig(vocab_size=264, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                     max_position_embeddings=256, pad_token_id=0, eos_token_id=2)
+    cfg = BertConfig(
+        vocab_size=264,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        eos_token_id=2,
+    )
     model = BertForMaskedLM(cfg).eval()
     with torch.no_grad():  # peaked predictions, so confidence varies between positions
         model.cls.predictions.transform.LayerNorm.weight.mul_(30.0)

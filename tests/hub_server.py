@@ -46,12 +46,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-GITATTRIBUTES = b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n*.onnx filter=lfs diff=lfs merge=lfs -text\n"
+GITATTRIBUTES = (
+    b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"
+    b"*.onnx filter=lfs diff=lfs merge=lfs -text\n"
+)
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 
 
 def git_blob_sha(data: bytes) -> str:
-    """The git object id of a blob: what the Hub reports as ``oid`` and ``ETag`` of a regular file."""
+    """The git object id of a blob: what the Hub reports as ``oid`` and ``ETag`` of a regular
+    file."""
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
@@ -84,7 +88,13 @@ class Repo:
 
 
 class _HubError(Exception):
-    def __init__(self, status: int, message: str, code: str | None = None, headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.code, self.headers = status, message, code, headers or {}
 
@@ -100,13 +110,21 @@ class HubState:
         self.lock = threading.Lock()
         self._counter = 0
 
-    def new_commit(self, repo: Repo, parent: str | None, message: str, files: dict[str, bytes]) -> Commit:
+    def new_commit(
+        self, repo: Repo, parent: str | None, message: str, files: dict[str, bytes]
+    ) -> Commit:
         self._counter += 1
         h = hashlib.sha1()
         h.update(f"{repo.repo_id}\0{parent}\0{message}\0{self._counter}\0".encode())
         for path in sorted(files):
             h.update(f"{path}\0{git_blob_sha(files[path])}\0".encode())
-        commit = Commit(h.hexdigest(), parent, message, dict(files), datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
+        commit = Commit(
+            h.hexdigest(),
+            parent,
+            message,
+            dict(files),
+            datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        )
         repo.commits[commit.sha] = commit
         return commit
 
@@ -142,8 +160,14 @@ class _Handler(BaseHTTPRequestHandler):
             state.requests.append((method, url.path))
         try:
             auth = self.headers.get("Authorization")
-            if auth is not None and state.write_token is not None and auth != f"Bearer {state.write_token}":
-                raise _HubError(401, "Invalid credentials in Authorization header")  # as the Hub does, on any route
+            if (
+                auth is not None
+                and state.write_token is not None
+                and auth != f"Bearer {state.write_token}"
+            ):
+                raise _HubError(
+                    401, "Invalid credentials in Authorization header"
+                )  # as the Hub does, on any route
             with state.lock:
                 handled = self._route(method, parts, state)
             if not handled:
@@ -155,10 +179,19 @@ class _Handler(BaseHTTPRequestHandler):
             if e.code:
                 headers["X-Error-Code"] = e.code
             headers["X-Error-Message"] = e.message
-            self._send(e.status, json.dumps({"error": e.message}).encode(), headers, head=method == "HEAD")
+            self._send(
+                e.status, json.dumps({"error": e.message}).encode(), headers, head=method == "HEAD"
+            )
 
-    def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None, *,
-              content_type: str = "application/json", head: bool = False) -> None:
+    def _send(
+        self,
+        status: int,
+        body: bytes,
+        headers: dict[str, str] | None = None,
+        *,
+        content_type: str = "application/json",
+        head: bool = False,
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -186,8 +219,11 @@ class _Handler(BaseHTTPRequestHandler):
             raise _HubError(401, "Invalid credentials in Authorization header")
 
     def _can_read(self, state: HubState, repo: Repo) -> bool:
-        return not repo.private or state.write_token is None or \
-            self.headers.get("Authorization") == f"Bearer {state.write_token}"
+        return (
+            not repo.private
+            or state.write_token is None
+            or self.headers.get("Authorization") == f"Bearer {state.write_token}"
+        )
 
     def _repo(self, state: HubState, repo_id: str) -> Repo:
         repo = state.repos.get(repo_id)
@@ -228,7 +264,9 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._tag(state, repo_id, rest[1])
             return False
         if method in ("GET", "HEAD") and len(p) >= 5 and p[2] == "resolve":
-            return self._resolve(state, f"{p[0]}/{p[1]}", p[3], "/".join(p[4:]), head=method == "HEAD")
+            return self._resolve(
+                state, f"{p[0]}/{p[1]}", p[3], "/".join(p[4:]), head=method == "HEAD"
+            )
         return False
 
     def _create_repo(self, state: HubState) -> bool:
@@ -240,31 +278,55 @@ class _Handler(BaseHTTPRequestHandler):
         repo_id = f"{org}/{name}" if org else f"user/{name}"
         url = f"{self.server.url}/{repo_id}"
         if repo_id in state.repos:
-            return self._json({"error": "You already created this model repo", "url": url}, status=409)
+            return self._json(
+                {"error": "You already created this model repo", "url": url}, status=409
+            )
         repo = Repo(repo_id, private=payload.get("visibility") == "private")
         initial = state.new_commit(repo, None, "initial commit", {".gitattributes": GITATTRIBUTES})
         repo.branches["main"] = initial.sha
         state.repos[repo_id] = repo
-        return self._json({"url": url, "name": repo_id, "id": hashlib.md5(repo_id.encode()).hexdigest()[:24]})
+        return self._json(
+            {"url": url, "name": repo_id, "id": hashlib.md5(repo_id.encode()).hexdigest()[:24]}
+        )
 
     def _repo_info(self, state: HubState, repo_id: str, rev: str) -> bool:
         repo = self._repo(state, repo_id)
         commit = self._commit_of(repo, rev)
-        return self._json({
-            "_id": hashlib.md5(repo_id.encode()).hexdigest()[:24], "id": repo_id, "modelId": repo_id,
-            "author": repo_id.split("/")[0], "sha": commit.sha, "lastModified": commit.date,
-            "private": repo.private, "disabled": False, "gated": False, "tags": [], "downloads": 0, "likes": 0,
-            "siblings": [{"rfilename": path} for path in sorted(commit.files)],
-        })
+        return self._json(
+            {
+                "_id": hashlib.md5(repo_id.encode()).hexdigest()[:24],
+                "id": repo_id,
+                "modelId": repo_id,
+                "author": repo_id.split("/")[0],
+                "sha": commit.sha,
+                "lastModified": commit.date,
+                "private": repo.private,
+                "disabled": False,
+                "gated": False,
+                "tags": [],
+                "downloads": 0,
+                "likes": 0,
+                "siblings": [{"rfilename": path} for path in sorted(commit.files)],
+            }
+        )
 
     def _refs(self, state: HubState, repo_id: str) -> bool:
         repo = self._repo(state, repo_id)
 
         def refs(kind: str, table: dict[str, str]) -> list[dict[str, str]]:
-            return [{"name": n, "ref": f"refs/{kind}/{n}", "targetCommit": sha} for n, sha in sorted(table.items())]
+            return [
+                {"name": n, "ref": f"refs/{kind}/{n}", "targetCommit": sha}
+                for n, sha in sorted(table.items())
+            ]
 
-        return self._json({"branches": refs("heads", repo.branches), "tags": refs("tags", repo.tags),
-                           "converts": [], "pullRequests": []})
+        return self._json(
+            {
+                "branches": refs("heads", repo.branches),
+                "tags": refs("tags", repo.tags),
+                "converts": [],
+                "pullRequests": [],
+            }
+        )
 
     def _tree(self, state: HubState, repo_id: str, rev: str, prefix: str) -> bool:
         repo = self._repo(state, repo_id)
@@ -273,23 +335,39 @@ class _Handler(BaseHTTPRequestHandler):
         base = f"{prefix.rstrip('/')}/" if prefix else ""
         paths = sorted(p for p in commit.files if p.startswith(base))
         if prefix and not paths:
-            raise _HubError(404, f"{prefix} does not exist at {rev}", "EntryNotFound",
-                            {"X-Repo-Commit": commit.sha})
+            raise _HubError(
+                404,
+                f"{prefix} does not exist at {rev}",
+                "EntryNotFound",
+                {"X-Repo-Commit": commit.sha},
+            )
         entries: dict[str, dict[str, Any]] = {}
 
         def add_folder(folder: str) -> None:
-            entries.setdefault(folder, {"type": "directory", "path": folder, "size": 0,
-                                        "oid": hashlib.sha1(folder.encode()).hexdigest()})
+            entries.setdefault(
+                folder,
+                {
+                    "type": "directory",
+                    "path": folder,
+                    "size": 0,
+                    "oid": hashlib.sha1(folder.encode()).hexdigest(),
+                },
+            )
 
         for path in paths:
-            rel = path[len(base):].split("/")
+            rel = path[len(base) :].split("/")
             if not recursive and len(rel) > 1:  # only the direct child folder
                 add_folder(base + rel[0])
                 continue
             for i in range(1, len(rel)):  # every folder on the way
                 add_folder(base + "/".join(rel[:i]))
             data = commit.files[path]
-            entries[path] = {"type": "file", "path": path, "size": len(data), "oid": git_blob_sha(data)}
+            entries[path] = {
+                "type": "file",
+                "path": path,
+                "size": len(data),
+                "oid": git_blob_sha(data),
+            }
         return self._json([entries[k] for k in sorted(entries)])
 
     def _preupload(self, state: HubState, repo_id: str, rev: str) -> bool:
@@ -299,8 +377,14 @@ class _Handler(BaseHTTPRequestHandler):
         files = []
         for f in self._payload().get("files", []):
             existing = commit.files.get(f["path"])
-            files.append({"path": f["path"], "uploadMode": "regular", "shouldIgnore": False,
-                          "oid": git_blob_sha(existing) if existing is not None else None})
+            files.append(
+                {
+                    "path": f["path"],
+                    "uploadMode": "regular",
+                    "shouldIgnore": False,
+                    "oid": git_blob_sha(existing) if existing is not None else None,
+                }
+            )
         return self._json({"files": files, "commitOid": commit.sha})
 
     def _commit(self, state: HubState, repo_id: str, rev: str) -> bool:
@@ -310,7 +394,9 @@ class _Handler(BaseHTTPRequestHandler):
             raise _HubError(400, "pull requests are not emulated")
         if rev not in repo.branches:
             code = "RevisionNotFound" if repo.resolve(rev) is None else None
-            raise _HubError(404 if code else 400, f"can only commit to an existing branch, not {rev!r}", code)
+            raise _HubError(
+                404 if code else 400, f"can only commit to an existing branch, not {rev!r}", code
+            )
         if "ndjson" not in (self.headers.get("Content-Type") or ""):
             raise _HubError(400, "commit payload must be application/x-ndjson")
         head = repo.commits[repo.branches[rev]]
@@ -325,7 +411,9 @@ class _Handler(BaseHTTPRequestHandler):
                 message = value.get("summary", "")
                 parent = value.get("parentCommit")
                 if parent is not None and parent != head.sha:
-                    raise _HubError(412, f"parent commit {parent} is not the head of {rev} ({head.sha})")
+                    raise _HubError(
+                        412, f"parent commit {parent} is not the head of {rev} ({head.sha})"
+                    )
             elif key == "file":
                 if value.get("encoding") != "base64":
                     raise _HubError(400, "only base64 file content is emulated")
@@ -339,15 +427,23 @@ class _Handler(BaseHTTPRequestHandler):
                 raise _HubError(400, f"commit operation {key!r} is not emulated")
         commit = state.new_commit(repo, head.sha, message, files)
         repo.branches[rev] = commit.sha
-        return self._json({"success": True, "commitOid": commit.sha, "pullRequestUrl": None,
-                           "commitUrl": f"{self.server.url}/{repo_id}/commit/{commit.sha}"})
+        return self._json(
+            {
+                "success": True,
+                "commitOid": commit.sha,
+                "pullRequestUrl": None,
+                "commitUrl": f"{self.server.url}/{repo_id}/commit/{commit.sha}",
+            }
+        )
 
     def _branch(self, state: HubState, repo_id: str, branch: str, method: str) -> bool:
         self._require_write(state)
         repo = self._repo(state, repo_id)
         if method == "DELETE":
             if branch not in repo.branches or branch == "main":
-                raise _HubError(404 if branch not in repo.branches else 400, f"cannot delete branch {branch}")
+                raise _HubError(
+                    404 if branch not in repo.branches else 400, f"cannot delete branch {branch}"
+                )
             del repo.branches[branch]
             return self._json({})
         if branch in repo.branches:
@@ -372,8 +468,14 @@ class _Handler(BaseHTTPRequestHandler):
         commit = self._commit_of(repo, rev)
         data = commit.files.get(path)
         if data is None:
-            raise _HubError(404, f"Entry not found: {path}", "EntryNotFound", {"X-Repo-Commit": commit.sha})
-        headers = {"X-Repo-Commit": commit.sha, "ETag": f'"{git_blob_sha(data)}"', "Accept-Ranges": "bytes"}
+            raise _HubError(
+                404, f"Entry not found: {path}", "EntryNotFound", {"X-Repo-Commit": commit.sha}
+            )
+        headers = {
+            "X-Repo-Commit": commit.sha,
+            "ETag": f'"{git_blob_sha(data)}"',
+            "Accept-Ranges": "bytes",
+        }
         status, body = 200, data
         rng = self.headers.get("Range")
         if rng and not head:
@@ -384,7 +486,7 @@ class _Handler(BaseHTTPRequestHandler):
             end = int(m.group(2)) if m.group(2) else len(data) - 1
             if start >= len(data):
                 raise _HubError(416, f"Range {rng!r} beyond {len(data)} bytes")
-            body, status = data[start:end + 1], 206
+            body, status = data[start : end + 1], 206
             headers["Content-Range"] = f"bytes {start}-{start + len(body) - 1}/{len(data)}"
         self._send(status, body, headers, content_type="application/octet-stream", head=head)
         return True
@@ -416,8 +518,12 @@ class LoopbackHub:
     def start(self) -> LoopbackHub:
         self._server = _Server(self.state)
         self.url = self._server.url
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="loopback-hub", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="loopback-hub",
+            daemon=True,
+        )
         self._thread.start()
         return self
 

@@ -33,9 +33,91 @@ from dwise_predict.traces import (
 )
 
 WORDS = tuple(
-    ["the", "a", "of", "to", "and", "in", "is", "it", "you", "that", "he", "was", "for", "on", "are", "with", "as", "his", "they", "be", "at", "one", "have", "this", "from", "or", "had", "by", "word", "but", "what", "some", "we", "can", "out", "other", "were", "all", "there", "when", "up", "use", "your", "how", "said", "an", "each", "she", "which", "do", "their", "time", "if", "will", "way", "about", "many", "then", "them", "write", "would", "like", "so", "these", "her", "long", "make", "thing", "see", "him", "two", "has", "look", "code", "math", "answer", "option", "list", "explain"]
+    [
+        "the",
+        "a",
+        "of",
+        "to",
+        "and",
+        "in",
+        "is",
+        "it",
+        "you",
+        "that",
+        "he",
+        "was",
+        "for",
+        "on",
+        "are",
+        "with",
+        "as",
+        "his",
+        "they",
+        "be",
+        "at",
+        "one",
+        "have",
+        "this",
+        "from",
+        "or",
+        "had",
+        "by",
+        "word",
+        "but",
+        "what",
+        "some",
+        "we",
+        "can",
+        "out",
+        "other",
+        "were",
+        "all",
+        "there",
+        "when",
+        "up",
+        "use",
+        "your",
+        "how",
+        "said",
+        "an",
+        "each",
+        "she",
+        "which",
+        "do",
+        "their",
+        "time",
+        "if",
+        "will",
+        "way",
+        "about",
+        "many",
+        "then",
+        "them",
+        "write",
+        "would",
+        "like",
+        "so",
+        "these",
+        "her",
+        "long",
+        "make",
+        "thing",
+        "see",
+        "him",
+        "two",
+        "has",
+        "look",
+        "code",
+        "math",
+        "answer",
+        "option",
+        "list",
+        "explain",
+    ]
 )
-CHAT_TEMPLATE = "<|user|> {{ messages[0]['content'] }}{% if add_generation_prompt %} <|assistant|>{% endif %}"
+CHAT_TEMPLATE = (
+    "<|user|> {{ messages[0]['content'] }}{% if add_generation_prompt %} <|assistant|>{% endif %}"
+)
 
 
 @dataclass(frozen=True)
@@ -69,21 +151,46 @@ def synthetic_featurizer() -> PromptFeaturizer:
     return PromptFeaturizer(synthetic_tokenizer(), CHAT_TEMPLATE)
 
 
-def synthetic_fingerprint(hidden_size: int, block_size: int = 32, output_budget: int = 256,
-                          featurizer: PromptFeaturizer | None = None) -> ModelFingerprint:
+def synthetic_fingerprint(
+    hidden_size: int,
+    block_size: int = 32,
+    output_budget: int = 256,
+    featurizer: PromptFeaturizer | None = None,
+) -> ModelFingerprint:
     f = featurizer or synthetic_featurizer()
-    return ModelFingerprint(model_id="synthetic/planted-bd", revision="synthetic", block_size=block_size,
-                            threshold=0.9, mask_token_id=0, hidden_size=hidden_size, max_new_tokens=output_budget,
-                            dtype="float32", tokenizer_hash=f.tokenizer_hash, chat_template_hash=f.chat_template_hash,
-                            extra={"synthetic": True})
+    return ModelFingerprint(
+        model_id="synthetic/planted-bd",
+        revision="synthetic",
+        block_size=block_size,
+        threshold=0.9,
+        mask_token_id=0,
+        hidden_size=hidden_size,
+        max_new_tokens=output_budget,
+        dtype="float32",
+        tokenizer_hash=f.tokenizer_hash,
+        chat_template_hash=f.chat_template_hash,
+        extra={"synthetic": True},
+    )
 
 
-def make_traces(n: int, hidden_size: int = 64, *, seed: int = 0, categories: tuple[Category, ...] = CATEGORIES,
-                block_size: int = 32, output_budget: int = 256, hidden_noise: float = 2.0,
-                id_prefix: str = "req") -> pa.Table:
+def make_traces(
+    n: int,
+    hidden_size: int = 64,
+    *,
+    seed: int = 0,
+    categories: tuple[Category, ...] = CATEGORIES,
+    block_size: int = 32,
+    output_budget: int = 256,
+    hidden_noise: float = 2.0,
+    id_prefix: str = "req",
+) -> pa.Table:
     """A SYNTHETIC trace table of ``n`` requests (round-robin over ``categories``)."""
     rng = np.random.default_rng(seed)
-    dirs = np.random.default_rng(12345).normal(size=(2 + len(CATEGORIES), hidden_size)).astype(np.float32)
+    dirs = (
+        np.random.default_rng(12345)
+        .normal(size=(2 + len(CATEGORIES), hidden_size))
+        .astype(np.float32)
+    )
     featurizer = synthetic_featurizer()
     budget_blocks = output_budget // block_size
     cols: dict[str, list] = {f.name: [] for f in TRACE_SCHEMA}
@@ -108,28 +215,60 @@ def make_traces(n: int, hidden_size: int = 64, *, seed: int = 0, categories: tup
         steps = np.exp(c.log_steps + 0.45 * z_steps[i] + 0.2 * rng.normal(size=n_blocks))
         rpb = np.clip(np.rint(steps), 1, block_size).astype(int).tolist()
         ci = [k.name for k in CATEGORIES].index(c.name) if c in CATEGORIES else 0
-        hidden = (dirs[2 + ci] + z_blocks[i] * dirs[0] + z_steps[i] * dirs[1]
-                  + hidden_noise * rng.normal(size=hidden_size)).astype(np.float32)
-        out_tokens = output_budget if hit else (n_blocks - 1) * block_size + int(rng.integers(1, block_size + 1))
+        hidden = (
+            dirs[2 + ci]
+            + z_blocks[i] * dirs[0]
+            + z_steps[i] * dirs[1]
+            + hidden_noise * rng.normal(size=hidden_size)
+        ).astype(np.float32)
+        out_tokens = (
+            output_budget
+            if hit
+            else (n_blocks - 1) * block_size + int(rng.integers(1, block_size + 1))
+        )
         p = prompts[i]
         tokens = int(feats[i, 2])
         row = {
-            "schema_version": TRACE_SCHEMA_VERSION, "request_id": f"{id_prefix}-{seed}-{i:06d}", "category": c.name,
-            "source": f"synthetic/{c.name}", "prompt": p, "prompt_sha256": hashlib.sha256(p.encode()).hexdigest(),
-            "prompt_tokens": tokens, "word_count": int(feats[i, 0]), "newline_count": int(feats[i, 1]),
-            "prompt_blocks": prompt_blocks(tokens, block_size), "output_budget": output_budget,
-            "block_size": block_size, "decoding": "low_confidence", "threshold": 0.9,
-            "max_steps_per_block": block_size, "seed": seed,
-            "output_tokens": out_tokens, "output_text": None, "output_blocks": n_blocks, "rounds_per_block": rpb,
-            "total_rounds": int(sum(rpb)), "finished_eos": not hit, "hit_budget": bool(hit),
-            "first_round_hidden": hidden, "round_wall_ms": None, "model_id": "synthetic/planted-bd",
-            "model_revision": "synthetic", "model_dtype": "float32", "mask_token_id": 0, "hidden_size": hidden_size,
+            "schema_version": TRACE_SCHEMA_VERSION,
+            "request_id": f"{id_prefix}-{seed}-{i:06d}",
+            "category": c.name,
+            "source": f"synthetic/{c.name}",
+            "prompt": p,
+            "prompt_sha256": hashlib.sha256(p.encode()).hexdigest(),
+            "prompt_tokens": tokens,
+            "word_count": int(feats[i, 0]),
+            "newline_count": int(feats[i, 1]),
+            "prompt_blocks": prompt_blocks(tokens, block_size),
+            "output_budget": output_budget,
+            "block_size": block_size,
+            "decoding": "low_confidence",
+            "threshold": 0.9,
+            "max_steps_per_block": block_size,
+            "seed": seed,
+            "output_tokens": out_tokens,
+            "output_text": None,
+            "output_blocks": n_blocks,
+            "rounds_per_block": rpb,
+            "total_rounds": int(sum(rpb)),
+            "finished_eos": not hit,
+            "hit_budget": bool(hit),
+            "first_round_hidden": hidden,
+            "round_wall_ms": None,
+            "model_id": "synthetic/planted-bd",
+            "model_revision": "synthetic",
+            "model_dtype": "float32",
+            "mask_token_id": 0,
+            "hidden_size": hidden_size,
         }
         for k, v in row.items():
             cols[k].append(v)
     fp = synthetic_fingerprint(hidden_size, block_size, output_budget, featurizer)
-    schema = TRACE_SCHEMA.with_metadata({META_SCHEMA_VERSION: str(TRACE_SCHEMA_VERSION).encode(),
-                                         META_FINGERPRINT: fp.to_json().encode()})
+    schema = TRACE_SCHEMA.with_metadata(
+        {
+            META_SCHEMA_VERSION: str(TRACE_SCHEMA_VERSION).encode(),
+            META_FINGERPRINT: fp.to_json().encode(),
+        }
+    )
     return pa.Table.from_pydict(cols, schema=schema)
 
 

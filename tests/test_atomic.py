@@ -60,8 +60,10 @@ def test_atomic_path_error_removes_the_temp_and_keeps_the_target(tmp_path: Path)
 
 
 def test_atomic_path_refuses_a_writer_that_wrote_nothing(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="did not create"), \
-            atomic.atomic_path(tmp_path / "x.bin"):
+    with (
+        pytest.raises(FileNotFoundError, match="did not create"),
+        atomic.atomic_path(tmp_path / "x.bin"),
+    ):
         pass
     assert _names(tmp_path) == []
 

@@ -33,8 +33,13 @@ def traces():
 @pytest.fixture(scope="module")
 def bundle_dir(traces, tmp_path_factory):
     out = tmp_path_factory.mktemp("b") / "bundle"
-    return train_bundle(traces[0], out, seed=0, featurizer=synthetic_featurizer(),
-                        refinement_config=RefinementConfig(epochs=4))
+    return train_bundle(
+        traces[0],
+        out,
+        seed=0,
+        featurizer=synthetic_featurizer(),
+        refinement_config=RefinementConfig(epochs=4),
+    )
 
 
 def _copy(src, tmp_path):
@@ -55,12 +60,23 @@ def test_round_trip_predicts_identically(bundle_dir, traces, tmp_path):
     raw = b.predict_refined(ev.hidden, ev.prompt_tokens, ev.output_budget, raw=True)
     assert refined.shape == raw.shape == (200,) and not np.array_equal(refined, raw)
     # save the loaded predictors again: same predictions, same hashes for the model files
-    again = save_bundle(tmp_path / "again", b.modules.values(), fingerprint=b.fingerprint,
-                        training=b.manifest["training"])
+    again = save_bundle(
+        tmp_path / "again",
+        b.modules.values(),
+        fingerprint=b.fingerprint,
+        training=b.manifest["training"],
+    )
     b2 = load_bundle(again)
-    assert np.array_equal(b2.predict_refined(ev.hidden, ev.prompt_tokens, ev.output_budget), refined)
+    assert np.array_equal(
+        b2.predict_refined(ev.hidden, ev.prompt_tokens, ev.output_budget), refined
+    )
     assert np.array_equal(b2.predict_admission(prompts), b.predict_admission(prompts))
-    for name in ("admission.lgb.txt", "refinement.safetensors", "calibration.json", "tokenizer.json"):
+    for name in (
+        "admission.lgb.txt",
+        "refinement.safetensors",
+        "calibration.json",
+        "tokenizer.json",
+    ):
         assert b2.manifest["files"][name] == b.manifest["files"][name]
 
 
@@ -104,7 +120,9 @@ def _edit_manifest(d, **changes):
 
 def test_newer_format_and_unmet_requirement_are_refused_before_loading(bundle_dir, tmp_path):
     d = _copy(bundle_dir, tmp_path)
-    (d / "refinement.safetensors").write_bytes(b"garbage")  # never reached: the version check comes first
+    (d / "refinement.safetensors").write_bytes(
+        b"garbage"
+    )  # never reached: the version check comes first
     _edit_manifest(d, format_version=3)
     with pytest.raises(BundleVersionError, match="format v3.*upgrade"):
         load_bundle(d)
@@ -120,7 +138,12 @@ def test_fingerprint_mismatch_names_both_sides(bundle_dir):
     with pytest.raises(FingerprintMismatchError) as e:
         b.check(other)
     msg = str(e.value)
-    assert "synthetic/planted-bd" in msg and "SDAR-8B" in msg and "block 32" in msg and "block 4" in msg
+    assert (
+        "synthetic/planted-bd" in msg
+        and "SDAR-8B" in msg
+        and "block 32" in msg
+        and "block 4" in msg
+    )
     assert "allow_mismatch=True" in msg
     with pytest.warns(UserWarning, match="SDAR-8B"):
         assert set(b.check(other, allow_mismatch=True)) == {"model_id", "block_size"}
@@ -128,18 +151,24 @@ def test_fingerprint_mismatch_names_both_sides(bundle_dir):
 
 def test_bad_inputs_and_references(bundle_dir, traces, tmp_path):
     b = load_bundle(bundle_dir)
-    with pytest.raises(PredictorInputError, match=f"hidden size 7 does not match the bundle's hidden size {H}"):
+    with pytest.raises(
+        PredictorInputError, match=f"hidden size 7 does not match the bundle's hidden size {H}"
+    ):
         b.predict_refined(np.zeros((2, 7)), 10, 256)
     with pytest.raises(BundleError, match="does not exist"):
         load_bundle(tmp_path / "nope")
-    with pytest.raises(BundleError, match="hf://org/name@main"):  # offline here: a Hub error naming the ref
+    with pytest.raises(
+        BundleError, match="hf://org/name@main"
+    ):  # offline here: a Hub error naming the ref
         load_bundle("hf://org/name@main")
     with pytest.raises(BundleError, match="already exists"):
         train_bundle(traces[0], bundle_dir, only="admission")
     one_cat = traces[0].filter(pc.equal(traces[0].column("category"), "chat"))
     with pytest.raises(TrainingError, match="single category"):
         train_bundle(one_cat, tmp_path / "x")
-    adm_only = load_bundle(train_bundle(one_cat, tmp_path / "y", only="admission", allow_single_category=True))
+    adm_only = load_bundle(
+        train_bundle(one_cat, tmp_path / "y", only="admission", allow_single_category=True)
+    )
     with pytest.raises(BundleError, match="no refinement predictor"):
         adm_only.predict_refined(np.zeros((1, H)), 1, 1)
     with pytest.raises(PredictorInputError, match="no tokenizer"):
@@ -151,11 +180,35 @@ def test_train_and_eval_cli(traces, tmp_path, capsys):
     write_traces(tmp_path / "eval" / "t.parquet", traces[1])
     synthetic_featurizer().tokenizer.save(str(tmp_path / "tokenizer.json"))
     (tmp_path / "chat.jinja").write_text(CHAT_TEMPLATE)
-    rc = main(["train", "--traces", str(tmp_path / "train"), "--out", str(tmp_path / "b"), "--epochs", "3",
-               "--tokenizer", str(tmp_path / "tokenizer.json"), "--chat-template", str(tmp_path / "chat.jinja"), "-q"])
+    rc = main(
+        [
+            "train",
+            "--traces",
+            str(tmp_path / "train"),
+            "--out",
+            str(tmp_path / "b"),
+            "--epochs",
+            "3",
+            "--tokenizer",
+            str(tmp_path / "tokenizer.json"),
+            "--chat-template",
+            str(tmp_path / "chat.jinja"),
+            "-q",
+        ]
+    )
     assert rc == 0 and "bundle written" in capsys.readouterr().out
-    rc = main(["eval", "--bundle", str(tmp_path / "b"), "--traces", str(tmp_path / "eval"),
-               "--out", str(tmp_path / "m" / "metrics.json"), "-q"])
+    rc = main(
+        [
+            "eval",
+            "--bundle",
+            str(tmp_path / "b"),
+            "--traces",
+            str(tmp_path / "eval"),
+            "--out",
+            str(tmp_path / "m" / "metrics.json"),
+            "-q",
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     assert "refined" in out and "admission" in out
@@ -168,8 +221,20 @@ def test_train_and_eval_cli(traces, tmp_path, capsys):
     assert (tmp_path / "m" / "metrics_pred_vs_actual.png").stat().st_size > 1000
     assert (tmp_path / "m" / "metrics_calibration.png").stat().st_size > 1000
     # a library error is one line, non-zero
-    assert main(["eval", "--bundle", str(tmp_path / "nope"), "--traces", str(tmp_path / "eval"),
-                 "--out", str(tmp_path / "x.json")]) == 1
+    assert (
+        main(
+            [
+                "eval",
+                "--bundle",
+                str(tmp_path / "nope"),
+                "--traces",
+                str(tmp_path / "eval"),
+                "--out",
+                str(tmp_path / "x.json"),
+            ]
+        )
+        == 1
+    )
     assert "does not exist" in capsys.readouterr().err
 
 
@@ -180,7 +245,12 @@ def test_holdout_category_retrains_without_it(bundle_dir, traces):
     h = holdout_evaluation(b, traces[0], traces[1], "mcq", seed=0)
     assert h["category"] == "mcq" and h["n_train_without"] == 320 and h["n_eval"] == 40
     for name in ("admission", "refined_raw", "refined"):
-        assert set(h[name]) == {"in_training", "held_out", "overall_held_out", "median_ratio_held_out"}
+        assert set(h[name]) == {
+            "in_training",
+            "held_out",
+            "overall_held_out",
+            "median_ratio_held_out",
+        }
     # the planted hidden signal transfers to the unseen category
     assert h["refined"]["held_out"] > 0.3
     with pytest.raises(Exception, match="not in the training traces"):
@@ -197,11 +267,14 @@ def test_simulator_runs_on_a_bundles_estimates(bundle_dir, traces, tmp_path):
     bundle = load_bundle(bundle_dir)
     table = traces[1]
     adm, ref = estimates_from_bundle(bundle, table)
-    X = np.column_stack([table.column(c).to_numpy() for c in ("word_count", "newline_count", "prompt_tokens")])
+    X = np.column_stack(
+        [table.column(c).to_numpy() for c in ("word_count", "newline_count", "prompt_tokens")]
+    )
     np.testing.assert_array_equal(adm, bundle.predict_admission_features(X.astype(float)))
     assert adm.shape == ref.shape == (table.num_rows,) and np.all(ref >= 0)
-    report = compare_policies(requests_from_traces(table, adm, ref), "fcfs,dwise,oracle", "burst",
-                              slots=16, k=8, seed=0)
+    report = compare_policies(
+        requests_from_traces(table, adm, ref), "fcfs,dwise,oracle", "burst", slots=16, k=8, seed=0
+    )
     s = report.summary
     assert set(s) == {"fcfs", "dwise", "oracle"}
     # the planted signal makes the estimates informative: DWISE beats FCFS, and oracle bounds it

@@ -64,28 +64,33 @@ class ToyScale:
 
 def _toy_write(model: ToyScale, path: Path) -> Path:
     graph = helper.make_graph(
-        [helper.make_node("Mul", ["x", "f"], ["y"])], "toy",
+        [helper.make_node("Mul", ["x", "f"], ["y"])],
+        "toy",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])],
-        [helper.make_tensor("f", TensorProto.FLOAT, [], [model.factor])])
+        [helper.make_tensor("f", TensorProto.FLOAT, [], [model.factor])],
+    )
     onx = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onx.ir_version = 8
     path.write_bytes(onx.SerializeToString())
     return path
 
 
-def _toy_check(model: ToyScale, path: Path, *, peer: Path | None = None, repeats: int = 1,
-               threads: int = 1) -> ExportCheck:
+def _toy_check(
+    model: ToyScale, path: Path, *, peer: Path | None = None, repeats: int = 1, threads: int = 1
+) -> ExportCheck:
     x = np.linspace(0.0, 100.0, 64, dtype=np.float32)
     out = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    check = ExportCheck(ToyScale.kind, "fp32", path.name,
-                        compare(model.predict(x), out, TOY_TOLERANCES["fp32"]))
+    check = ExportCheck(
+        ToyScale.kind, "fp32", path.name, compare(model.predict(x), out, TOY_TOLERANCES["fp32"])
+    )
     return decide(check)
 
 
 TOY_TOLERANCES = {"fp32": Tolerance(1e-3, 1e-6, "float32 multiply")}
-TOY_EXPORTER = OnnxExporter(file="toy.onnx", write=_toy_write, check=_toy_check,
-                            tolerances=TOY_TOLERANCES)
+TOY_EXPORTER = OnnxExporter(
+    file="toy.onnx", write=_toy_write, check=_toy_check, tolerances=TOY_TOLERANCES
+)
 
 
 @pytest.fixture
@@ -141,20 +146,28 @@ def test_the_shipped_tiny_bd_bundle_is_format_v1_and_loads(tmp_path):
     admission, refinement = old.need(AdmissionModel), old.need(RefinementEnsemble)
     X = np.array([[3, 0, 20], [40, 2, 90], [200, 9, 700], [1, 0, 5]], dtype=np.float64)
     booster = lgb.Booster(model_file=str(src / "admission.lgb.txt"))
-    assert np.allclose(admission.predict_features(X), np.exp(booster.predict(X, raw_score=True)),
-                       rtol=1e-12, atol=0)
+    assert np.allclose(
+        admission.predict_features(X),
+        np.exp(booster.predict(X, raw_score=True)),
+        rtol=1e-12,
+        atol=0,
+    )
 
     rng = np.random.default_rng(0)
     hidden = rng.standard_normal((6, refinement.hidden_size)).astype(np.float32)
     prompts = ["What is 7 * 8?", "Write a haiku about queues."]
-    new = load_bundle(save_bundle(tmp_path / "v2", old.modules.values(),
-                                  fingerprint=old.fingerprint))
+    new = load_bundle(
+        save_bundle(tmp_path / "v2", old.modules.values(), fingerprint=old.fingerprint)
+    )
     assert read_manifest(new.path)["format_version"] == 2
     assert np.array_equal(new.predict_admission(prompts), old.predict_admission(prompts))
-    assert np.array_equal(new.predict_refined(hidden, 30, 256),
-                          old.predict_refined(hidden, 30, 256))
-    assert np.array_equal(new.predict_refined(hidden, 30, 256, raw=True),
-                          old.predict_refined(hidden, 30, 256, raw=True))
+    assert np.array_equal(
+        new.predict_refined(hidden, 30, 256), old.predict_refined(hidden, 30, 256)
+    )
+    assert np.array_equal(
+        new.predict_refined(hidden, 30, 256, raw=True),
+        old.predict_refined(hidden, 30, 256, raw=True),
+    )
 
 
 def test_a_v1_bundle_updated_in_place_keeps_its_predictions(tmp_path):
@@ -167,8 +180,9 @@ def test_a_v1_bundle_updated_in_place_keeps_its_predictions(tmp_path):
     record_evaluation(d, {"n_requests": 4, "admission": {"spearman": 0.5, "n": 4}})
     after = load_bundle(d)
     assert json.loads((d / "manifest.json").read_text())["format_version"] == 2
-    assert np.array_equal(after.predict_refined(hidden, 12, 256),
-                          before.predict_refined(hidden, 12, 256))
+    assert np.array_equal(
+        after.predict_refined(hidden, 12, 256), before.predict_refined(hidden, 12, 256)
+    )
     assert np.array_equal(after.predict_admission(["hi"]), before.predict_admission(["hi"]))
 
 
@@ -177,9 +191,12 @@ _KIND_LITERAL = re.compile(r"""["'](admission|refinement|refine)["']""")
 
 def test_kind_names_appear_only_in_each_predictors_own_module():
     own = {"onnx_admission.py", "onnx_refinement.py"}
-    offenders = [f"{p.relative_to(REPO)}:{n}"
-                 for folder in (REPO / "dwise_predict" / "bundle", REPO / "export")
-                 for p in sorted(folder.rglob("*.py")) if p.name not in own
-                 for n, line in enumerate(p.read_text().splitlines(), 1)
-                 if _KIND_LITERAL.search(line)]
+    offenders = [
+        f"{p.relative_to(REPO)}:{n}"
+        for folder in (REPO / "dwise_predict" / "bundle", REPO / "export")
+        for p in sorted(folder.rglob("*.py"))
+        if p.name not in own
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if _KIND_LITERAL.search(line)
+    ]
     assert offenders == []

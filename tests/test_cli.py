@@ -5,14 +5,28 @@ import pytest
 
 from dwise_predict.cli import SUBCOMMANDS, main
 
-NAMES = ["workload", "trace", "traces", "profile", "train", "eval", "export", "push",
-         "pull", "simulate",
-         "demo"]
+NAMES = [
+    "workload",
+    "trace",
+    "traces",
+    "profile",
+    "train",
+    "eval",
+    "export",
+    "push",
+    "pull",
+    "simulate",
+    "demo",
+]
 
 
 def test_help_lists_every_subcommand():
-    out = subprocess.run([sys.executable, "-m", "dwise_predict", "--help"], capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "dwise_predict", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     for name in NAMES:
         assert f"    {name}" in out.stdout
     assert list(SUBCOMMANDS) == NAMES

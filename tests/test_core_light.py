@@ -26,6 +26,10 @@ def test_feature_packages_install_under_the_namespace():
     import dwise_predict.zoo
 
     repo = Path(__file__).resolve().parents[1]
-    for mod, folder in ((dwise_predict.tracing, "tracing"), (dwise_predict.trainers, "trainers"),
-                        (dwise_predict.export, "export"), (dwise_predict.zoo, "zoo")):
+    for mod, folder in (
+        (dwise_predict.tracing, "tracing"),
+        (dwise_predict.trainers, "trainers"),
+        (dwise_predict.export, "export"),
+        (dwise_predict.zoo, "zoo"),
+    ):
         assert Path(mod.__file__).resolve() == repo / folder / "__init__.py"

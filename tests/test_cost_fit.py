@@ -30,8 +30,13 @@ def test_shipped_paper_profile_is_the_planted_one():
 def test_fit_recovers_the_planted_paper_profile_from_200_requests(seed):
     planted = planted_paper_profile()
     requests = synthetic_requests(planted, 200, noise=0.01, seed=seed)
-    fit = fit_cost_profile(requests, block_size=32, fingerprint={"model_id": "x"},
-                           hardware="synthetic", config=FitConfig(n_blocks=planted.n_blocks))
+    fit = fit_cost_profile(
+        requests,
+        block_size=32,
+        fingerprint={"model_id": "x"},
+        hardware="synthetic",
+        config=FitConfig(n_blocks=planted.n_blocks),
+    )
     for name in ("alpha_ms", "beta_ms", "delta_ms"):
         got, want = getattr(fit, name), getattr(planted, name)
         assert abs(got - want) / want < 0.05, (name, got, want)
@@ -56,8 +61,9 @@ def test_total_only_traces_fall_back_to_a_joint_fit():
     """Without a phase split the total is still modelled well (the documented fallback)."""
     planted = planted_paper_profile(n_blocks=16)
     split = synthetic_requests(planted, 120, seed=2)
-    total = [ProfiledRequest(r.prompt_blocks, r.rounds_per_block, 0.0, r.total_ms, 0.0)
-             for r in split]
+    total = [
+        ProfiledRequest(r.prompt_blocks, r.rounds_per_block, 0.0, r.total_ms, 0.0) for r in split
+    ]
     fit = fit_cost_profile(total, block_size=32, hardware="h")
     assert fit.cv is not None and fit.cv["mape"] < 0.05 and fit.cv["r2"] > 0.98
 

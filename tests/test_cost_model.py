@@ -13,9 +13,21 @@ from dwise_predict.errors import ConfigError, FingerprintMismatchError, Predicto
 
 def _profile(**kw) -> CostProfile:
     K = np.arange(12, dtype=float).reshape(3, 4) + 1.0  # K[b, s] = 4b + s + 1
-    args = dict(alpha_ms=2.0, beta_ms=3.0, K_ms=K, delta_ms=0.5, block_size=4, max_steps=4,
-                fingerprint={"model_id": "m", "block_size": 4, "decoding": "low_confidence",
-                             "threshold": 0.9}, hardware="test")
+    args = dict(
+        alpha_ms=2.0,
+        beta_ms=3.0,
+        K_ms=K,
+        delta_ms=0.5,
+        block_size=4,
+        max_steps=4,
+        fingerprint={
+            "model_id": "m",
+            "block_size": 4,
+            "decoding": "low_confidence",
+            "threshold": 0.9,
+        },
+        hardware="test",
+    )
     args.update(kw)
     return CostProfile(**args)
 
@@ -29,8 +41,11 @@ def test_request_cost_is_the_cost_model_by_hand():
 
 def test_expected_cost_of_a_surface_is_linear_in_it():
     p = _profile()
-    a = np.zeros((3, 4)); a[0, :2] = 1; a[1, :1] = 1  # noqa: E702
-    b = np.zeros((3, 4)); b[0, :4] = 1  # noqa: E702
+    a = np.zeros((3, 4))
+    a[0, :2] = 1
+    a[1, :1] = 1  # noqa: E702
+    b = np.zeros((3, 4))
+    b[0, :4] = 1  # noqa: E702
     mix = 0.25 * a + 0.75 * b  # a surface: the expectation of two activity matrices
     got = p.expected_cost(np.stack([a, b, mix]), np.array([3, 3, 3]))
     assert got[2] == pytest.approx(0.25 * got[0] + 0.75 * got[1])
@@ -39,7 +54,8 @@ def test_expected_cost_of_a_surface_is_linear_in_it():
 
 def test_wider_surface_repeats_the_last_row_and_narrower_pads():
     p = _profile()
-    five_blocks = np.zeros((5, 4)); five_blocks[:, 0] = 1  # noqa: E702
+    five_blocks = np.zeros((5, 4))
+    five_blocks[:, 0] = 1  # noqa: E702
     # rows 3 and 4 are priced like row 2 (K[2, 0] = 9)
     expect = 3.0 * 5 + (1 + 5 + 9 + 9 + 9)
     assert p.expected_cost(five_blocks, 0)[0] == pytest.approx(expect)
@@ -50,13 +66,15 @@ def test_wider_surface_repeats_the_last_row_and_narrower_pads():
 
 @pytest.mark.parametrize("bad", [np.nan, -0.1, 1.5])
 def test_bad_surfaces_are_refused(bad):
-    D = np.full((1, 3, 4), 0.5); D[0, 1, 2] = bad  # noqa: E702
+    D = np.full((1, 3, 4), 0.5)
+    D[0, 1, 2] = bad  # noqa: E702
     with pytest.raises(PredictorInputError):
         _profile().expected_cost(D, [1])
 
 
 def test_nan_or_negative_profile_is_refused_at_construction_and_on_load(tmp_path):
-    K = np.ones((3, 4)); K[1, 1] = np.nan  # noqa: E702
+    K = np.ones((3, 4))
+    K[1, 1] = np.nan  # noqa: E702
     with pytest.raises(ConfigError, match="NaN"):
         _profile(K_ms=K)
     with pytest.raises(ConfigError, match="finite"):
@@ -78,8 +96,17 @@ def test_save_load_round_trip_is_exact(tmp_path):
     assert p.save(tmp_path) == ["cost_profile.json"]
     path = tmp_path / "cost_profile.json"
     d = json.loads(path.read_text())
-    assert set(d) >= {"alpha_ms", "beta_ms", "K_ms", "delta_ms", "cv", "fingerprint", "hardware",
-                      "block_size", "max_steps"}
+    assert set(d) >= {
+        "alpha_ms",
+        "beta_ms",
+        "K_ms",
+        "delta_ms",
+        "cv",
+        "fingerprint",
+        "hardware",
+        "block_size",
+        "max_steps",
+    }
     q = load_cost_profile(path)
     assert q.to_json() == p.to_json()
     assert not list(tmp_path.glob(".*tmp"))  # the atomic write left no temporary file

@@ -32,9 +32,22 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def workload(tmp_path_factory):
     f = tmp_path_factory.mktemp("w") / "train.jsonl"
-    f.write_text("".join(json.dumps({"id": f"r{i}", "category": "chat", "source": "test",
-                                     "prompt": p, "reference": None, "meta": {}}) + "\n"
-                         for i, p in enumerate(PROMPTS)))
+    f.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": f"r{i}",
+                    "category": "chat",
+                    "source": "test",
+                    "prompt": p,
+                    "reference": None,
+                    "meta": {},
+                }
+            )
+            + "\n"
+            for i, p in enumerate(PROMPTS)
+        )
+    )
     return f
 
 
@@ -53,20 +66,48 @@ def test_split_commit_decodes_the_same_and_times_every_refresh(model_dir):
         assert len(b.round_wall_ms) == b.prompt_blocks + b.total_rounds
 
 
-def test_profile_cli_measures_fits_and_writes_nothing_on_bad_input(model_dir, workload, tmp_path,
-                                                                   capsys):
+def test_profile_cli_measures_fits_and_writes_nothing_on_bad_input(
+    model_dir, workload, tmp_path, capsys
+):
     out = tmp_path / "prof"
-    args = ["profile", "--model", str(model_dir), "--workload", str(workload), "--out", str(out),
-            "--max-new-tokens", "24", "--threshold", "0.9", "--warmup", "1", "--clock", "cpu", "-q"]
+    args = [
+        "profile",
+        "--model",
+        str(model_dir),
+        "--workload",
+        str(workload),
+        "--out",
+        str(out),
+        "--max-new-tokens",
+        "24",
+        "--threshold",
+        "0.9",
+        "--warmup",
+        "1",
+        "--clock",
+        "cpu",
+        "-q",
+    ]
     # too few requests to profile: a clear error, and no folder written
     assert main([*args, "--limit", "10"]) == 1
     assert "at least 20" in capsys.readouterr().err
     assert not out.exists()
     # an empty prompt is refused before anything runs
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(workload.read_text() + json.dumps(
-        {"id": "empty", "category": "chat", "source": "t", "prompt": "  ", "reference": None,
-         "meta": {}}) + "\n")
+    bad.write_text(
+        workload.read_text()
+        + json.dumps(
+            {
+                "id": "empty",
+                "category": "chat",
+                "source": "t",
+                "prompt": "  ",
+                "reference": None,
+                "meta": {},
+            }
+        )
+        + "\n"
+    )
     bad_args = [a if a != str(workload) else str(bad) for a in args]
     assert main([*bad_args, "--limit", "25"]) == 1
     assert "'prompt' is empty" in capsys.readouterr().err
@@ -86,8 +127,11 @@ def test_profile_cli_measures_fits_and_writes_nothing_on_bad_input(model_dir, wo
 
 
 def _hashes(folder: Path) -> dict[str, str]:
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture()
@@ -101,10 +145,15 @@ def bundle_copy(tmp_path):
 def _profile_traces(tmp_path, fingerprint, n=60):
     planted = planted_paper_profile(n_blocks=8)
     reqs = synthetic_requests(planted, n, seed=4)
-    return write_profile_traces(tmp_path / "t", reqs, [f"r{i}" for i in range(n)],
-                                [32 * r.prompt_blocks for r in reqs],
-                                [[1.0] * sum(r.rounds_per_block) for r in reqs], fingerprint,
-                                "hw-B")
+    return write_profile_traces(
+        tmp_path / "t",
+        reqs,
+        [f"r{i}" for i in range(n)],
+        [32 * r.prompt_blocks for r in reqs],
+        [[1.0] * sum(r.rounds_per_block) for r in reqs],
+        fingerprint,
+        "hw-B",
+    )
 
 
 def test_reprofiling_a_bundle_changes_only_its_cost_profile(bundle_copy, tmp_path):
@@ -130,8 +179,9 @@ def test_reprofiling_a_bundle_changes_only_its_cost_profile(bundle_copy, tmp_pat
     assert {k for k in again if before.get(k) != again[k]} == changed
 
 
-def test_a_profile_for_another_decoder_is_refused_and_the_bundle_left_alone(bundle_copy,
-                                                                           tmp_path, capsys):
+def test_a_profile_for_another_decoder_is_refused_and_the_bundle_left_alone(
+    bundle_copy, tmp_path, capsys
+):
     before = _hashes(bundle_copy)
     fp = dwise_predict.load_bundle(bundle_copy).fingerprint.to_dict()
     traces = _profile_traces(tmp_path, {**fp, "block_size": 4 * fp["block_size"]})

@@ -16,11 +16,32 @@ from dwise_predict.cli.demo import MARKER
 @pytest.mark.slow
 def test_demo_runs_the_whole_pipeline_offline(tmp_path, capsys):
     out = tmp_path / "demo"
-    argv = ["demo", "--out", str(out), "--train-size", "40", "--eval-size", "15", "--batch-size", "8",
-            "--slots", "4", "--policies", "fcfs,dwise,oracle", "-q"]
+    argv = [
+        "demo",
+        "--out",
+        str(out),
+        "--train-size",
+        "40",
+        "--eval-size",
+        "15",
+        "--batch-size",
+        "8",
+        "--slots",
+        "4",
+        "--policies",
+        "fcfs,dwise,oracle",
+        "-q",
+    ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    for stage in ("[1/6] workload", "[2/6] trace", "[3/6] train", "[4/6] eval", "[5/6] export", "[6/6] simulate"):
+    for stage in (
+        "[1/6] workload",
+        "[2/6] trace",
+        "[3/6] train",
+        "[4/6] eval",
+        "[5/6] export",
+        "[6/6] simulate",
+    ):
         assert stage in printed
 
     bundle = load_bundle(out / "bundle")

@@ -39,10 +39,20 @@ BS, BUDGET = 8, 32  # N = 4 output blocks, S = 8 steps
 
 def planted_profile(block_size: int = BS, model_id: str = "synthetic/planted-bd") -> CostProfile:
     b, s = np.arange(BUDGET // block_size)[:, None], np.arange(block_size)[None, :]
-    return CostProfile(alpha_ms=2.0, beta_ms=1.0, K_ms=1.0 + 0.3 * b + 0.05 * s, delta_ms=0.01,
-                       block_size=block_size, max_steps=block_size,
-                       fingerprint={"model_id": model_id, "block_size": block_size,
-                                    "decoding": "low_confidence", "threshold": 0.9})
+    return CostProfile(
+        alpha_ms=2.0,
+        beta_ms=1.0,
+        K_ms=1.0 + 0.3 * b + 0.05 * s,
+        delta_ms=0.01,
+        block_size=block_size,
+        max_steps=block_size,
+        fingerprint={
+            "model_id": model_id,
+            "block_size": block_size,
+            "decoding": "low_confidence",
+            "threshold": 0.9,
+        },
+    )
 
 
 def labelled_traces(n: int, seed: int):
@@ -51,8 +61,10 @@ def labelled_traces(n: int, seed: int):
     import pyarrow as pa
 
     table = make_traces(n, block_size=BS, output_budget=BUDGET, seed=seed)
-    prompts = [" ".join([c] * 4) + ": " + p for c, p in
-               zip(table.column("category").to_pylist(), table.column("prompt").to_pylist())]
+    prompts = [
+        " ".join([c] * 4) + ": " + p
+        for c, p in zip(table.column("category").to_pylist(), table.column("prompt").to_pylist())
+    ]
     i = table.schema.get_field_index("prompt")
     return table.set_column(i, table.schema.field(i), pa.array(prompts, pa.string()))
 
@@ -66,8 +78,14 @@ def tiny_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     folder = tmp_path_factory.mktemp("tiny-bert")
     torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=128)
+    cfg = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
     BertModel(cfg).save_pretrained(folder)
     shutil.copy(default_encoder_path() / "tokenizer.json", folder / "tokenizer.json")
     return folder
@@ -79,14 +97,26 @@ def trained(tiny_encoder: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     from dwise_predict.trainers.pipeline import train_bundle
 
     out = tmp_path_factory.mktemp("dws") / "bundle"
-    cfg = DWSTrainConfig(encoder_path=str(tiny_encoder), stage_a_epochs=2, stage_b_epochs=30,
-                         baseline_epochs=15, window=48, head_tokens=16, num_threads=1,
-                         encoder_lr=1e-3)
+    cfg = DWSTrainConfig(
+        encoder_path=str(tiny_encoder),
+        stage_a_epochs=2,
+        stage_b_epochs=30,
+        baseline_epochs=15,
+        window=48,
+        head_tokens=16,
+        num_threads=1,
+        encoder_lr=1e-3,
+    )
     traces = labelled_traces(128, seed=0)
-    train_bundle(traces, out, only="admission,dws", cost_profile=planted_profile(),
-                 featurizer=synthetic_featurizer(), dws_config=cfg)
-    return {"path": out, "eval": labelled_traces(96, seed=1), "train": traces,
-            "config": cfg}
+    train_bundle(
+        traces,
+        out,
+        only="admission,dws",
+        cost_profile=planted_profile(),
+        featurizer=synthetic_featurizer(),
+        dws_config=cfg,
+    )
+    return {"path": out, "eval": labelled_traces(96, seed=1), "train": traces, "config": cfg}
 
 
 def test_surface_keeps_the_decoding_constraints(trained: dict) -> None:
@@ -115,10 +145,13 @@ def test_numpy_surface_twin_matches_torch() -> None:
     want = surface_torch(torch.as_tensor(blocks), torch.as_tensor(steps)).numpy()
     np.testing.assert_allclose(got, want, atol=1e-12)
     # one-hot logits give the activity matrix of that request exactly
-    sharp = surface_from_logits(np.array([[-50.0, 50, -50, -50]]),
-                                np.tile(np.where(np.arange(8) == 2, 50.0, -50.0), (1, 4, 1)))
-    np.testing.assert_allclose(sharp[0], np.array([[1, 1, 1, 0, 0, 0, 0, 0]] * 2 + [[0] * 8] * 2),
-                               atol=1e-9)
+    sharp = surface_from_logits(
+        np.array([[-50.0, 50, -50, -50]]),
+        np.tile(np.where(np.arange(8) == 2, 50.0, -50.0), (1, 4, 1)),
+    )
+    np.testing.assert_allclose(
+        sharp[0], np.array([[1, 1, 1, 0, 0, 0, 0, 0]] * 2 + [[0] * 8] * 2), atol=1e-9
+    )
 
 
 def test_predict_cost_prices_the_surface_with_the_profile(trained: dict) -> None:
@@ -162,8 +195,12 @@ def test_manifest_records_the_module_and_the_gate(trained: dict) -> None:
     manifest = json.loads((trained["path"] / "manifest.json").read_text())
     entry = manifest["predictors"]["dws"]
     assert entry["N"] == BUDGET // BS and entry["S"] == BS
-    assert entry["truncation"] == {"rule": "head+tail", "window": 48, "head_tokens": 16,
-                                   "max_chars": 16384}
+    assert entry["truncation"] == {
+        "rule": "head+tail",
+        "window": 48,
+        "head_tokens": 16,
+        "max_chars": 16384,
+    }
     fp32 = next(e for e in entry["exports"] if e["precision"] == "fp32")
     assert fp32["kept"] and fp32["surface_max_abs_error"] < 1e-4
     for f in entry["files"]:
@@ -214,9 +251,15 @@ def test_predict_cost_runs_without_torch_or_transformers(trained: dict) -> None:
         "c = b.predict_cost(['what is 2 + 2?', 'write a long story'])\n"
         "heavy = [m for m in ('torch', 'transformers', 'lightning', 'pytorch_lightning') "
         "if m in sys.modules]\n"
-        "print(json.dumps({'cost': c.tolist(), 'heavy': heavy}))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).parent.parent)
+        "print(json.dumps({'cost': c.tolist(), 'heavy': heavy}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).parent.parent,
+    )
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["heavy"] == [] and len(got["cost"]) == 2 and min(got["cost"]) > 0
 
@@ -229,8 +272,9 @@ def test_bad_training_inputs(tiny_encoder: Path, tmp_path: Path) -> None:
 
     few = make_traces(12, block_size=BS, output_budget=BUDGET, seed=3)
     with pytest.raises(TrainingError, match="too few"):
-        train_dws(dws_arrays(few), planted_profile(),
-                  DWSTrainConfig(encoder_path=str(tiny_encoder)))
+        train_dws(
+            dws_arrays(few), planted_profile(), DWSTrainConfig(encoder_path=str(tiny_encoder))
+        )
     with pytest.raises(TraceError, match="steps"):
         dws_arrays(few, max_steps=2)
     with pytest.raises(TrainingError, match="cost profile"):

@@ -41,10 +41,19 @@ H, WIDTH, K = 48, 64, 40
 def booster():
     rng = np.random.default_rng(0)
     tokens = rng.integers(4, 1500, 1500)
-    X = np.stack([np.floor(tokens * 0.7), rng.poisson(tokens / 50), tokens], axis=1).astype(np.float64)
+    X = np.stack([np.floor(tokens * 0.7), rng.poisson(tokens / 50), tokens], axis=1).astype(
+        np.float64
+    )
     y = np.log(3 + 0.04 * tokens + 2 * X[:, 1]) + rng.normal(0, 0.3, len(tokens))
-    params = {"objective": "regression", "num_leaves": 15, "verbose": -1, "deterministic": True,
-              "force_row_wise": True, "num_threads": 1, "seed": 0}
+    params = {
+        "objective": "regression",
+        "num_leaves": 15,
+        "verbose": -1,
+        "deterministic": True,
+        "force_row_wise": True,
+        "num_threads": 1,
+        "seed": 0,
+    }
     return lgb.train(params, lgb.Dataset(X, y), num_boost_round=100)
 
 
@@ -60,11 +69,20 @@ def ensemble():
     def w(*shape, scale):
         return (rng.standard_normal(shape) * scale).astype(np.float32)
 
-    members = [MLPWeights(w(H + 2, WIDTH, scale=1 / np.sqrt(H)), w(WIDTH, scale=0.1), w(WIDTH, K, scale=0.3),
-                          (w(K, scale=0.5) - 2.5).astype(np.float32)) for _ in range(3)]
+    members = [
+        MLPWeights(
+            w(H + 2, WIDTH, scale=1 / np.sqrt(H)),
+            w(WIDTH, scale=0.1),
+            w(WIDTH, K, scale=0.3),
+            (w(K, scale=0.5) - 2.5).astype(np.float32),
+        )
+        for _ in range(3)
+    ]
     x = np.linspace(0.0, 40.0, 32)
     calibration = IsotonicMap(x, np.log1p(0.8 * x), "log1p")
-    return RefinementEnsemble(members, w(H, scale=1.0), np.abs(w(H, scale=1.0)) + 0.5, 800.0, 256.0, calibration)
+    return RefinementEnsemble(
+        members, w(H, scale=1.0), np.abs(w(H, scale=1.0)) + 0.5, 800.0, 256.0, calibration
+    )
 
 
 @pytest.fixture(scope="module")
@@ -90,14 +108,20 @@ def test_admission_onnx_matches_lightgbm_at_every_split_threshold(admission, boo
     assert onx.raw_score(np.zeros((0, 3))).shape == (0,)
     check = check_admission(admission, files["admission"], probes=X, batches=(1, 16), repeats=3)
     assert check.kept and check.parity.passed and check.parity.n == len(X)
-    assert check.parity.max_abs_error == pytest.approx(float(np.max(np.abs(raw - admission.raw_score(X)))))
-    assert set(check.latency_us) == {"1", "16"} and all(v > 0 for d in check.latency_us.values() for v in d.values())
+    assert check.parity.max_abs_error == pytest.approx(
+        float(np.max(np.abs(raw - admission.raw_score(X))))
+    )
+    assert set(check.latency_us) == {"1", "16"} and all(
+        v > 0 for d in check.latency_us.values() for v in d.values()
+    )
 
 
 def test_admission_export_is_deterministic_and_atomic(admission, files, tmp_path):
     again = admission_to_onnx(admission, tmp_path / "admission.onnx")
     assert again.read_bytes() == files["admission"].read_bytes()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["admission.onnx"]  # no temp file left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "admission.onnx"
+    ]  # no temp file left behind
 
 
 def test_int8_does_not_apply_to_trees(files, tmp_path):
@@ -116,14 +140,21 @@ def test_refinement_onnx_matches_numpy_for_any_batch(ensemble, files, batch):
     assert np.max(np.abs(onx.survival(h, p, b) - native_s)) < 1e-5
     tol = REFINEMENT_TOLERANCES["fp32"]
     raw = onx.predict(h, p, b, raw=True)
-    assert np.all(np.abs(raw - ensemble.predict(h, p, b, raw=True)) <= tol.bound(ensemble.predict(h, p, b, raw=True)))
-    np.testing.assert_allclose(onx.predict(h, p, b), ensemble.predict(h, p, b), rtol=1e-4, atol=1e-3)
+    assert np.all(
+        np.abs(raw - ensemble.predict(h, p, b, raw=True))
+        <= tol.bound(ensemble.predict(h, p, b, raw=True))
+    )
+    np.testing.assert_allclose(
+        onx.predict(h, p, b), ensemble.predict(h, p, b), rtol=1e-4, atol=1e-3
+    )
     assert raw.shape == (batch,) and np.all(raw > 0) and np.all(raw <= K)
 
 
 def test_refinement_check_and_int8_gate(ensemble, files):
     probes = refinement_probes(ensemble, n=256)
-    fp32 = check_refinement(ensemble, files["refinement"], probes=probes, batches=(1, 128), repeats=5)
+    fp32 = check_refinement(
+        ensemble, files["refinement"], probes=probes, batches=(1, 128), repeats=5
+    )
     assert fp32.kept and fp32.parity.passed and fp32.parity.max_abs_error < 1e-2
 
     q = onnx.load(str(files["int8"]))
@@ -131,8 +162,16 @@ def test_refinement_check_and_int8_gate(ensemble, files):
     assert files["int8"].stat().st_size < files["refinement"].stat().st_size
     int8_model = OnnxRefinement(files["int8"])
     assert int8_model.precision == "int8"
-    int8 = gate_int8(check_refinement(ensemble, files["int8"], probes=probes, peer=files["refinement"],
-                                      batches=(1, 128), repeats=5))
+    int8 = gate_int8(
+        check_refinement(
+            ensemble,
+            files["int8"],
+            probes=probes,
+            peer=files["refinement"],
+            batches=(1, 128),
+            repeats=5,
+        )
+    )
     assert int8.parity.max_abs_error > fp32.parity.max_abs_error  # it really is quantized
     speedup = int8.latency_us["128"]["peer"] / int8.latency_us["128"]["exported"]
     assert int8.kept == (int8.parity.passed and speedup >= 1.05)
@@ -143,16 +182,24 @@ def test_refinement_check_and_int8_gate(ensemble, files):
 def _check(passed: bool, int8_us: float, fp32_us: float) -> ExportCheck:
     tol = Tolerance(0.5)
     err = 0.1 if passed else 2.0
-    return ExportCheck("refinement", "int8", "r.int8.onnx", ParityReport(10, err, err, err - 0.5, tol, passed),
-                       {"128": {"native": 100.0, "exported": int8_us, "peer": fp32_us}})
+    return ExportCheck(
+        "refinement",
+        "int8",
+        "r.int8.onnx",
+        ParityReport(10, err, err, err - 0.5, tol, passed),
+        {"128": {"native": 100.0, "exported": int8_us, "peer": fp32_us}},
+    )
 
 
-@pytest.mark.parametrize("passed, int8_us, fp32_us, kept, reason", [
-    (True, 50.0, 100.0, True, "2.00x faster"),
-    (True, 99.0, 100.0, False, "not faster"),
-    (True, 150.0, 100.0, False, "not faster"),
-    (False, 10.0, 100.0, False, "parity fails"),
-])
+@pytest.mark.parametrize(
+    "passed, int8_us, fp32_us, kept, reason",
+    [
+        (True, 50.0, 100.0, True, "2.00x faster"),
+        (True, 99.0, 100.0, False, "not faster"),
+        (True, 150.0, 100.0, False, "not faster"),
+        (False, 10.0, 100.0, False, "parity fails"),
+    ],
+)
 def test_int8_gate_keeps_only_accurate_and_faster_files(passed, int8_us, fp32_us, kept, reason):
     c = gate_int8(_check(passed, int8_us, fp32_us))
     assert c.kept is kept and reason in c.reason
@@ -201,14 +248,19 @@ def test_onnx_runtime_refuses_wrong_missing_or_corrupt_files(files, booster, tmp
     from onnxmltools.convert.common.data_types import FloatTensorType
 
     foreign = tmp_path / "foreign.onnx"  # a plain onnxmltools file, without dwise metadata
-    foreign.write_bytes(onnxmltools.convert_lightgbm(booster, initial_types=[("x", FloatTensorType([None, 3]))],
-                                                     zipmap=False).SerializeToString())
+    foreign.write_bytes(
+        onnxmltools.convert_lightgbm(
+            booster, initial_types=[("x", FloatTensorType([None, 3]))], zipmap=False
+        ).SerializeToString()
+    )
     with pytest.raises(BundleError, match="not written by dwise-predict's exporter"):
         OnnxAdmission(foreign)
 
 
 def test_onnx_runtime_is_light():
-    code = ("import sys, dwise_predict.predictors.onnx_runtime; "
-            "print(','.join(m for m in ('torch', 'onnxmltools', 'sklearn') if m in sys.modules))")
+    code = (
+        "import sys, dwise_predict.predictors.onnx_runtime; "
+        "print(','.join(m for m in ('torch', 'onnxmltools', 'sklearn') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""

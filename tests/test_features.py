@@ -15,7 +15,10 @@ def byte_tokenizer():
 
 
 def test_features_count_words_newlines_and_templated_tokens(byte_tokenizer):
-    f = PromptFeaturizer(byte_tokenizer, "<u>{{ messages[0]['content'] }}</u>{% if add_generation_prompt %}<a>{% endif %}")
+    f = PromptFeaturizer(
+        byte_tokenizer,
+        "<u>{{ messages[0]['content'] }}</u>{% if add_generation_prompt %}<a>{% endif %}",
+    )
     x = f(["hello world\nagain", "x"])
     assert x.shape == (2, 3)
     assert x[0, :2].tolist() == [3, 1]
@@ -38,9 +41,12 @@ def test_from_pretrained_reads_a_model_folders_tokenizer_and_template(tmp_path):
     from dwise_predict.zoo.tiny_bd.io import save_pretrained
     from dwise_predict.zoo.tiny_bd.model import TinyBDModel
 
-    folder = save_pretrained(TinyBDModel(TinyBDConfig(d_model=16, n_layers=1, n_heads=2, d_ff=16)), tmp_path / "m")
+    folder = save_pretrained(
+        TinyBDModel(TinyBDConfig(d_model=16, n_layers=1, n_heads=2, d_ff=16)), tmp_path / "m"
+    )
     f = PromptFeaturizer.from_pretrained(folder)
-    # byte-level: "<|user|>" "\n" prompt "\n" "<|assistant|>" "\n" = 2 specials + 3 newlines + prompt bytes
+    # byte-level: "<|user|>" "\n" prompt "\n" "<|assistant|>" "\n" = 2 specials + 3 newlines +
+    # prompt bytes
     assert f(["héllo"])[0].tolist() == [1, 0, 2 + 3 + len("héllo".encode())]
     with pytest.raises(ConfigError, match="no tokenizer.json"):
         PromptFeaturizer.from_pretrained(tmp_path)

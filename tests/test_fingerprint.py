@@ -2,8 +2,17 @@ from dwise_predict import ModelFingerprint
 
 
 def test_mismatches_name_only_the_differing_critical_fields():
-    a = ModelFingerprint(model_id="tiny-bd", block_size=32, threshold=0.95, mask_token_id=3, hidden_size=128)
-    b = ModelFingerprint(model_id="tiny-bd", block_size=4, threshold=0.9, mask_token_id=3, hidden_size=None, dtype="bf16")
+    a = ModelFingerprint(
+        model_id="tiny-bd", block_size=32, threshold=0.95, mask_token_id=3, hidden_size=128
+    )
+    b = ModelFingerprint(
+        model_id="tiny-bd",
+        block_size=4,
+        threshold=0.9,
+        mask_token_id=3,
+        hidden_size=None,
+        dtype="bf16",
+    )
     assert a.mismatches(b) == ["block_size", "threshold"]
     assert a.mismatches(a) == []
 

@@ -57,19 +57,30 @@ def hub(hf_home):
 
 
 def make_bundle(folder: Path, version: int, seed: int = 0) -> Path:
-    """A bundle-shaped folder: manifest, a binary weight file, a card with Hub metadata, a nested file."""
+    """A bundle-shaped folder: manifest, a binary weight file, a card with Hub metadata, a nested
+    file."""
     rng = np.random.default_rng(seed + version)
     folder.mkdir(parents=True)
-    (folder / "manifest.json").write_text(json.dumps({"format": "dwise-predict-bundle", "version": version}))
-    (folder / "refinement.safetensors").write_bytes(rng.integers(0, 256, 200_000, dtype=np.uint8).tobytes())
-    (folder / "README.md").write_text(f"---\nlibrary_name: dwise-predict\ntags: [dllm]\n---\n# bundle v{version}\n")
+    (folder / "manifest.json").write_text(
+        json.dumps({"format": "dwise-predict-bundle", "version": version})
+    )
+    (folder / "refinement.safetensors").write_bytes(
+        rng.integers(0, 256, 200_000, dtype=np.uint8).tobytes()
+    )
+    (folder / "README.md").write_text(
+        f"---\nlibrary_name: dwise-predict\ntags: [dllm]\n---\n# bundle v{version}\n"
+    )
     (folder / "plots").mkdir()
     (folder / "plots" / "calibration.svg").write_text(f"<svg>{version}</svg>")
     return folder
 
 
 def files_of(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def assert_clean_protocol(hub: LoopbackHub) -> None:
@@ -90,9 +101,12 @@ def test_parse_hub_ref_forms():
 
 
 # -- loopback endpoint ------------------------------------------------------------------------
-@pytest.mark.parametrize("xet_installed", [True, False], ids=["pipelined-upload", "create-commit-upload"])
+@pytest.mark.parametrize(
+    "xet_installed", [True, False], ids=["pipelined-upload", "create-commit-upload"]
+)
 def test_push_then_pull_gives_identical_bytes(hub, tmp_path, monkeypatch, xet_installed):
-    """Loopback endpoint: push (both upload paths of upload_folder) then pull into a folder and from the cache."""
+    """Loopback endpoint: push (both upload paths of upload_folder) then pull into a folder and from
+    the cache."""
     monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", not xet_installed)
     bundle = make_bundle(tmp_path / "bundle", version=1)
     result = push_bundle(bundle, "org/tiny-bd", tag="v1", token=TOKEN, endpoint=hub.url)
@@ -108,12 +122,15 @@ def test_push_then_pull_gives_identical_bytes(hub, tmp_path, monkeypatch, xet_in
     snapshot = pull_bundle("org/tiny-bd", endpoint=hub.url, cache_dir=cache)
     assert snapshot.parent.name == "snapshots" and snapshot.name == result.commit_sha
     assert cache in snapshot.parents
-    assert {k: v for k, v in files_of(snapshot).items() if k != ".gitattributes"} == files_of(bundle)
+    assert {k: v for k, v in files_of(snapshot).items() if k != ".gitattributes"} == files_of(
+        bundle
+    )
     assert_clean_protocol(hub)
 
 
 def test_revisions_by_tag_branch_and_commit(hub, tmp_path):
-    """Loopback endpoint: two commits on main (the first tagged), one on a new branch; each ref pulls its bytes."""
+    """Loopback endpoint: two commits on main (the first tagged), one on a new branch; each ref
+    pulls its bytes."""
     b1, b2, b3 = (make_bundle(tmp_path / f"b{v}", version=v) for v in (1, 2, 3))
     r1 = push_bundle(b1, "org/m", tag="v1", token=TOKEN, endpoint=hub.url)
     r2 = push_bundle(b2, "org/m", token=TOKEN, endpoint=hub.url, commit_message="second")
@@ -126,7 +143,11 @@ def test_revisions_by_tag_branch_and_commit(hub, tmp_path):
     outs = iter(range(100))
 
     def pulled(ref: str, **kw) -> dict[str, bytes]:
-        return files_of(pull_bundle(ref, tmp_path / "out" / str(next(outs)), endpoint=hub.url, cache_dir=cache, **kw))
+        return files_of(
+            pull_bundle(
+                ref, tmp_path / "out" / str(next(outs)), endpoint=hub.url, cache_dir=cache, **kw
+            )
+        )
 
     assert pulled("org/m@v1") == files_of(b1)
     assert pulled(f"org/m@{r1.commit_sha}") == files_of(b1)
@@ -144,13 +165,17 @@ def test_revisions_by_tag_branch_and_commit(hub, tmp_path):
 
 
 def test_errors_name_the_problem_and_the_fix(hub, tmp_path):
-    """Loopback endpoint: unknown repo, unknown revision, no write token, unreachable endpoint, bad folders."""
+    """Loopback endpoint: unknown repo, unknown revision, no write token, unreachable endpoint, bad
+    folders."""
     bundle = make_bundle(tmp_path / "b", version=1)
     push_bundle(bundle, "org/m", tag="v1", token=TOKEN, endpoint=hub.url)
     cache = tmp_path / "cache"
     with pytest.raises(HubRepoNotFoundError, match="'org/missing' not found"):
         pull_bundle("org/missing", endpoint=hub.url, cache_dir=cache)
-    with pytest.raises(HubRevisionNotFoundError, match=r"no branch, tag or commit 'v9' \(branches: main; tags: v1\)"):
+    with pytest.raises(
+        HubRevisionNotFoundError,
+        match=r"no branch, tag or commit 'v9' \(branches: main; tags: v1\)",
+    ):
         pull_bundle("org/m@v9", endpoint=hub.url, cache_dir=cache)
     with pytest.raises(HubRepoNotFoundError, match="write access"):
         push_bundle(bundle, "org/m", token="hf_wrong", endpoint=hub.url)
@@ -160,8 +185,12 @@ def test_errors_name_the_problem_and_the_fix(hub, tmp_path):
     pull_bundle("org/m@v1", out, endpoint=hub.url, cache_dir=cache)
     with pytest.raises(BundleError, match="not empty"):
         pull_bundle("org/m@v1", out, endpoint=hub.url, cache_dir=cache)
-    assert files_of(pull_bundle("org/m@v1", out, endpoint=hub.url, cache_dir=cache, overwrite=True)) == files_of(bundle)
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]  # no temp folders left behind
+    assert files_of(
+        pull_bundle("org/m@v1", out, endpoint=hub.url, cache_dir=cache, overwrite=True)
+    ) == files_of(bundle)
+    assert not [
+        p for p in tmp_path.iterdir() if p.name.startswith(".out.")
+    ]  # no temp folders left behind
 
     dead = hub.url
     hub.stop()
@@ -175,11 +204,31 @@ def test_cli_push_and_pull(hub, tmp_path, monkeypatch, capsys):
     """Loopback endpoint through the command line; the token comes from HF_TOKEN."""
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     bundle = make_bundle(tmp_path / "b", version=1)
-    assert main(["push", str(bundle), "--repo-id", "org/cli", "--tag", "v1", "--endpoint", hub.url, "-q"]) == 0
+    assert (
+        main(
+            [
+                "push",
+                str(bundle),
+                "--repo-id",
+                "org/cli",
+                "--tag",
+                "v1",
+                "--endpoint",
+                hub.url,
+                "-q",
+            ]
+        )
+        == 0
+    )
     assert "load it with: dwise_predict.load_bundle('hf://org/cli@v1')" in capsys.readouterr().out
-    assert main(["pull", "org/cli@v1", "--out", str(tmp_path / "o"), "--endpoint", hub.url, "-q"]) == 0
+    assert (
+        main(["pull", "org/cli@v1", "--out", str(tmp_path / "o"), "--endpoint", hub.url, "-q"]) == 0
+    )
     assert files_of(tmp_path / "o") == files_of(bundle)
-    assert main(["pull", "org/cli@nope", "--out", str(tmp_path / "o2"), "--endpoint", hub.url, "-q"]) == 1
+    assert (
+        main(["pull", "org/cli@nope", "--out", str(tmp_path / "o2"), "--endpoint", hub.url, "-q"])
+        == 1
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no branch, tag or commit 'nope'" in err[0]
     assert not (tmp_path / "o2").exists()
@@ -194,7 +243,11 @@ cache, out, refs, missing = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[
 result = {}
 for i, ref in enumerate(refs):
     folder = pull_bundle(ref, out / str(i), cache_dir=cache)
-    result[ref] = {p.relative_to(folder).as_posix(): p.read_bytes().hex() for p in folder.rglob("*") if p.is_file()}
+    result[ref] = {
+        p.relative_to(folder).as_posix(): p.read_bytes().hex()
+        for p in folder.rglob("*")
+        if p.is_file()
+    }
 try:
     pull_bundle(missing, cache_dir=cache)
     result["error"] = None
@@ -205,8 +258,9 @@ print(json.dumps(result))
 
 
 def test_offline_pull_from_populated_cache_after_server_stopped(hub, tmp_path):
-    """Offline cache: pulls by tag, branch and sha populate the cache; the server stops; a new process
-    with HF_HUB_OFFLINE=1 pulls the same refs from the cache and refuses an uncached revision."""
+    """Offline cache: pulls by tag, branch and sha populate the cache; the server stops; a new
+    process with HF_HUB_OFFLINE=1 pulls the same refs from the cache and refuses an uncached
+    revision."""
     b1, b2 = make_bundle(tmp_path / "b1", version=1), make_bundle(tmp_path / "b2", version=2)
     r1 = push_bundle(b1, "org/off", tag="v1", token=TOKEN, endpoint=hub.url)
     r2 = push_bundle(b2, "org/off", tag="v2", token=TOKEN, endpoint=hub.url)
@@ -217,8 +271,21 @@ def test_offline_pull_from_populated_cache_after_server_stopped(hub, tmp_path):
     hub.stop()
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home")}
-    proc = subprocess.run([sys.executable, "-c", OFFLINE_SCRIPT, str(cache), str(tmp_path / "offline"),
-                           json.dumps(refs), "org/off@v2"], env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            OFFLINE_SCRIPT,
+            str(cache),
+            str(tmp_path / "offline"),
+            json.dumps(refs),
+            "org/off@v2",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     expect = {"org/off@v1": b1, "org/off@main": b2, f"hf://org/off@{r1.commit_sha}": b1}
@@ -230,6 +297,7 @@ def test_offline_pull_from_populated_cache_after_server_stopped(hub, tmp_path):
 
 
 def test_local_files_only_refuses_uncached(hf_home, tmp_path):
-    """Offline cache (in process): local_files_only=True with an empty cache gives the offline error."""
+    """Offline cache (in process): local_files_only=True with an empty cache gives the offline
+    error."""
     with pytest.raises(HubOfflineError, match="set HF_HUB_OFFLINE=0"):
         pull_bundle("org/none@v1", cache_dir=tmp_path / "empty", local_files_only=True)

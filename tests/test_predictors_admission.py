@@ -26,8 +26,16 @@ def model(traces):
 def _probe_rows(rng, X):
     """Training rows, random rows, exact thresholds, NaN, inf, zeros and negatives."""
     rows = [X, rng.uniform(-5, X.max(axis=0) * 1.2, size=(300, X.shape[1]))]
-    special = np.array([[0, 0, 0], [np.nan, 1, 2], [3, np.nan, np.nan], [np.nan] * 3, [np.inf, -np.inf, 0],
-                        [-1e-40, 1e-40, 0.0]])
+    special = np.array(
+        [
+            [0, 0, 0],
+            [np.nan, 1, 2],
+            [3, np.nan, np.nan],
+            [np.nan] * 3,
+            [np.inf, -np.inf, 0],
+            [-1e-40, 1e-40, 0.0],
+        ]
+    )
     rows.append(special)
     return np.vstack(rows)
 
@@ -50,15 +58,33 @@ def test_compiled_forest_matches_booster_bit_for_bit(model, traces, grid_limit):
 
 @pytest.mark.parametrize("params", [{"zero_as_missing": True}, {"use_missing": False}, {}])
 def test_missing_value_rules_match_lightgbm(params):
-    """NaN- and zero-missing splits (default_left either way) follow LightGBM's NumericalDecision."""
+    """NaN- and zero-missing splits (default_left either way) follow LightGBM's
+    NumericalDecision."""
     rng = np.random.default_rng(1)
     X = rng.normal(size=(600, 3))
     X[rng.random(X.shape) < 0.15] = np.nan
     X[rng.random(X.shape) < 0.10] = 0.0
-    y = np.nan_to_num(X[:, 0]) * 2 + np.isnan(X[:, 1]) * 3 + (X[:, 2] == 0) * 1.5 + rng.normal(size=600) * 0.1
-    booster = lgb.train({"objective": "regression", "num_leaves": 15, "verbose": -1, "deterministic": True,
-                         "force_row_wise": True, "num_threads": 1, "seed": 0, "min_data_in_leaf": 5, **params},
-                        lgb.Dataset(X, y), num_boost_round=30)
+    y = (
+        np.nan_to_num(X[:, 0]) * 2
+        + np.isnan(X[:, 1]) * 3
+        + (X[:, 2] == 0) * 1.5
+        + rng.normal(size=600) * 0.1
+    )
+    booster = lgb.train(
+        {
+            "objective": "regression",
+            "num_leaves": 15,
+            "verbose": -1,
+            "deterministic": True,
+            "force_row_wise": True,
+            "num_threads": 1,
+            "seed": 0,
+            "min_data_in_leaf": 5,
+            **params,
+        },
+        lgb.Dataset(X, y),
+        num_boost_round=30,
+    )
     _, trees = parse_lightgbm_text(booster.model_to_string())
     kinds = {int(m) for t in trees for m in t.missing_type}
     if params.get("use_missing") is False:

@@ -1,4 +1,5 @@
-"""Refinement predictor on SYNTHETIC planted traces: beats admission, calibrated, deterministic, validated."""
+"""Refinement predictor on SYNTHETIC planted traces: beats admission, calibrated, deterministic,
+validated."""
 
 import dataclasses
 
@@ -39,7 +40,10 @@ def ensemble(data):
 def test_shapes_and_meaning(ensemble, data):
     ev = data[1]
     assert len(ensemble.members) == 3 and int(trace_arrays(data[0]).remaining.max()) == ensemble.K
-    assert ensemble.members[0].w1.shape == (H + 2, 256) and ensemble.members[0].w2.shape == (256, ensemble.K)
+    assert ensemble.members[0].w1.shape == (H + 2, 256) and ensemble.members[0].w2.shape == (
+        256,
+        ensemble.K,
+    )
     s = ensemble.survival(ev.hidden[:5], ev.prompt_tokens[:5], ev.output_budget[:5])
     assert s.shape == (5, ensemble.K)
     assert np.all(np.diff(s, axis=1) <= 1e-12) and np.all((s >= 0) & (s <= 1))
@@ -68,7 +72,9 @@ def test_isotonic_map_fixes_the_scale_without_changing_the_ranking(ensemble, dat
     assert 0.95 <= m_cal["median_ratio"] <= 1.05, m_cal["median_ratio"]
     assert abs(m_raw["median_ratio"] - 1) > abs(m_cal["median_ratio"] - 1)
     assert abs(m_cal["spearman"] - m_raw["spearman"]) < 0.02
-    assert ensemble.calibration is not None and np.all(np.diff(ensemble.calibration.y_thresholds) >= 0)
+    assert ensemble.calibration is not None and np.all(
+        np.diff(ensemble.calibration.y_thresholds) >= 0
+    )
 
 
 def test_same_seed_gives_bit_identical_predictions(ensemble, data):
@@ -86,8 +92,12 @@ def test_torch_path_matches_numpy(ensemble, data):
     module = ensemble_to_torch(ensemble)
     with torch.no_grad():
         for raw in (True, False):
-            got = module(torch.from_numpy(ev.hidden), torch.from_numpy(ev.prompt_tokens),
-                         torch.from_numpy(ev.output_budget), raw=raw).numpy()
+            got = module(
+                torch.from_numpy(ev.hidden),
+                torch.from_numpy(ev.prompt_tokens),
+                torch.from_numpy(ev.output_budget),
+                raw=raw,
+            ).numpy()
             want = ensemble.predict(ev.hidden, ev.prompt_tokens, ev.output_budget, raw=raw)
             # the float32 raw mean agrees to 1e-4; a steep isotonic segment (slope ~ 10 here)
             # scales that difference up, so the calibrated estimate gets 1e-3
@@ -106,8 +116,11 @@ def test_every_calibration_transform_agrees_on_the_numpy_and_torch_paths(ensembl
     # the map is on the scale of remaining rounds whatever it was fitted to (not log rounds)
     assert abs(np.median(want) / max(np.median(ev.remaining), 1.0) - 1.0) < 0.6
     with torch.no_grad():
-        got = ensemble_to_torch(with_map)(torch.from_numpy(ev.hidden), torch.from_numpy(ev.prompt_tokens),
-                                          torch.from_numpy(ev.output_budget)).numpy()
+        got = ensemble_to_torch(with_map)(
+            torch.from_numpy(ev.hidden),
+            torch.from_numpy(ev.prompt_tokens),
+            torch.from_numpy(ev.output_budget),
+        ).numpy()
     assert np.max(np.abs(got - want) / np.maximum(want, 1.0)) < 1e-4  # float32 torch path
 
 
@@ -125,7 +138,15 @@ def test_survival_nll_matches_hand_computation():
     h = torch.sigmoid(z)
     nll = survival_nll(z, torch.tensor([1, 2]), torch.tensor([False, True]))
     # request 0: survived round 1, finished at round 2; request 1: censored after 2 rounds
-    want = -(torch.log(1 - h[0, 0]) + torch.log(h[0, 1]) + torch.log(1 - h[1, 0]) + torch.log(1 - h[1, 1])) / 2
+    want = (
+        -(
+            torch.log(1 - h[0, 0])
+            + torch.log(h[0, 1])
+            + torch.log(1 - h[1, 0])
+            + torch.log(1 - h[1, 1])
+        )
+        / 2
+    )
     assert torch.allclose(nll, want)
 
 
@@ -133,8 +154,10 @@ def test_save_load_identical(ensemble, data, tmp_path):
     files = ensemble.save(tmp_path)
     back = RefinementEnsemble.load(BundleFolder(tmp_path, frozenset(files)), ensemble.entry())
     ev = data[1]
-    assert np.array_equal(back.predict(ev.hidden, ev.prompt_tokens, ev.output_budget),
-                          ensemble.predict(ev.hidden, ev.prompt_tokens, ev.output_budget))
+    assert np.array_equal(
+        back.predict(ev.hidden, ev.prompt_tokens, ev.output_budget),
+        ensemble.predict(ev.hidden, ev.prompt_tokens, ev.output_budget),
+    )
 
 
 def test_bad_inputs(ensemble, data):
@@ -146,7 +169,9 @@ def test_bad_inputs(ensemble, data):
     h[2, 5] = np.inf
     with pytest.raises(PredictorInputError, match="NaN/inf"):
         ensemble.predict(h, 10, 256)
-    with pytest.raises(PredictorInputError, match=f"hidden size 32 does not match the bundle's hidden size {H}"):
+    with pytest.raises(
+        PredictorInputError, match=f"hidden size 32 does not match the bundle's hidden size {H}"
+    ):
         ensemble.predict(np.zeros((1, 32)), 10, 256)
     with pytest.raises(PredictorInputError, match="one value per hidden row"):
         ensemble.predict(ev.hidden[:3], [1, 2], 256)
@@ -164,8 +189,15 @@ def test_too_few_samples_and_nothing_to_refine(data):
     ones = [[1]] * table.num_rows
     import pyarrow as pa
 
-    t = table.set_column(table.schema.get_field_index("rounds_per_block"), "rounds_per_block",
-                         pa.array(ones, type=pa.list_(pa.int32())))
-    t = t.set_column(t.schema.get_field_index("total_rounds"), "total_rounds", pa.array([1] * t.num_rows, pa.int32()))
+    t = table.set_column(
+        table.schema.get_field_index("rounds_per_block"),
+        "rounds_per_block",
+        pa.array(ones, type=pa.list_(pa.int32())),
+    )
+    t = t.set_column(
+        t.schema.get_field_index("total_rounds"),
+        "total_rounds",
+        pa.array([1] * t.num_rows, pa.int32()),
+    )
     with pytest.raises(TrainingError, match="K = 0"):
         train_refinement(t, dataclasses.replace(CFG, epochs=1))

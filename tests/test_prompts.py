@@ -14,22 +14,34 @@ from dwise_predict.prompts import PromptColumns, PromptRecord, prompt_text, read
 
 def test_jsonl_needs_only_a_prompt_and_keeps_what_is_given(tmp_path):
     f = tmp_path / "p.jsonl"
-    f.write_text('{"prompt": "a"}\n'
-                 '{"prompt": "b", "id": 7, "category": "code", "source": "mine"}\n'
-                 '{"prompt": "c", "id": "", "category": null}\n')
-    assert read_prompts(f) == [PromptRecord("1", "unknown", "p.jsonl", "a"),
-                               PromptRecord("7", "code", "mine", "b"),
-                               PromptRecord("3", "unknown", "p.jsonl", "c")]
+    f.write_text(
+        '{"prompt": "a"}\n'
+        '{"prompt": "b", "id": 7, "category": "code", "source": "mine"}\n'
+        '{"prompt": "c", "id": "", "category": null}\n'
+    )
+    assert read_prompts(f) == [
+        PromptRecord("1", "unknown", "p.jsonl", "a"),
+        PromptRecord("7", "code", "mine", "b"),
+        PromptRecord("3", "unknown", "p.jsonl", "c"),
+    ]
 
 
 def test_csv_with_other_columns_and_a_chat_cell(tmp_path):
     f = tmp_path / "p.csv"
-    chat = json.dumps([{"role": "user", "content": [{"type": "text", "text": "hi "},
-                                                     {"type": "text", "text": "there"}]}])
+    chat = json.dumps(
+        [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}],
+            }
+        ]
+    )
     f.write_text('q,kind\n"two\nlines",math\n' + '"' + chat.replace('"', '""') + '",\n')
     recs = read_prompts(f, PromptColumns(prompt="q", category="kind"))
-    assert recs == [PromptRecord("3", "math", "p.csv", "two\nlines"),
-                    PromptRecord("4", "unknown", "p.csv", "hi there")]
+    assert recs == [
+        PromptRecord("3", "math", "p.csv", "two\nlines"),
+        PromptRecord("4", "unknown", "p.csv", "hi there"),
+    ]
 
 
 def test_parquet_rows_are_numbered_from_one(tmp_path):
@@ -43,18 +55,27 @@ def test_conversations_become_one_prompt_text():
     assert prompt_text(two) == "system: be brief\n\nuser: hi"
 
 
-@pytest.mark.parametrize("lines, match", [
-    (['{"prompt": "a"}', '{"text": "b"}'], r"p\.jsonl line 2: no field 'prompt' \(fields: text\)"),
-    (['{"prompt": "a"}', '{"prompt": "  "}'], r"line 2: field 'prompt' is empty"),
-    (['{"prompt": 3}'], r"line 1: field 'prompt' must be text or a list of \{role, content\}"),
-    (['{"prompt": []}'], r"line 1: field 'prompt' is an empty conversation"),
-    (['{"prompt": [{"content": "x"}]}'], r"line 1: field 'prompt' turn 0 must be an object"),
-    (['{"prompt": [{"role": "user", "content": [{"type": "image"}]}]}'], r"turn 0 has no text"),
-    (['{"prompt": null}'], r"line 1: field 'prompt' is missing or null"),
-    (['{"prompt": "a", "id": "2"}', '{"prompt": "b"}'], r"line 2: id '2' is also the id of line 1"),
-    (['{"prompt": "a"', ''], r"line 1: not valid JSON"),
-    (['["a"]'], r"line 1: expected an object"),
-])
+@pytest.mark.parametrize(
+    "lines, match",
+    [
+        (
+            ['{"prompt": "a"}', '{"text": "b"}'],
+            r"p\.jsonl line 2: no field 'prompt' \(fields: text\)",
+        ),
+        (['{"prompt": "a"}', '{"prompt": "  "}'], r"line 2: field 'prompt' is empty"),
+        (['{"prompt": 3}'], r"line 1: field 'prompt' must be text or a list of \{role, content\}"),
+        (['{"prompt": []}'], r"line 1: field 'prompt' is an empty conversation"),
+        (['{"prompt": [{"content": "x"}]}'], r"line 1: field 'prompt' turn 0 must be an object"),
+        (['{"prompt": [{"role": "user", "content": [{"type": "image"}]}]}'], r"turn 0 has no text"),
+        (['{"prompt": null}'], r"line 1: field 'prompt' is missing or null"),
+        (
+            ['{"prompt": "a", "id": "2"}', '{"prompt": "b"}'],
+            r"line 2: id '2' is also the id of line 1",
+        ),
+        (['{"prompt": "a"', ""], r"line 1: not valid JSON"),
+        (['["a"]'], r"line 1: expected an object"),
+    ],
+)
 def test_bad_records_are_refused_naming_the_line_and_field(tmp_path, lines, match):
     f = tmp_path / "p.jsonl"
     f.write_text("\n".join(lines) + "\n")

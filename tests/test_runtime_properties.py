@@ -26,8 +26,18 @@ from dwise_predict.runtime import (
     simulate,
 )
 
-POLICIES = [FCFS(), FCFS(batch_former="mixed", name="fcfs-mixed"), DWISE(), DWISE(aging=0.5, name="dwise-aging"),
-            OracleSRPT(), MLFQ(), MLFQ(batch_former="mixed", name="mlfq-mixed"), ScoreSJF(), SRPT(), DWSSJF()]
+POLICIES = [
+    FCFS(),
+    FCFS(batch_former="mixed", name="fcfs-mixed"),
+    DWISE(),
+    DWISE(aging=0.5, name="dwise-aging"),
+    OracleSRPT(),
+    MLFQ(),
+    MLFQ(batch_former="mixed", name="mlfq-mixed"),
+    ScoreSJF(),
+    SRPT(),
+    DWSSJF(),
+]
 
 request_st = st.tuples(
     st.integers(1, 4),  # prompt blocks
@@ -47,10 +57,24 @@ def scenarios(draw):
     # KV pool: from "one request at a time" up to roomy; worst case = 32*P + 96 + 64 tokens
     biggest = max(32 * p + 160 for p, *_ in reqs)
     pool = draw(st.integers(int(np.ceil(biggest / 0.9)), int(np.ceil(biggest / 0.9)) * 6))
-    workload = Workload.from_requests([
-        SimRequest(f"r{i}", p, 32 * p, tuple(rpb), 96, 32, output_tokens=32 * len(rpb),
-                   admission_estimate=a, refined_estimate=r, cost=c, score=c)
-        for i, (p, rpb, a, r, c, _) in enumerate(reqs)])
+    workload = Workload.from_requests(
+        [
+            SimRequest(
+                f"r{i}",
+                p,
+                32 * p,
+                tuple(rpb),
+                96,
+                32,
+                output_tokens=32 * len(rpb),
+                admission_estimate=a,
+                refined_estimate=r,
+                cost=c,
+                score=c,
+            )
+            for i, (p, rpb, a, r, c, _) in enumerate(reqs)
+        ]
+    )
     times = np.array([t for *_, t in reqs])
     order = np.argsort(times, kind="stable")
     return workload, Arrivals(order, times[order]), slots, k, pool
@@ -62,8 +86,15 @@ def test_every_policy_finishes_every_request_within_the_round_contract(scenario)
     workload, arrivals, slots, k, pool = scenario
     work = int(workload.work.sum())
     for policy in POLICIES:
-        run = simulate(workload, policy, arrivals=arrivals, slots=slots, k=k, kv_pool_tokens=pool,
-                       check_invariants=True)
+        run = simulate(
+            workload,
+            policy,
+            arrivals=arrivals,
+            slots=slots,
+            k=k,
+            kv_pool_tokens=pool,
+            check_invariants=True,
+        )
         assert np.all(np.isfinite(run.finish_time)), policy.name
         assert sorted(run.completion_order.tolist()) == list(range(workload.n))
         assert np.all(run.finish_time >= run.arrival_time)
@@ -80,8 +111,10 @@ def test_every_policy_finishes_every_request_within_the_round_contract(scenario)
 @given(scenarios())
 def test_dwise_with_exact_estimates_completes_in_oracle_srpt_order(scenario):
     workload, arrivals, slots, k, pool = scenario
-    exact = workload.with_estimates(admission=workload.total_rounds.astype(float),
-                                    refined=workload.total_rounds.astype(float) - 1.0)
+    exact = workload.with_estimates(
+        admission=workload.total_rounds.astype(float),
+        refined=workload.total_rounds.astype(float) - 1.0,
+    )
     a = simulate(exact, DWISE(), arrivals=arrivals, slots=slots, k=k, kv_pool_tokens=pool)
     b = simulate(exact, OracleSRPT(), arrivals=arrivals, slots=slots, k=k, kv_pool_tokens=pool)
     assert a.completion_order.tolist() == b.completion_order.tolist()
@@ -93,7 +126,11 @@ def test_dwise_with_exact_estimates_completes_in_oracle_srpt_order(scenario):
 @given(scenarios(), st.integers(0, 2**31 - 1))
 def test_replays_are_reproducible(scenario, seed):
     workload, arrivals, slots, k, pool = scenario
-    a = simulate(workload, DWISE(), arrivals="poisson:2", slots=slots, k=k, kv_pool_tokens=pool, seed=seed)
-    b = simulate(workload, DWISE(), arrivals="poisson:2", slots=slots, k=k, kv_pool_tokens=pool, seed=seed)
+    a = simulate(
+        workload, DWISE(), arrivals="poisson:2", slots=slots, k=k, kv_pool_tokens=pool, seed=seed
+    )
+    b = simulate(
+        workload, DWISE(), arrivals="poisson:2", slots=slots, k=k, kv_pool_tokens=pool, seed=seed
+    )
     assert a.finish_time.tolist() == b.finish_time.tolist()
     assert a.round_ms.tolist() == b.round_ms.tolist()

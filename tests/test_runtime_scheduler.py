@@ -23,7 +23,9 @@ from dwise_predict.runtime import (
 )
 
 # One round = 1 s and nothing else, so finish times read as completion rounds.
-ONE_SECOND_ROUNDS = RoundTimeModel(overhead_ms=1000.0, per_slot_ms=0.0, per_slot_per_1k_context_ms=0.0)
+ONE_SECOND_ROUNDS = RoundTimeModel(
+    overhead_ms=1000.0, per_slot_ms=0.0, per_slot_per_1k_context_ms=0.0
+)
 IN_ORDER = Arrivals(order=np.arange(4), times=np.zeros(4))
 
 
@@ -46,9 +48,21 @@ def toy_workload() -> Workload:
       r10 B denoise                       -> B = 10            mean (2+3+9+10)/4 = 6.0
     """
     shapes = {"A": (1, 6), "B": (1, 6), "C": (1, 1), "D": (2, 1)}
-    return Workload.from_requests([
-        SimRequest(name, p, 32 * p, (r,), 256, 32, admission_estimate=float(r), refined_estimate=float(r - 1))
-        for name, (p, r) in shapes.items()])
+    return Workload.from_requests(
+        [
+            SimRequest(
+                name,
+                p,
+                32 * p,
+                (r,),
+                256,
+                32,
+                admission_estimate=float(r),
+                refined_estimate=float(r - 1),
+            )
+            for name, (p, r) in shapes.items()
+        ]
+    )
 
 
 def test_toy_example_fcfs_prefill_first_mean_completion_is_8_5_rounds():
@@ -60,13 +74,17 @@ def test_toy_example_fcfs_prefill_first_mean_completion_is_8_5_rounds():
 
 
 def test_toy_example_dwise_mean_completion_is_6_rounds():
-    run = simulate(toy_workload(), DWISE(), arrivals=IN_ORDER, slots=2, round_time=ONE_SECOND_ROUNDS)
+    run = simulate(
+        toy_workload(), DWISE(), arrivals=IN_ORDER, slots=2, round_time=ONE_SECOND_ROUNDS
+    )
     assert run.finish_time.tolist() == [9.0, 10.0, 2.0, 3.0]
     assert run.finish_time.mean() == 6.0
     assert run.completion_order.tolist() == [2, 3, 0, 1]
     # mixed-phase rounds: prompt and denoising blocks share rounds 2, 3 and 4
     assert run.round_prompt.tolist() == [2, 1, 1, 1, 0, 0, 0, 0, 0, 0]
-    oracle = simulate(toy_workload(), OracleSRPT(), arrivals=IN_ORDER, slots=2, round_time=ONE_SECOND_ROUNDS)
+    oracle = simulate(
+        toy_workload(), OracleSRPT(), arrivals=IN_ORDER, slots=2, round_time=ONE_SECOND_ROUNDS
+    )
     assert oracle.finish_time.tolist() == run.finish_time.tolist()
 
 
@@ -80,7 +98,10 @@ def _add(s: Scheduler, rid, p=1, est=3.0, ptok=32, **kw) -> int:
 
 def test_plan_update_follows_algorithm_1_and_refines_once():
     s = _sched()
-    rows = {rid: _add(s, rid, p, est) for rid, p, est in [("long", 1, 50.0), ("short", 1, 2.0), ("mid", 2, 5.0)]}
+    rows = {
+        rid: _add(s, rid, p, est)
+        for rid, p, est in [("long", 1, 50.0), ("short", 1, 2.0), ("mid", 2, 5.0)]
+    }
     plan = s.plan_round()
     # ranking R = P + r̂: short 3, mid 7, long 51 -> top B = 2 admitted and run, long waits
     assert plan.request_ids == ["short", "mid"]
@@ -160,7 +181,9 @@ def test_fcfs_prefill_first_admits_in_arrival_order_only_when_a_resident_leaves(
     assert plan.prompt.tolist() == [False, False]
     s.update(RoundResult(plan.rows, np.array([True, False])))  # a finishes -> c admitted
     plan = s.plan_round()
-    assert plan.request_ids == ["c"] and plan.prompt.tolist() == [True]  # b stalls behind c's prompt
+    assert plan.request_ids == ["c"] and plan.prompt.tolist() == [
+        True
+    ]  # b stalls behind c's prompt
 
 
 def test_mlfq_demotes_by_attained_rounds():
@@ -174,10 +197,16 @@ def test_mlfq_demotes_by_attained_rounds():
     assert plan.request_ids == ["new"]
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"slots": 0}, "slots"), ({"slots": -3}, "slots"), ({"k": 0}, "k="), ({"kv_pool_tokens": 0}, "pool_tokens"),
-    ({"kv_limit_frac": 1.5}, "limit_frac"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"slots": 0}, "slots"),
+        ({"slots": -3}, "slots"),
+        ({"k": 0}, "k="),
+        ({"kv_pool_tokens": 0}, "pool_tokens"),
+        ({"kv_limit_frac": 1.5}, "limit_frac"),
+    ],
+)
 def test_bad_scheduler_config_is_a_config_error(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         Scheduler(DWISE(), **kwargs)
@@ -219,8 +248,12 @@ def test_bad_sim_requests_and_workloads():
     with pytest.raises(SchedulerError, match="refined"):
         toy_workload().with_estimates(refined=np.array([1.0, np.nan, 2.0, 3.0]))
     with pytest.raises(SchedulerError, match="some requests but not"):
-        Workload.from_requests([SimRequest("a", 1, 32, (2,), 64, 32, admission_estimate=1.0),
-                                SimRequest("b", 1, 32, (2,), 64, 32)])
+        Workload.from_requests(
+            [
+                SimRequest("a", 1, 32, (2,), 64, 32, admission_estimate=1.0),
+                SimRequest("b", 1, 32, (2,), 64, 32),
+            ]
+        )
     with pytest.raises(ConfigError, match="needs admission estimates"):
         simulate(toy_workload().with_estimates(admission=None, refined=None), DWISE())
 

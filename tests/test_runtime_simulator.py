@@ -35,14 +35,21 @@ def paper_workload() -> Workload:
 
 @pytest.fixture(scope="module")
 def burst_runs(paper_workload):
-    return {p.name: summarize(simulate(paper_workload, p, arrivals="burst", slots=128, k=8))
-            for p in (FCFS(), DWISE(), OracleSRPT())}
+    return {
+        p.name: summarize(simulate(paper_workload, p, arrivals="burst", slots=128, k=8))
+        for p in (FCFS(), DWISE(), OracleSRPT())
+    }
 
 
 def test_synthetic_workload_matches_the_papers_shape(paper_workload):
     d = describe(paper_workload)
     assert d["requests"] == 4096
-    assert (d["rounds_p25"], d["rounds_p50"], d["rounds_p90"], d["rounds_max"]) == (14, 46, 149, 279)
+    assert (d["rounds_p25"], d["rounds_p50"], d["rounds_p90"], d["rounds_max"]) == (
+        14,
+        46,
+        149,
+        279,
+    )
     assert d["mcq_request_frac"] == pytest.approx(0.23, abs=0.005)
     assert d["mcq_work_frac"] == pytest.approx(0.031, abs=0.006)
     assert d["chat_instruction_mean_rounds"] == pytest.approx(115, rel=0.05)
@@ -113,7 +120,15 @@ def test_round_time_fit_recovers_known_coefficients():
 
 def test_arrivals_parse_and_generate():
     assert ArrivalSpec.parse("burst+poisson:16") == ArrivalSpec("burst+poisson", 16.0)
-    for bad in ("poisson:0", "poisson:-1", "poisson", "poisson:abc", "uniform", "burst:3", "poisson:nan"):
+    for bad in (
+        "poisson:0",
+        "poisson:-1",
+        "poisson",
+        "poisson:abc",
+        "uniform",
+        "burst:3",
+        "poisson:nan",
+    ):
         with pytest.raises(ConfigError):
             ArrivalSpec.parse(bad)
     a = make_arrivals("burst+poisson:16", 1000, seed=3)
@@ -134,12 +149,18 @@ def test_poisson_arrivals_under_light_load_keep_latency_near_service_time():
 
 def _trace_table(w: Workload) -> pa.Table:
     rpb = [w.rounds_flat[a:b].tolist() for a, b in zip(w.block_offsets[:-1], w.block_offsets[1:])]
-    return pa.table({
-        "request_id": [str(x) for x in w.request_ids], "category": [str(c) for c in w.category],
-        "prompt_tokens": pa.array(w.prompt_tokens, pa.int32()), "prompt_blocks": pa.array(w.prompt_blocks, pa.int32()),
-        "output_budget": pa.array(w.output_budget, pa.int32()), "block_size": pa.array(w.block_size, pa.int32()),
-        "rounds_per_block": pa.array(rpb, pa.list_(pa.int32())), "output_tokens": pa.array(w.output_tokens, pa.int32()),
-    })
+    return pa.table(
+        {
+            "request_id": [str(x) for x in w.request_ids],
+            "category": [str(c) for c in w.category],
+            "prompt_tokens": pa.array(w.prompt_tokens, pa.int32()),
+            "prompt_blocks": pa.array(w.prompt_blocks, pa.int32()),
+            "output_budget": pa.array(w.output_budget, pa.int32()),
+            "block_size": pa.array(w.block_size, pa.int32()),
+            "rounds_per_block": pa.array(rpb, pa.list_(pa.int32())),
+            "output_tokens": pa.array(w.output_tokens, pa.int32()),
+        }
+    )
 
 
 def test_requests_from_traces_round_trips_and_rejects_bad_traces():
@@ -153,8 +174,14 @@ def test_requests_from_traces_round_trips_and_rejects_bad_traces():
     assert a["mean_latency"] == pytest.approx(b["mean_latency"])
     with pytest.raises(TraceError, match="rounds_per_block"):
         requests_from_traces(table.drop(["rounds_per_block"]))
-    bad = table.set_column(table.column_names.index("rounds_per_block"), "rounds_per_block",
-                           pa.array([[0, 2]] + [r for r in table.column("rounds_per_block").to_pylist()[1:]], pa.list_(pa.int32())))
+    bad = table.set_column(
+        table.column_names.index("rounds_per_block"),
+        "rounds_per_block",
+        pa.array(
+            [[0, 2]] + [r for r in table.column("rounds_per_block").to_pylist()[1:]],
+            pa.list_(pa.int32()),
+        ),
+    )
     with pytest.raises(SchedulerError, match="< 1 round"):
         requests_from_traces(bad)
     with pytest.raises(SchedulerError, match="NaN means"):
@@ -165,14 +192,25 @@ def test_requests_from_traces_round_trips_and_rejects_bad_traces():
 
 def test_compare_policies_report_json_and_plots(tmp_path):
     w = synthetic_workload(n=256, seed=6)
-    report = compare_policies(w, "fcfs,mlfq,sjf,dwise,oracle,dws-sjf", "burst+poisson:8", slots=16, k=4, seed=1)
+    report = compare_policies(
+        w, "fcfs,mlfq,sjf,dwise,oracle,dws-sjf", "burst+poisson:8", slots=16, k=4, seed=1
+    )
     text = report.table()
     assert "dwise" in text and "paper, LLaDA2.1-mini: 7.1x burst, 10.7x burst+Poisson" in text
     assert report.gain() > 1.0
     d = json.loads(report.to_json(tmp_path / "s.json").read_text())
     for name in ("fcfs", "mlfq", "sjf", "dwise", "oracle", "dws-sjf"):
-        for key in ("mean_latency", "p50_latency", "p99_latency", "mean_ttft", "throughput", "rounds",
-                    "prefill_only_round_frac", "filled_slots_per_round", "preemptions_per_request"):
+        for key in (
+            "mean_latency",
+            "p50_latency",
+            "p99_latency",
+            "mean_ttft",
+            "throughput",
+            "rounds",
+            "prefill_only_round_frac",
+            "filled_slots_per_round",
+            "preemptions_per_request",
+        ):
             assert np.isfinite(d["policies"][name][key])
     assert d["per_category"]["dwise"]["chat"]["requests"] > 0
     pngs = report.plot(tmp_path)
@@ -182,8 +220,26 @@ def test_compare_policies_report_json_and_plots(tmp_path):
 
 
 def test_cli_simulate_synthetic(tmp_path, capsys):
-    rc = main(["simulate", "--synthetic", "paper-llada2.1-mini", "--requests", "300", "--policies", "fcfs,dwise,oracle",
-               "--arrival", "burst", "--slots", "32", "--k", "4", "--out", str(tmp_path), "--quiet"])
+    rc = main(
+        [
+            "simulate",
+            "--synthetic",
+            "paper-llada2.1-mini",
+            "--requests",
+            "300",
+            "--policies",
+            "fcfs,dwise,oracle",
+            "--arrival",
+            "burst",
+            "--slots",
+            "32",
+            "--k",
+            "4",
+            "--out",
+            str(tmp_path),
+            "--quiet",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0 and "DWISE mean-latency gain over FCFS" in out
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -191,12 +247,31 @@ def test_cli_simulate_synthetic(tmp_path, capsys):
     assert (tmp_path / "latency_cdf.png").exists() and (tmp_path / "round_composition.png").exists()
 
 
-@pytest.mark.parametrize("argv", [
-    ["--arrival", "poisson:0"], ["--arrival", "poisson:-2"], ["--slots", "0"], ["--k", "0"], ["--policies", "fcfs,bogus"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--arrival", "poisson:0"],
+        ["--arrival", "poisson:-2"],
+        ["--slots", "0"],
+        ["--k", "0"],
+        ["--policies", "fcfs,bogus"],
+    ],
+)
 def test_cli_simulate_bad_arguments_fail_cleanly(tmp_path, capsys, argv):
-    rc = main(["simulate", "--synthetic", "paper-llada2.1-mini", "--requests", "50", "--out", str(tmp_path), "--no-plots",
-               "--quiet", *argv])
+    rc = main(
+        [
+            "simulate",
+            "--synthetic",
+            "paper-llada2.1-mini",
+            "--requests",
+            "50",
+            "--out",
+            str(tmp_path),
+            "--no-plots",
+            "--quiet",
+            *argv,
+        ]
+    )
     err = capsys.readouterr().err
     assert rc != 0 and "error:" in err and "Traceback" not in err
 
@@ -205,7 +280,9 @@ def test_spearman_matches_definition():
     x = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
     assert spearman(x, x**3) == pytest.approx(1.0)
     assert spearman(x, -x) == pytest.approx(-1.0)
-    assert spearman(np.array([1.0, 1.0, 2.0]), np.array([1.0, 2.0, 3.0])) == pytest.approx(0.8660254)
+    assert spearman(np.array([1.0, 1.0, 2.0]), np.array([1.0, 2.0, 3.0])) == pytest.approx(
+        0.8660254
+    )
 
 
 def test_spearman_agrees_with_scipy_on_ties_and_is_none_when_undefined():

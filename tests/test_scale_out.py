@@ -29,8 +29,11 @@ CFG = RefinementConfig(members=2, epochs=3, batch_size=64, chunk_rows=128, windo
 def write_shards(folder: Path, table, rows_per_shard: int, row_group: int) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for k, start in enumerate(range(0, table.num_rows, rows_per_shard)):
-        pq.write_table(table.slice(start, rows_per_shard), folder / f"part-{k:03d}.parquet",
-                       row_group_size=row_group)
+        pq.write_table(
+            table.slice(start, rows_per_shard),
+            folder / f"part-{k:03d}.parquet",
+            row_group_size=row_group,
+        )
     return folder
 
 
@@ -89,9 +92,9 @@ def test_stats_read_in_chunks_equal_stats_of_the_whole(sharded):
 
 def test_plan_gives_each_row_to_one_shard_and_every_process_the_same_steps():
     keep = np.random.default_rng(0).random(1000) < 0.7
-    plan = ShufflePlan.for_shards(1000, 2 * 3, chunk_rows=64, window_chunks=2, batch_size=16,
-                                  seed=5,
-                                  keep=keep)
+    plan = ShufflePlan.for_shards(
+        1000, 2 * 3, chunk_rows=64, window_chunks=2, batch_size=16, seed=5, keep=keep
+    )
     quota = plan.quotas(epoch=1, world=2, workers=3)
     per_process = quota.reshape(2, 3).sum(axis=1)
     assert per_process[0] == per_process[1]
@@ -117,8 +120,12 @@ def test_streamed_training_and_evaluation_equal_in_memory(sharded, tmp_path):
     for a, b in zip(in_memory.members, streamed.members):
         assert np.array_equal(a.w1, b.w1) and np.array_equal(a.b2, b.b2)
     assert np.array_equal(in_memory.calibration.y_thresholds, streamed.calibration.y_thresholds)
-    bundle = Bundle(path=tmp_path, manifest={}, fingerprint=None,  # type: ignore[arg-type]
-                    modules={streamed.kind: streamed})
+    bundle = Bundle(
+        path=tmp_path,
+        manifest={},
+        fingerprint=None,  # type: ignore[arg-type]
+        modules={streamed.kind: streamed},
+    )
     ev = make_traces(300, H, seed=4, id_prefix="ev")
     write_shards(tmp_path / "ev", ev, 300, 64)
     m_mem, _ = evaluate_arrays(bundle, trace_arrays(ev), chunk_rows=100)
@@ -136,9 +143,22 @@ def test_device_options_reach_the_tiny_bd_trainer():
     assert isinstance(default.accelerator, CPUAccelerator)
     assert isinstance(default.strategy, SingleDeviceStrategy)
     assert default.num_devices == 1 and default.precision == "32-true"
-    args = build_parser().parse_args(["--out", "x", "--accelerator", "cpu", "--devices", "2",
-                                      "--strategy", "ddp",
-                                      "--precision", "bf16-mixed", "--num-nodes", "1"])
+    args = build_parser().parse_args(
+        [
+            "--out",
+            "x",
+            "--accelerator",
+            "cpu",
+            "--devices",
+            "2",
+            "--strategy",
+            "ddp",
+            "--precision",
+            "bf16-mixed",
+            "--num-nodes",
+            "1",
+        ]
+    )
     ddp = make_trainer(TrainConfig(), DeviceConfig.from_args(args))
     assert isinstance(ddp.strategy, DDPStrategy) and ddp.num_devices == 2
     assert ddp.precision == "bf16-mixed"
@@ -170,15 +190,42 @@ def test_ddp_on_two_cpu_processes_matches_one_process(tmp_path):
 
     train = write_shards(tmp_path / "train", make_traces(1200, H, seed=0), 400, 128)
     ev = trace_arrays(make_traces(1000, H, seed=1, id_prefix="ev"))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "dwise_predict", "train", "--traces", str(train), "--out", str(tmp_path / "ddp"),
-           "--only", "refinement", "--epochs", "10", "--allow-single-category", "--streaming",
-           "--accelerator", "cpu", "--devices", "2", "--strategy", "ddp"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "dwise_predict",
+        "train",
+        "--traces",
+        str(train),
+        "--out",
+        str(tmp_path / "ddp"),
+        "--only",
+        "refinement",
+        "--epochs",
+        "10",
+        "--allow-single-category",
+        "--streaming",
+        "--accelerator",
+        "cpu",
+        "--devices",
+        "2",
+        "--strategy",
+        "ddp",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    train_bundle(train, tmp_path / "one", only="refinement",
-                 refinement_config=RefinementConfig(epochs=10),
-                 allow_single_category=True)
+    train_bundle(
+        train,
+        tmp_path / "one",
+        only="refinement",
+        refinement_config=RefinementConfig(epochs=10),
+        allow_single_category=True,
+    )
     one, ddp = load_bundle(tmp_path / "one"), load_bundle(tmp_path / "ddp")
     assert ddp.refinement.info["processes"] == 2 and one.refinement.info["processes"] == 1
     m_one, _ = evaluate_arrays(one, ev)

@@ -35,26 +35,44 @@ BS = 8
 
 def tiny_model(seed: int = 0) -> TinyBDModel:
     torch.manual_seed(seed)
-    return TinyBDModel(TinyBDConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, block_size=BS)).eval()
+    return TinyBDModel(
+        TinyBDConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, block_size=BS)
+    ).eval()
 
 
 def test_noisy_block_sees_exactly_prompt_clean_prefix_and_itself() -> None:
     lp, lr = 11, 3 * BS  # prompt not a multiple of the block size: output blocks start at 11
-    b = collate([list(range(10, 10 + lp))], [list(range(40, 40 + lr))], BS, generator=torch.Generator().manual_seed(0))
+    b = collate(
+        [list(range(10, 10 + lp))],
+        [list(range(40, 40 + lr))],
+        BS,
+        generator=torch.Generator().manual_seed(0),
+    )
     mask, kind = b.attn_mask[0, 0], b.kind[0]
-    assert b.position_ids[0, lp:lp + lr].tolist() == b.position_ids[0, lp + lr:lp + 2 * lr].tolist() == list(
-        range(lp, lp + lr))
+    assert (
+        b.position_ids[0, lp : lp + lr].tolist()
+        == b.position_ids[0, lp + lr : lp + 2 * lr].tolist()
+        == list(range(lp, lp + lr))
+    )
     for j in range(3):
         q = lp + lr + j * BS  # first noisy token of output block j
         seen = set(torch.nonzero(mask[q]).flatten().tolist())
-        expected = set(range(lp)) | set(range(lp, lp + j * BS)) | set(range(lp + lr + j * BS, lp + lr + (j + 1) * BS))
+        expected = (
+            set(range(lp))
+            | set(range(lp, lp + j * BS))
+            | set(range(lp + lr + j * BS, lp + lr + (j + 1) * BS))
+        )
         assert seen == expected
     # clean block j sees the prompt and clean blocks <= j; prompt chunk c sees chunks <= c
     q = lp + BS
     assert set(torch.nonzero(mask[q]).flatten().tolist()) == set(range(lp + 2 * BS))
     assert set(torch.nonzero(mask[3]).flatten().tolist()) == set(range(BS))
     assert set(torch.nonzero(mask[9]).flatten().tolist()) == set(range(lp))
-    assert (kind[:lp] == PROMPT).all() and (kind[lp:lp + lr] == CLEAN).all() and (kind[lp + lr:] == NOISY).all()
+    assert (
+        (kind[:lp] == PROMPT).all()
+        and (kind[lp : lp + lr] == CLEAN).all()
+        and (kind[lp + lr :] == NOISY).all()
+    )
 
 
 def test_training_logits_equal_cached_block_by_block_inference() -> None:
@@ -70,26 +88,39 @@ def test_training_logits_equal_cached_block_by_block_inference() -> None:
         for j in range(lr // BS):
             cache = prefill(model, p, BS)
             for jj in range(j):
-                x = torch.tensor(r[jj * BS:(jj + 1) * BS])[None]
+                x = torch.tensor(r[jj * BS : (jj + 1) * BS])[None]
                 with torch.no_grad():
-                    cache = _extend(cache, model(x, torch.arange(lp + jj * BS, lp + (jj + 1) * BS)[None], None, cache).kv)
-            noisy = batch.input_ids[i, lp + lr + j * BS:lp + lr + (j + 1) * BS][None]
+                    cache = _extend(
+                        cache,
+                        model(
+                            x, torch.arange(lp + jj * BS, lp + (jj + 1) * BS)[None], None, cache
+                        ).kv,
+                    )
+            noisy = batch.input_ids[i, lp + lr + j * BS : lp + lr + (j + 1) * BS][None]
             assert (noisy == MASK).any() or j >= 0  # noise is random; equality must hold either way
             with torch.no_grad():
-                ref = model(noisy, torch.arange(lp + j * BS, lp + (j + 1) * BS)[None], None, cache).logits[0]
-            got = logits[i, lp + lr + j * BS:lp + lr + (j + 1) * BS]
+                ref = model(
+                    noisy, torch.arange(lp + j * BS, lp + (j + 1) * BS)[None], None, cache
+                ).logits[0]
+            got = logits[i, lp + lr + j * BS : lp + lr + (j + 1) * BS]
             torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
 
 
 def test_one_training_step_lowers_the_loss_on_a_tiny_batch() -> None:
     model = tiny_model(1).train()
     tok = build_tokenizer()
-    examples = [TrainingExample("Copy the text exactly: abcab", "abcab", "synthetic", "generated"),
-                TrainingExample("What is 2 + 3?", "The answer is 5.", "math", "generated")]
+    examples = [
+        TrainingExample("Copy the text exactly: abcab", "abcab", "synthetic", "generated"),
+        TrainingExample("What is 2 + 3?", "The answer is 5.", "math", "generated"),
+    ]
     enc, dropped = encode_examples(examples, block_size=BS)
     assert dropped == 0 and tok is not None
-    batch = collate([e.prompt_ids for e in enc], [e.response_ids for e in enc], BS,
-                    generator=torch.Generator().manual_seed(0))
+    batch = collate(
+        [e.prompt_ids for e in enc],
+        [e.response_ids for e in enc],
+        BS,
+        generator=torch.Generator().manual_seed(0),
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     before = diffusion_loss(model, batch)
     before.backward()
@@ -121,25 +152,52 @@ def test_pad_weight_scales_only_the_eos_padding_after_the_first_eos() -> None:
 
 
 def test_encode_pads_with_eos_and_drops_responses_over_budget() -> None:
-    ex = [TrainingExample("p", "x" * 40, "chat", "sharegpt"), TrainingExample("p", "y" * 300, "chat", "sharegpt")]
+    ex = [
+        TrainingExample("p", "x" * 40, "chat", "sharegpt"),
+        TrainingExample("p", "y" * 300, "chat", "sharegpt"),
+    ]
     enc, dropped = encode_examples(ex, block_size=32, max_new_tokens=256)
     assert dropped == 1 and len(enc) == 1
     resp = enc[0].response_ids
     assert len(resp) == 64 and resp[40:] == (EOS,) * 24 and EOS not in resp[:40]
-    assert build_tokenizer().decode(list(enc[0].prompt_ids), skip_special_tokens=False) == render_prompt("p")
+    assert build_tokenizer().decode(
+        list(enc[0].prompt_ids), skip_special_tokens=False
+    ) == render_prompt("p")
 
 
 def test_training_data_never_contains_an_eval_prompt() -> None:
     # an eval split that holds exactly what the generators would draw first for this seed
-    fresh = generated_examples("mcq", 5, seed=7, exclude=set()) + generated_examples("synthetic", 5, 7, set())
-    eval_recs = [WorkloadRecord(f"e{i}", e.category if e.category != "synthetic" else "mcq", "generated", e.prompt)
-                 for i, e in enumerate(fresh)]
-    train_recs = [WorkloadRecord("t0", "code", "humaneval", "Complete this: def f(): pass", "    return 1\n"),
-                  WorkloadRecord("t1", "chat", "sharegpt", "hello there", "Hi! How can I help?",
-                                 {"conversation_id": "c1"}),
-                  WorkloadRecord("t2", "chat", "sharegpt", fresh[0].prompt, "leaked reply")]  # also in eval
-    convs = {"c1": {"conversations": [{"from": "human", "value": "hello there"}, {"from": "gpt", "value": "Hi!"},
-                                      {"from": "human", "value": "and you?"}, {"from": "gpt", "value": "Fine."}]}}
+    fresh = generated_examples("mcq", 5, seed=7, exclude=set()) + generated_examples(
+        "synthetic", 5, 7, set()
+    )
+    eval_recs = [
+        WorkloadRecord(
+            f"e{i}", e.category if e.category != "synthetic" else "mcq", "generated", e.prompt
+        )
+        for i, e in enumerate(fresh)
+    ]
+    train_recs = [
+        WorkloadRecord("t0", "code", "humaneval", "Complete this: def f(): pass", "    return 1\n"),
+        WorkloadRecord(
+            "t1",
+            "chat",
+            "sharegpt",
+            "hello there",
+            "Hi! How can I help?",
+            {"conversation_id": "c1"},
+        ),
+        WorkloadRecord("t2", "chat", "sharegpt", fresh[0].prompt, "leaked reply"),
+    ]  # also in eval
+    convs = {
+        "c1": {
+            "conversations": [
+                {"from": "human", "value": "hello there"},
+                {"from": "gpt", "value": "Hi!"},
+                {"from": "human", "value": "and you?"},
+                {"from": "gpt", "value": "Fine."},
+            ]
+        }
+    }
     splits = SimpleNamespace(train=train_recs, eval=eval_recs)
     cfg = DataConfig(n_generated=400, real_repeats=2, mix={"mcq": 0.5, "synthetic": 0.5})
     ts = build_training_set(cfg, seed=7, splits=splits, conversations=convs)
@@ -149,7 +207,9 @@ def test_training_data_never_contains_an_eval_prompt() -> None:
     assert ts.counts["code"] == 2 and ts.counts["mcq"] + ts.counts["synthetic"] == 400
     assert ts.eval_prompts_checked == len(eval_recs)
     again = build_training_set(cfg, seed=7, splits=splits, conversations=convs)
-    assert [e.prompt_ids for e in again.examples] == [e.prompt_ids for e in ts.examples]  # reproducible
+    assert [e.prompt_ids for e in again.examples] == [
+        e.prompt_ids for e in ts.examples
+    ]  # reproducible
 
 
 def test_math_weights_steer_the_difficulty_of_generated_problems() -> None:
@@ -171,12 +231,19 @@ def test_parse_mix_reads_shares_and_names_bad_entries() -> None:
 
 def test_token_budget_batches_respect_the_budget_and_cover_everything() -> None:
     rng = random.Random(0)
-    examples = [TrainingExample("q" * rng.randint(1, 200), "a" * rng.randint(1, 100), "chat", "x") for _ in range(300)]
+    examples = [
+        TrainingExample("q" * rng.randint(1, 200), "a" * rng.randint(1, 100), "chat", "x")
+        for _ in range(300)
+    ]
     enc, _ = encode_examples(examples, block_size=BS)
     batches = token_budget_batches(enc, 2000, seed=0)
     assert sorted(i for b in batches for i in b) == list(range(len(enc)))
     assert all(len(b) * max(enc[i].n_tokens for i in b) <= 2000 for b in batches)
-    assert batches == token_budget_batches(enc, 2000, seed=0) != token_budget_batches(enc, 2000, seed=1)
+    assert (
+        batches
+        == token_budget_batches(enc, 2000, seed=0)
+        != token_budget_batches(enc, 2000, seed=1)
+    )
 
 
 def test_lr_schedule_warms_up_then_decays_to_the_floor() -> None:
@@ -192,7 +259,9 @@ def test_save_load_round_trip_gives_identical_logits(tmp_path) -> None:
     x = torch.randint(8, 200, (1, 12))
     pos = torch.arange(12)[None]
     with torch.no_grad():
-        torch.testing.assert_close(model(x, pos).logits, loaded.model(x, pos).logits, atol=0, rtol=0)
+        torch.testing.assert_close(
+            model(x, pos).logits, loaded.model(x, pos).logits, atol=0, rtol=0
+        )
     assert loaded.revision and (out / "README.md").read_text() == "# test\n"
     with pytest.raises(ModelError, match="not a tiny-bd checkpoint"):
         from_pretrained(tmp_path / "nowhere")
@@ -203,7 +272,9 @@ def test_collate_refuses_unpadded_responses() -> None:
         collate([[10, 11]], [[12, 13, 14]], BS)
 
 
-@pytest.mark.skipif(not (WEIGHTS_DIR / "model.safetensors").exists(), reason="shipped weights not trained yet")
+@pytest.mark.skipif(
+    not (WEIGHTS_DIR / "model.safetensors").exists(), reason="shipped weights not trained yet"
+)
 def test_shipped_weights_answer_an_easy_prompt_confidently_and_a_hard_one_slowly() -> None:
     tb = from_pretrained("tiny-bd")
     assert (WEIGHTS_DIR / "README.md").exists() and (WEIGHTS_DIR / "training.json").exists()
@@ -215,7 +286,7 @@ def test_shipped_weights_answer_an_easy_prompt_confidently_and_a_hard_one_slowly
         ids = tb.tokenizer.encode(render_prompt(rec.prompt)).ids
         runs[name] = generate(tb.model, ids, threshold=0.95)
     g = runs["easy"]
-    out = tb.tokenizer.decode(g.tokens[:g.output_tokens])
+    out = tb.tokenizer.decode(g.tokens[: g.output_tokens])
     # the multiple-choice answer format, EOS in the first block, 32 positions in a handful of rounds
     assert re.fullmatch(r"The answer is \([A-D]\)\.", out), out
     assert g.finished_eos and len(g.rounds_per_block) == 1 and g.total_rounds <= 6
@@ -240,7 +311,9 @@ def test_training_learns_to_read_the_prompt_not_only_the_format() -> None:
     assert read_prompt(TrainConfig.pad_weight, TrainConfig.lr, steps=300) >= 18
 
 
-@pytest.mark.skipif(not (WEIGHTS_DIR / "model.safetensors").exists(), reason="shipped weights not trained yet")
+@pytest.mark.skipif(
+    not (WEIGHTS_DIR / "model.safetensors").exists(), reason="shipped weights not trained yet"
+)
 def test_probe_reports_letter_accuracy_per_kind_and_easy_math_on_eval_requests() -> None:
     from dwise_predict.zoo.tiny_bd.probe import probe
 
@@ -258,17 +331,25 @@ def test_model_card_lists_every_stage_of_a_continued_checkpoint() -> None:
     from dwise_predict.zoo.tiny_bd.card import model_card, training_stages
 
     def stage(cmd: str, steps: int, lr: float, prev: dict | None, **extra: float) -> dict:
-        return {"command": cmd, "train_config": {"lr": lr, **extra}, "previous_stage": prev,
-                "result": {"steps": steps, "seconds": 1.0, "final_loss": 0.5, "stopped_by_time": False}}
+        return {
+            "command": cmd,
+            "train_config": {"lr": lr, **extra},
+            "previous_stage": prev,
+            "result": {"steps": steps, "seconds": 1.0, "final_loss": 0.5, "stopped_by_time": False},
+        }
 
     s1 = stage("train --seed 0", 900, 3e-3, None)
     s2 = stage("train --seed 1 --init-from s1", 2000, 2e-3, s1)
     s3 = stage("train --seed 4 --init-from s2", 11000, 6e-4, s2, pad_weight=0.1)
     assert [s["result"]["steps"] for s in training_stages(s3)] == [900, 2000, 11000]
     card = model_card(TinyBDConfig(), s3)
-    assert card.index("train --seed 0") < card.index("train --seed 1") < card.index("train --seed 4")
+    assert (
+        card.index("train --seed 0") < card.index("train --seed 1") < card.index("train --seed 4")
+    )
     assert "- stage 1: steps: 900" in card and "peak lr 0.003, EOS-padding loss weight 1.0" in card
-    assert "- stage 3: steps: 11000" in card and "peak lr 0.0006, EOS-padding loss weight 0.1" in card
+    assert (
+        "- stage 3: steps: 11000" in card and "peak lr 0.0006, EOS-padding loss weight 0.1" in card
+    )
     assert "stage 2" not in model_card(TinyBDConfig(), s1)  # a single stage is not numbered
 
 
@@ -299,11 +380,23 @@ def test_math_skills_score_each_step_of_a_worked_answer():
     assert score_math_steps("8 + 9 = 17. The answer is 17.", "no numbers here") is None
     # a copy error in the second operand, arithmetic right on what was copied, answer copied
     wrong = score_math_steps("8 + 9 = 17. The answer is 17.", "8 + 5 = 13. The answer is 13.")
-    assert wrong == {"first_operand": True, "operator": True, "second_operand": False, "own_arithmetic": True,
-                     "step_count": True, "answer_copies_last_step": True}
+    assert wrong == {
+        "first_operand": True,
+        "operator": True,
+        "second_operand": False,
+        "own_arithmetic": True,
+        "step_count": True,
+        "answer_copies_last_step": True,
+    }
     # everything copied, the sum wrong, the answer not the step's result, one step too many
-    sloppy = score_math_steps("8 + 9 = 17. The answer is 17.", "8 + 9 = 16. 16 - 1 = 15. The answer is 10.")
-    assert {k for k, ok in sloppy.items() if not ok} == {"own_arithmetic", "step_count", "answer_copies_last_step"}
+    sloppy = score_math_steps(
+        "8 + 9 = 17. The answer is 17.", "8 + 9 = 16. 16 - 1 = 15. The answer is 10."
+    )
+    assert {k for k, ok in sloppy.items() if not ok} == {
+        "own_arithmetic",
+        "step_count",
+        "answer_copies_last_step",
+    }
 
 
 def test_math_skills_run_on_the_shipped_model_over_the_reports_problems():

@@ -29,12 +29,45 @@ from dwise_predict.errors import TraceError
 from dwise_predict.fingerprint import ModelFingerprint
 from dwise_predict.traces import META_FINGERPRINT, read_traces
 
-PROMPTS = ["hello", "what is 2+2?", "a" * 30, "line\nline2\n" * 3, "x", "tell me a story",
-           "yo", "abc" * 10, "zzz", "qwerty uiop", "Write a haiku.", "1 2 3 4 5 6"]
-FAST = ["--block-size", "8", "--max-new-tokens", "16", "--threshold", "0.5", "--batch-size", "4",
-        "--threads", "1", "-q"]
-SLOW = ["--block-size", "8", "--max-new-tokens", "24", "--threshold", "1.01", "--batch-size", "4",
-        "--threads", "1"]
+PROMPTS = [
+    "hello",
+    "what is 2+2?",
+    "a" * 30,
+    "line\nline2\n" * 3,
+    "x",
+    "tell me a story",
+    "yo",
+    "abc" * 10,
+    "zzz",
+    "qwerty uiop",
+    "Write a haiku.",
+    "1 2 3 4 5 6",
+]
+FAST = [
+    "--block-size",
+    "8",
+    "--max-new-tokens",
+    "16",
+    "--threshold",
+    "0.5",
+    "--batch-size",
+    "4",
+    "--threads",
+    "1",
+    "-q",
+]
+SLOW = [
+    "--block-size",
+    "8",
+    "--max-new-tokens",
+    "24",
+    "--threshold",
+    "1.01",
+    "--batch-size",
+    "4",
+    "--threads",
+    "1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -51,19 +84,34 @@ def _workload(path: Path, prefix: str, n: int) -> Path:
 
 
 def _trace(model_dir, workload, out, *extra):
-    return ["trace", "--model", str(model_dir), "--workload", str(workload), "--out", str(out),
-            *extra]
+    return [
+        "trace",
+        "--model",
+        str(model_dir),
+        "--workload",
+        str(workload),
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def _raw_ids(folder: Path) -> list[str]:
     """Every row's request id in every visible shard: what pandas or duckdb would see."""
-    return [i for f in existing_shards(folder)
-            for i in pq.read_table(f, columns=["request_id"]).column("request_id").to_pylist()]
+    return [
+        i
+        for f in existing_shards(folder)
+        for i in pq.read_table(f, columns=["request_id"]).column("request_id").to_pylist()
+    ]
 
 
 def _spawn(argv: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "dwise_predict", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "dwise_predict", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 class _SigtermAfter(logging.Handler):
@@ -150,8 +198,12 @@ def test_two_writers_on_one_folder_keep_every_request(tmp_path, model_dir):
     a, b = _workload(tmp_path / "a.jsonl", "a", n), _workload(tmp_path / "b.jsonl", "b", n)
     mixed, same = tmp_path / "mixed", tmp_path / "same"
     opts = [*SLOW, "-q", "--shard-size", "3", "--flush-interval", "0.05", "--resume"]
-    procs = [_spawn(_trace(model_dir, a, mixed, *opts)), _spawn(_trace(model_dir, b, mixed, *opts)),
-             _spawn(_trace(model_dir, a, same, *opts)), _spawn(_trace(model_dir, a, same, *opts))]
+    procs = [
+        _spawn(_trace(model_dir, a, mixed, *opts)),
+        _spawn(_trace(model_dir, b, mixed, *opts)),
+        _spawn(_trace(model_dir, a, same, *opts)),
+        _spawn(_trace(model_dir, a, same, *opts)),
+    ]
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
@@ -205,8 +257,9 @@ def test_time_flush_writes_without_further_requests(tmp_path, model_dir):
     assert sorted(_raw_ids(out)) == sorted(r["request_id"] for r in rows)
 
 
-def test_a_failed_timed_write_stops_the_run_and_close_keeps_the_rows(tmp_path, model_dir,
-                                                                     monkeypatch):
+def test_a_failed_timed_write_stops_the_run_and_close_keeps_the_rows(
+    tmp_path, model_dir, monkeypatch
+):
     import dwise_predict.tracing.writer as w
 
     wl, src = _workload(tmp_path / "w.jsonl", "e", 2), tmp_path / "src"
@@ -238,8 +291,12 @@ def test_stale_temps_of_dead_writers_are_removed_and_live_ones_kept(tmp_path):
     import socket
 
     host = socket.gethostname()
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     names = {
         "dead": f".shard-{host}-{dead}-0123abcd-00000.parquet.x1.tmp",
         "live": f".shard-{host}-{os.getpid()}-0123abcd-00000.parquet.x2.tmp",
@@ -262,8 +319,9 @@ def _small_shards(tmp_path, model_dir) -> Path:
     return out
 
 
-def test_compact_merges_keeps_every_row_and_refuses_another_fingerprint(tmp_path, model_dir,
-                                                                          capsys):
+def test_compact_merges_keeps_every_row_and_refuses_another_fingerprint(
+    tmp_path, model_dir, capsys
+):
     out = _small_shards(tmp_path, model_dir)
     assert len(existing_shards(out)) == 7 and len(_raw_ids(out)) == 14
     before = read_traces(out)

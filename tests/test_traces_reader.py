@@ -22,15 +22,36 @@ FP = ModelFingerprint(model_id="m", block_size=4, threshold=0.9, hidden_size=3)
 
 def _row(i: int, rounds: list[int]) -> dict:
     return {
-        "schema_version": TRACE_SCHEMA_VERSION, "request_id": f"r{i}", "category": "chat", "source": "test",
-        "prompt": "hi there", "prompt_sha256": "x", "prompt_tokens": 9, "word_count": 2, "newline_count": 0,
-        "prompt_blocks": 3, "output_budget": 16, "block_size": 4, "decoding": "low_confidence",
-        "threshold": 0.9, "max_steps_per_block": 4, "seed": 0, "output_tokens": 4 * len(rounds),
+        "schema_version": TRACE_SCHEMA_VERSION,
+        "request_id": f"r{i}",
+        "category": "chat",
+        "source": "test",
+        "prompt": "hi there",
+        "prompt_sha256": "x",
+        "prompt_tokens": 9,
+        "word_count": 2,
+        "newline_count": 0,
+        "prompt_blocks": 3,
+        "output_budget": 16,
+        "block_size": 4,
+        "decoding": "low_confidence",
+        "threshold": 0.9,
+        "max_steps_per_block": 4,
+        "seed": 0,
+        "output_tokens": 4 * len(rounds),
         "output_text": "....",
-        "output_blocks": len(rounds), "rounds_per_block": rounds, "total_rounds": sum(rounds),
-        "finished_eos": True, "hit_budget": False, "first_round_hidden": [0.1 * i, 0.2, 0.3],
-        "round_wall_ms": [1.0] * (3 + sum(rounds)), "model_id": "m", "model_revision": None,
-        "model_dtype": "float32", "mask_token_id": 1, "hidden_size": 3,
+        "output_blocks": len(rounds),
+        "rounds_per_block": rounds,
+        "total_rounds": sum(rounds),
+        "finished_eos": True,
+        "hit_budget": False,
+        "first_round_hidden": [0.1 * i, 0.2, 0.3],
+        "round_wall_ms": [1.0] * (3 + sum(rounds)),
+        "model_id": "m",
+        "model_revision": None,
+        "model_dtype": "float32",
+        "mask_token_id": 1,
+        "hidden_size": 3,
     }
 
 
@@ -124,15 +145,18 @@ def test_rounds_beyond_block_size_read_back_as_an_activity_matrix_of_width_s(tmp
     with pytest.raises(TraceError, match=r"\[1, 4\]"):  # block_size is not the bound any more
         activity_matrix(row["rounds_per_block"], row["block_size"])
     _write(tmp_path / "over.parquet", [_editing_row(0, [3]), _editing_row(1, [2, 22])])
-    with pytest.raises(TraceError,
-                       match=r"request #1 .*rounds_per_block=\[2, 22\].*max_steps_per_block=21"):
+    with pytest.raises(
+        TraceError, match=r"request #1 .*rounds_per_block=\[2, 22\].*max_steps_per_block=21"
+    ):
         read_traces(tmp_path / "over.parquet")
 
 
 def test_a_version_1_trace_still_reads_with_s_equal_to_block_size(tmp_path):
     v1 = pa.schema([f for f in TRACE_SCHEMA if f.name != "max_steps_per_block"])
-    rows = [{k: v for k, v in _row(i, r).items() if k != "max_steps_per_block"}
-            for i, r in enumerate([[1, 4], [2]])]
+    rows = [
+        {k: v for k, v in _row(i, r).items() if k != "max_steps_per_block"}
+        for i, r in enumerate([[1, 4], [2]])
+    ]
     for r in rows:
         r["schema_version"] = 1
     _write(tmp_path / "shard-00000.parquet", rows, version=1, schema=v1)

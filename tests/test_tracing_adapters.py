@@ -1,4 +1,5 @@
-"""DiffusionGemma (native loop) and the generic HF mask-predict adapter on tiny random models, offline."""
+"""DiffusionGemma (native loop) and the generic HF mask-predict adapter on tiny random models,
+offline."""
 
 from __future__ import annotations
 
@@ -26,8 +27,11 @@ from dwise_predict.errors import ConfigError, ModelError
 
 @pytest.fixture(scope="module")
 def dg(tmp_path_factory):
-    return load_adapter(make_diffusion_gemma(tmp_path_factory.mktemp("dg") / "dg", canvas_length=8,
-                                             max_denoising_steps=6))
+    return load_adapter(
+        make_diffusion_gemma(
+            tmp_path_factory.mktemp("dg") / "dg", canvas_length=8, max_denoising_steps=6
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +42,9 @@ def bert_path(tmp_path_factory):
 def test_load_adapter_resolves_folders_and_refuses_unknown(tmp_path, dg, bert_path):
     assert isinstance(dg, DiffusionGemmaAdapter)
     assert isinstance(load_adapter(make_tiny_bd(tmp_path / "t")), TinyBDAdapter)
-    assert isinstance(load_adapter(f"hf-mask-predict:{bert_path}", block_size=4), HFMaskPredictAdapter)
+    assert isinstance(
+        load_adapter(f"hf-mask-predict:{bert_path}", block_size=4), HFMaskPredictAdapter
+    )
     with pytest.raises(ModelError, match="unknown model 'no-such-model'.*accepted: 'tiny-bd'"):
         load_adapter("no-such-model")
     with pytest.raises(ModelError, match="type 'bert'.*hf-mask-predict:"):
@@ -48,12 +54,15 @@ def test_load_adapter_resolves_folders_and_refuses_unknown(tmp_path, dg, bert_pa
 def test_diffusion_gemma_hidden_is_its_own_first_step_output(dg):
     ids = dg.encode_prompt("hello there")
     res = dg.generate_traced(ids, max_new_tokens=8, threshold=0.1, seed=7, request_id="a")
-    # independent forward: the same first canvas (the loop's first random draw under the seed), no generate loop
+    # independent forward: the same first canvas (the loop's first random draw under the seed), no
+    # generate loop
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(7)
         canvas = torch.randint(0, dg.info.vocab_size, (1, 8))
     with torch.no_grad():
-        out = dg.model(input_ids=torch.tensor([ids]), decoder_input_ids=canvas, output_hidden_states=True)
+        out = dg.model(
+            input_ids=torch.tensor([ids]), decoder_input_ids=canvas, output_hidden_states=True
+        )
         expect = dg.model.model.decoder.norm(out.hidden_states[-1])[0].mean(0).numpy()
     np.testing.assert_allclose(res.first_round_hidden, expect, rtol=1e-4, atol=1e-5)
 
@@ -65,7 +74,9 @@ def test_diffusion_gemma_steps_per_block_and_seed(dg):
     c = dg.generate_traced(ids, max_new_tokens=20, threshold=0.1, seed=4, request_id="s")
     assert a.output_ids == b.output_ids and a.rounds_per_block == b.rounds_per_block
     assert a.output_ids != c.output_ids  # the seed really drives its sampler
-    assert a.output_blocks == 3 and all(1 <= r <= 6 for r in a.rounds_per_block)  # ceil(20/8) canvases
+    assert a.output_blocks == 3 and all(
+        1 <= r <= 6 for r in a.rounds_per_block
+    )  # ceil(20/8) canvases
     assert len(a.round_wall_ms) == a.total_rounds and len(a.output_ids) <= 20
     with pytest.raises(ConfigError, match="canvases of 8"):
         dg.resolve_block_size(4)
@@ -101,10 +112,15 @@ def test_hf_mask_predict_hidden_and_batching(bert_path):
         chunk = torch.cat([torch.arange(p) // bs, torch.full((bs,), 10**6)])
         mask = (chunk[None, :] <= chunk[:, None])[None, None]
         with torch.no_grad():
-            out = ad.model(input_ids=ids, attention_mask=mask, position_ids=torch.arange(p + bs)[None],
-                           output_hidden_states=True)
-        np.testing.assert_allclose(a.first_round_hidden, out.hidden_states[-1][0, p:].mean(0).numpy(),
-                                   rtol=1e-4, atol=1e-5)
+            out = ad.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=torch.arange(p + bs)[None],
+                output_hidden_states=True,
+            )
+        np.testing.assert_allclose(
+            a.first_round_hidden, out.hidden_states[-1][0, p:].mean(0).numpy(), rtol=1e-4, atol=1e-5
+        )
 
 
 def test_hf_mask_predict_needs_a_block_size(bert_path):
@@ -120,8 +136,10 @@ def test_diffusion_gemma_under_low_confidence_and_joint_threshold(dg, tmp_path):
 
     from dwise_predict.traces import activity_matrix, read_trace_fingerprint, read_traces
 
-    records = [{"id": f"r{i}", "category": "chat", "source": "t", "prompt": p}
-               for i, p in enumerate(PROMPTS[:3])]
+    records = [
+        {"id": f"r{i}", "category": "chat", "source": "t", "prompt": p}
+        for i, p in enumerate(PROMPTS[:3])
+    ]
     rounds = {}
     for decoding in ("low_confidence", "joint_threshold"):
         out = tmp_path / decoding
@@ -145,8 +163,10 @@ def test_diffusion_gemma_under_low_confidence_and_joint_threshold(dg, tmp_path):
     assert max(rounds["joint_threshold"]) > 8
     again = tmp_path / "again"
     trace_workload(dg, records, again, max_new_tokens=16, decoding="joint_threshold")
-    assert read_traces(again).column("rounds_per_block").to_pylist() == read_traces(
-        tmp_path / "joint_threshold").column("rounds_per_block").to_pylist()
+    assert (
+        read_traces(again).column("rounds_per_block").to_pylist()
+        == read_traces(tmp_path / "joint_threshold").column("rounds_per_block").to_pylist()
+    )
 
 
 def test_diffusion_gemma_may_take_more_steps_than_its_canvas(tmp_path):
@@ -155,8 +175,9 @@ def test_diffusion_gemma_may_take_more_steps_than_its_canvas(tmp_path):
 
     from dwise_predict.traces import read_traces
 
-    dg12 = load_adapter(make_diffusion_gemma(tmp_path / "dg12", canvas_length=4,
-                                             max_denoising_steps=12))
+    dg12 = load_adapter(
+        make_diffusion_gemma(tmp_path / "dg12", canvas_length=4, max_denoising_steps=12)
+    )
     records = [{"id": "a", "category": "chat", "source": "t", "prompt": "hello"}]
     trace_workload(dg12, records, tmp_path / "o", max_new_tokens=8, seed=1)
     row = read_traces(tmp_path / "o").to_pylist()[0]

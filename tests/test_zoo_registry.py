@@ -18,7 +18,9 @@ def test_packaged_index_resolves_default_and_tagged_names():
     default = resolve("tiny-bd")
     tagged = resolve("tiny-bd.tau095")
     assert default == tagged and default.is_default
-    assert default.name == "tiny-bd.tau095" and default.model == "tiny-bd" and default.tag == "tau095"
+    assert (
+        default.name == "tiny-bd.tau095" and default.model == "tiny-bd" and default.tag == "tau095"
+    )
     fp = default.model_fingerprint()
     assert isinstance(fp, ModelFingerprint)
     assert (fp.model_id, fp.block_size, fp.threshold) == ("tiny-bd", 32, 0.95)
@@ -30,17 +32,26 @@ def test_packaged_index_resolves_default_and_tagged_names():
 
 
 def test_unknown_name_lists_the_known_ones():
-    with pytest.raises(ConfigError, match=r"unknown zoo name 'tiny-bdx'; known: tiny-bd.tau095 \(default\)"):
+    with pytest.raises(
+        ConfigError, match=r"unknown zoo name 'tiny-bdx'; known: tiny-bd.tau095 \(default\)"
+    ):
         resolve("tiny-bdx")
     assert find("tiny-bdx") is None and find("tiny-bd").tag == "tau095"
 
 
 def _index(tmp_path, **over):
-    tag = {"repo_id": "org/m", "revision": "v1", "fingerprint": {"model_id": "m", "block_size": 4, "threshold": 0.9},
-           "local_path": "bundles/m"}
+    tag = {
+        "repo_id": "org/m",
+        "revision": "v1",
+        "fingerprint": {"model_id": "m", "block_size": 4, "threshold": 0.9},
+        "local_path": "bundles/m",
+    }
     tag.update(over.pop("tag", {}))
-    data = {"format": "dwise-predict-zoo", "format_version": 1,
-            "models": {"m": {"default_tag": "a", "tags": {"a": tag, "b": {**tag, "revision": "v2"}}}}}
+    data = {
+        "format": "dwise-predict-zoo",
+        "format_version": 1,
+        "models": {"m": {"default_tag": "a", "tags": {"a": tag, "b": {**tag, "revision": "v2"}}}},
+    }
     data.update(over)
     path = tmp_path / "index.json"
     path.write_text(json.dumps(data))
@@ -58,18 +69,27 @@ def test_custom_index_and_local_bundle(tmp_path):
     assert entry.local_bundle() == tmp_path / "bundles" / "m"
 
 
-@pytest.mark.parametrize("over, message", [
-    ({"format": "other"}, "not a dwise-predict-zoo file"),
-    ({"format_version": 99}, "upgrade dwise-predict"),
-    ({"models": {}}, "lists no models"),
-    ({"models": {"m": {"default_tag": "zz", "tags": {"a": {}}}}}, "default_tag 'zz' is not one of its tags"),
-    ({"models": {"m.x": {"default_tag": "a", "tags": {"a": {}}}}}, "not a valid zoo model or tag name"),
-    ({"tag": {"repo_id": "org/m@v1"}}, "must not contain '@'"),
-    ({"tag": {"repo_id": "not a repo"}}, "is not a repository id"),
-    ({"tag": {"revision": ""}}, "lacks revision"),
-    ({"tag": {"fingerprint": {"model_id": "m"}}}, "fingerprint is incomplete"),
-    ({"tag": {"local_path": "../outside"}}, "must be relative to the index folder"),
-])
+@pytest.mark.parametrize(
+    "over, message",
+    [
+        ({"format": "other"}, "not a dwise-predict-zoo file"),
+        ({"format_version": 99}, "upgrade dwise-predict"),
+        ({"models": {}}, "lists no models"),
+        (
+            {"models": {"m": {"default_tag": "zz", "tags": {"a": {}}}}},
+            "default_tag 'zz' is not one of its tags",
+        ),
+        (
+            {"models": {"m.x": {"default_tag": "a", "tags": {"a": {}}}}},
+            "not a valid zoo model or tag name",
+        ),
+        ({"tag": {"repo_id": "org/m@v1"}}, "must not contain '@'"),
+        ({"tag": {"repo_id": "not a repo"}}, "is not a repository id"),
+        ({"tag": {"revision": ""}}, "lacks revision"),
+        ({"tag": {"fingerprint": {"model_id": "m"}}}, "fingerprint is incomplete"),
+        ({"tag": {"local_path": "../outside"}}, "must be relative to the index folder"),
+    ],
+)
 def test_malformed_index_is_refused(tmp_path, over, message):
     with pytest.raises(ConfigError, match=message):
         load_index(_index(tmp_path, **over))
@@ -84,6 +104,9 @@ def test_unreadable_index(tmp_path):
 
 
 def test_registry_imports_without_torch():
-    code = "import sys, dwise_predict.zoo.registry as r; r.resolve('tiny-bd'); print('torch' in sys.modules)"
+    code = (
+        "import sys, dwise_predict.zoo.registry as r; "
+        "r.resolve('tiny-bd'); print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

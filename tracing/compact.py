@@ -62,15 +62,17 @@ class CompactSummary:
         return self.rows_before - self.rows_after
 
 
-def compact_traces(folder: str | Path, *,
-                   shard_size: int = DEFAULT_COMPACT_SHARD_SIZE) -> CompactSummary:
+def compact_traces(
+    folder: str | Path, *, shard_size: int = DEFAULT_COMPACT_SHARD_SIZE
+) -> CompactSummary:
     """Rewrite ``folder``'s shards as shards of ``shard_size`` rows; see the module docstring."""
     if shard_size < 1:
         raise TraceError(f"shard size must be >= 1, got {shard_size}")
     out = Path(folder)
     if not out.is_dir():
-        raise TraceError(f"{out} is not a folder of trace shards; pass the --out folder of "
-                         "`dwise-predict trace`")
+        raise TraceError(
+            f"{out} is not a folder of trace shards; pass the --out folder of `dwise-predict trace`"
+        )
     remove_stale_temps(out)
     shards = existing_shards(out)
     if not shards:
@@ -91,8 +93,9 @@ def compact_traces(folder: str | Path, *,
             n_pending += table.num_rows
             while n_pending >= shard_size:
                 merged = pa.concat_tables(pending, promote_options="default")
-                staged.append(_stage(merged.slice(0, shard_size), metadata, out, writer_id,
-                                     len(staged)))
+                staged.append(
+                    _stage(merged.slice(0, shard_size), metadata, out, writer_id, len(staged))
+                )
                 pending, n_pending = [merged.slice(shard_size)], n_pending - shard_size
         if n_pending or not staged:
             merged = pa.concat_tables(pending, promote_options="default")
@@ -122,16 +125,21 @@ def _common_metadata(shards: list[Path]) -> dict[bytes, bytes]:
         try:
             schema = pq.read_schema(shard)
         except (OSError, pa.ArrowInvalid) as e:
-            raise TraceError(f"cannot read {shard}: {e}; move the damaged file out of the folder "
-                             "and compact again") from e
+            raise TraceError(
+                f"cannot read {shard}: {e}; move the damaged file out of the folder "
+                "and compact again"
+            ) from e
         check_schema(schema, shard)
         meta = schema.metadata or {}
         mine = {k: meta[k] for k in (META_SCHEMA_VERSION, META_FINGERPRINT) if k in meta}
         if first is None:
             first, first_name = mine, shard.name
         elif mine != first:
-            what = ("model fingerprint" if mine.get(META_FINGERPRINT) != first.get(META_FINGERPRINT)
-                    else "trace schema version")
+            what = (
+                "model fingerprint"
+                if mine.get(META_FINGERPRINT) != first.get(META_FINGERPRINT)
+                else "trace schema version"
+            )
             raise TraceError(
                 f"cannot compact {shard.parent}: {first_name} and {shard.name} differ in "
                 f"{what}; keep one model's traces per folder (move the other shards out first)"
@@ -139,8 +147,9 @@ def _common_metadata(shards: list[Path]) -> dict[bytes, bytes]:
     return first or {}
 
 
-def _stage(table: pa.Table, metadata: dict[bytes, bytes], out: Path, writer_id: str,
-           index: int) -> Path:
+def _stage(
+    table: pa.Table, metadata: dict[bytes, bytes], out: Path, writer_id: str, index: int
+) -> Path:
     """Write one merged shard durably under a hidden name readers skip."""
     # ends in .tmp: duckdb and polars globs ('*.parquet') match hidden files too
     path = out / f"{STAGE_PREFIX}{shard_name(writer_id, index)}{TEMP_SUFFIX}"

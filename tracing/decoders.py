@@ -57,10 +57,13 @@ class Decoder:
 
     def __post_init__(self) -> None:
         if self.name not in DECODERS:
-            raise ConfigError(f"unknown decoding {self.name!r}; choose one of "
-                              f"{', '.join(DECODERS)}")
-        for label, value in (("threshold", self.threshold),
-                             ("edit_threshold", self.edit_threshold)):
+            raise ConfigError(
+                f"unknown decoding {self.name!r}; choose one of {', '.join(DECODERS)}"
+            )
+        for label, value in (
+            ("threshold", self.threshold),
+            ("edit_threshold", self.edit_threshold),
+        ):
             if not math.isfinite(value):
                 raise ConfigError(f"{label} must be a finite number, got {value}")
         if self.max_post_edit_steps < 0:
@@ -75,18 +78,26 @@ class Decoder:
     def params(self) -> dict[str, float | int]:
         """Parameters beyond the threshold, recorded in the fingerprint (LowConfidence: none)."""
         if self.name == JOINT_THRESHOLD:
-            return {"edit_threshold": float(self.edit_threshold),
-                    "max_post_edit_steps": int(self.max_post_edit_steps)}
+            return {
+                "edit_threshold": float(self.edit_threshold),
+                "max_post_edit_steps": int(self.max_post_edit_steps),
+            }
         return {}
 
-    def step(self, logits: torch.Tensor, block: torch.Tensor, post_edit_steps: int,
-             mask_id: int) -> tuple[torch.Tensor, int, bool]:
+    def step(
+        self, logits: torch.Tensor, block: torch.Tensor, post_edit_steps: int, mask_id: int
+    ) -> tuple[torch.Tensor, int, bool]:
         """One step on one block: ``(new block, post-edit steps so far, block finished)``."""
         if self.name == JOINT_THRESHOLD:
-            return joint_threshold_step(logits, block, post_edit_steps, mask_id=mask_id,
-                                        threshold=self.threshold,
-                                        edit_threshold=self.edit_threshold,
-                                        max_post_edit_steps=self.max_post_edit_steps)
+            return joint_threshold_step(
+                logits,
+                block,
+                post_edit_steps,
+                mask_id=mask_id,
+                threshold=self.threshold,
+                edit_threshold=self.edit_threshold,
+                max_post_edit_steps=self.max_post_edit_steps,
+            )
         new = unmask_step(logits, block, self.threshold, mask_id)
         return new, post_edit_steps, not bool((new == mask_id).any())
 
@@ -99,8 +110,9 @@ def _confidence(logits: torch.Tensor, mask_id: int) -> tuple[torch.Tensor, torch
     return conf, pred
 
 
-def unmask_step(logits: torch.Tensor, block: torch.Tensor, threshold: float,
-                mask_id: int) -> torch.Tensor:
+def unmask_step(
+    logits: torch.Tensor, block: torch.Tensor, threshold: float, mask_id: int
+) -> torch.Tensor:
     """One LowConfidence round on one block: unmask positions with top-1 prob >= τ, at least one.
 
     ``logits`` ``[L, V]``, ``block`` ``[L]`` (``mask_id`` where undecided). Returns the new block.
@@ -116,9 +128,16 @@ def unmask_step(logits: torch.Tensor, block: torch.Tensor, threshold: float,
     return new
 
 
-def joint_threshold_step(logits: torch.Tensor, block: torch.Tensor, post_edit_steps: int, *,
-                         mask_id: int, threshold: float, edit_threshold: float,
-                         max_post_edit_steps: int) -> tuple[torch.Tensor, int, bool]:
+def joint_threshold_step(
+    logits: torch.Tensor,
+    block: torch.Tensor,
+    post_edit_steps: int,
+    *,
+    mask_id: int,
+    threshold: float,
+    edit_threshold: float,
+    max_post_edit_steps: int,
+) -> tuple[torch.Tensor, int, bool]:
     """One JointThreshold step on one block (M2T unmasking plus T2T edits).
 
     Returns the new block, the post-edit steps taken so far (steps that began with no mask

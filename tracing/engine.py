@@ -28,8 +28,9 @@ This is the decoding a DWISE server runs (docs/concepts.md), made exact and obse
 
 Requests are batched with continuous batching: ``batch_size`` seats (*slots*); a finished
 request's seat goes to the next waiting request, whose prompt is prefilled before the next
-denoising round. In each round every seated request advances its block by one denoising step. Rows never see each other (the adapter masks per row), so a
-request's rounds, tokens and hidden vector do not depend on the batch it ran in.
+denoising round. In each round every seated request advances its block by one denoising step. Rows
+never see each other (the adapter masks per row), so a request's rounds, tokens and hidden vector do
+not depend on the batch it ran in.
 
 The **first-round hidden state** of a request is the mean, over the rows of its first output
 block, of the model's final-layer hidden state in the first denoising round of that block,
@@ -60,8 +61,15 @@ from .decoders import (
     unmask_step,
 )
 
-__all__ = ["LOW_CONFIDENCE", "DecodeConfig", "DecodeRequest", "RequestResult", "decode",
-           "unmask_step", "validate_requests"]
+__all__ = [
+    "LOW_CONFIDENCE",
+    "DecodeConfig",
+    "DecodeRequest",
+    "RequestResult",
+    "decode",
+    "unmask_step",
+    "validate_requests",
+]
 
 #: prompt tokens computed per prefill forward (rounded down to whole blocks, at least one block)
 PREFILL_CHUNK_TOKENS = 512
@@ -91,8 +99,9 @@ class DecodeConfig:
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not math.isfinite(self.threshold):
             raise ConfigError(f"threshold must be a finite number, got {self.threshold}")
-        Decoder(self.decoding, self.threshold, self.edit_threshold,
-                self.max_post_edit_steps)  # refuses an unknown decoding or bad parameters
+        Decoder(
+            self.decoding, self.threshold, self.edit_threshold, self.max_post_edit_steps
+        )  # refuses an unknown decoding or bad parameters
 
     @property
     def decoder(self) -> Decoder:
@@ -126,7 +135,8 @@ class RequestResult(RoundsPerBlock):
     hit_budget: bool
     #: mean final-layer hidden row of the first denoising round of the first output block
     first_round_hidden: np.ndarray | None
-    #: wall time (ms) of every round this request took part in: prefill rounds, then denoising rounds
+    #: wall time (ms) of every round this request took part in: prefill rounds, then denoising
+    #: rounds
     round_wall_ms: list[float] = field(default_factory=list)
     #: with ``split_commit``: wall time (ms) of each finished block's own commit forward
     refresh_wall_ms: list[float] = field(default_factory=list)
@@ -154,7 +164,9 @@ class _Seat:
     wall: list[float] = field(default_factory=list)
     refresh: list[float] = field(default_factory=list)
     finished_eos: bool = False
-    pending: list[int] = field(default_factory=list)  # a finished block's clean tokens, committed next round
+    pending: list[int] = field(
+        default_factory=list
+    )  # a finished block's clean tokens, committed next round
     pending_start: int = 0
     post_edit_steps: int = 0  # JointThreshold: steps of the current block that began with no mask
 
@@ -163,7 +175,9 @@ class _Seat:
         return self.prefilled < len(self.req.prompt_ids)
 
 
-def validate_requests(requests: list[DecodeRequest], config: DecodeConfig, max_context: int) -> None:
+def validate_requests(
+    requests: list[DecodeRequest], config: DecodeConfig, max_context: int
+) -> None:
     """Refuse, before any decoding, requests that cannot be decoded (empty, over the context)."""
     seen: set[str] = set()
     for r in requests:
@@ -171,20 +185,28 @@ def validate_requests(requests: list[DecodeRequest], config: DecodeConfig, max_c
             raise WorkloadError(f"request id {r.request_id!r} appears twice; ids must be unique")
         seen.add(r.request_id)
         if not r.prompt_ids:
-            raise WorkloadError(f"request {r.request_id!r} has an empty prompt; drop it from the workload")
+            raise WorkloadError(
+                f"request {r.request_id!r} has an empty prompt; drop it from the workload"
+            )
         need = len(r.prompt_ids) + config.max_new_tokens
         if need > max_context:
             raise WorkloadError(
-                f"request {r.request_id!r}: prompt of {len(r.prompt_ids)} tokens + budget of {config.max_new_tokens} "
-                f"= {need} exceeds the model's context of {max_context} tokens; shorten or drop the prompt, "
-                "or lower --max-new-tokens"
+                f"request {r.request_id!r}: prompt of {len(r.prompt_ids)} tokens + budget of "
+                f"{config.max_new_tokens} = {need} exceeds the model's context of {max_context} "
+                "tokens; shorten or drop the prompt, or lower --max-new-tokens"
             )
 
 
-def decode(adapter: StepAdapter, requests: Iterable[DecodeRequest], config: DecodeConfig, *,
-           batch_size: int = 8, on_round: Callable[[int, float], None] | None = None,
-           split_commit: bool = False,
-           clock: Callable[[], float] = time.perf_counter) -> Iterator[RequestResult]:
+def decode(
+    adapter: StepAdapter,
+    requests: Iterable[DecodeRequest],
+    config: DecodeConfig,
+    *,
+    batch_size: int = 8,
+    on_round: Callable[[int, float], None] | None = None,
+    split_commit: bool = False,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Iterator[RequestResult]:
     """Decode ``requests`` with continuous batching; yield each result as its request finishes.
 
     ``on_round(n_rows, seconds)`` is called after every round (for progress bars).
@@ -204,8 +226,10 @@ def decode(adapter: StepAdapter, requests: Iterable[DecodeRequest], config: Deco
     if not pending:
         return
     if info.mask_token_id is None:
-        raise ConfigError(f"{info.model_id} has no mask token; it cannot be decoded by a "
-                          f"mask-predict decoder ({config.decoding})")
+        raise ConfigError(
+            f"{info.model_id} has no mask token; it cannot be decoded by a "
+            f"mask-predict decoder ({config.decoding})"
+        )
     n_slots = min(batch_size, len(pending))
     capacity = max(len(r.prompt_ids) for r in pending) + config.max_new_tokens
     adapter.open_slots(n_slots, capacity)
@@ -258,8 +282,14 @@ def decode(adapter: StepAdapter, requests: Iterable[DecodeRequest], config: Deco
                 yield _result(seat, config)
 
 
-def _prefill(adapter: StepAdapter, seats: list[_Seat | None], slots: list[int], config: DecodeConfig,
-             chunk: int, clock: Callable[[], float] = time.perf_counter) -> None:
+def _prefill(
+    adapter: StepAdapter,
+    seats: list[_Seat | None],
+    slots: list[int],
+    config: DecodeConfig,
+    chunk: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> None:
     """One forward carrying up to ``chunk`` prompt tokens (whole blocks) of each prefilling seat."""
     bs = config.block_size
     ids, pos, segs = [], [], []
@@ -268,7 +298,7 @@ def _prefill(adapter: StepAdapter, seats: list[_Seat | None], slots: list[int], 
         if seat is None:
             raise ModelError(_LOST_SEAT)
         start = seat.prefilled
-        part = seat.req.prompt_ids[start:start + chunk]
+        part = seat.req.prompt_ids[start : start + chunk]
         ids.append(part)
         pos.append(list(range(start, start + len(part))))
         segs.append([(start + j) // bs - start // bs for j in range(len(part))])
@@ -284,8 +314,12 @@ def _prefill(adapter: StepAdapter, seats: list[_Seat | None], slots: list[int], 
         seat.wall.extend([per_block] * (segs[row][-1] + 1))
 
 
-def _commit(adapter: StepAdapter, seats: list[_Seat | None], active: list[int],
-            clock: Callable[[], float] = time.perf_counter) -> None:
+def _commit(
+    adapter: StepAdapter,
+    seats: list[_Seat | None],
+    active: list[int],
+    clock: Callable[[], float] = time.perf_counter,
+) -> None:
     """One forward that only writes finished blocks' clean tokens to the cache (KV refresh)."""
     ready = [(i, s) for i in active if (s := seats[i]) is not None and s.pending]
     if not ready:
@@ -301,8 +335,13 @@ def _commit(adapter: StepAdapter, seats: list[_Seat | None], active: list[int],
         seat.pending = []
 
 
-def _round(adapter: StepAdapter, seats: list[_Seat | None], active: list[int], config: DecodeConfig,
-           mask_id: int) -> list[int]:
+def _round(
+    adapter: StepAdapter,
+    seats: list[_Seat | None],
+    active: list[int],
+    config: DecodeConfig,
+    mask_id: int,
+) -> list[int]:
     """One denoising step on one block per active seat; returns the slots whose block just finished.
 
     A seat whose previous block finished last round carries that block's clean tokens in front
@@ -325,11 +364,15 @@ def _round(adapter: StepAdapter, seats: list[_Seat | None], active: list[int], c
             seat.post_edit_steps = 0
         c, n = len(seat.pending), len(seat.block)
         rows_ids.append(seat.pending + seat.block.tolist())
-        rows_pos.append(list(range(seat.pending_start, seat.pending_start + c))
-                        + list(range(seat.block_start, seat.block_start + n)))
+        rows_pos.append(
+            list(range(seat.pending_start, seat.pending_start + c))
+            + list(range(seat.block_start, seat.block_start + n))
+        )
         rows_seg.append([0] * c + [1 if c else 0] * n)
         commit.append(c)
-    batch = _pad(active, rows_ids, rows_pos, commit, mask_id, segments=rows_seg if any(commit) else None)
+    batch = _pad(
+        active, rows_ids, rows_pos, commit, mask_id, segments=rows_seg if any(commit) else None
+    )
     out = adapter.forward(batch)
     decoder = config.decoder
     done: list[int] = []
@@ -340,28 +383,43 @@ def _round(adapter: StepAdapter, seats: list[_Seat | None], active: list[int], c
         c, n = commit[row], len(seat.block)
         seat.pending = []
         if seat.hidden is None and len(seat.rounds) == 1 and seat.rounds[0] == 0:
-            seat.hidden = out.hidden[row, c:c + n].float().mean(dim=0).cpu().numpy().astype(np.float32)
+            seat.hidden = (
+                out.hidden[row, c : c + n].float().mean(dim=0).cpu().numpy().astype(np.float32)
+            )
         seat.block, seat.post_edit_steps, finished = decoder.step(
-            out.logits[row, c:c + n], seat.block, seat.post_edit_steps, mask_id)
+            out.logits[row, c : c + n], seat.block, seat.post_edit_steps, mask_id
+        )
         seat.rounds[-1] += 1
         if finished:
             done.append(slot)
     return done
 
 
-def _pad(slots: list[int], ids: list[list[int]], pos: list[list[int]], commit: list[int], pad_id: int,
-         segments: list[list[int]] | None = None) -> BlockBatch:
+def _pad(
+    slots: list[int],
+    ids: list[list[int]],
+    pos: list[list[int]],
+    commit: list[int],
+    pad_id: int,
+    segments: list[list[int]] | None = None,
+) -> BlockBatch:
     t = max(len(r) for r in ids)
     input_ids = torch.full((len(ids), t), pad_id, dtype=torch.long)
     position_ids = torch.zeros((len(ids), t), dtype=torch.long)
     seg = torch.zeros((len(ids), t), dtype=torch.long) if segments is not None else None
     for i, (r, p) in enumerate(zip(ids, pos)):
-        input_ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
-        position_ids[i, :len(p)] = torch.tensor(p, dtype=torch.long)
+        input_ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        position_ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
         if seg is not None and segments is not None:
-            seg[i, :len(r)] = torch.tensor(segments[i], dtype=torch.long)
-    return BlockBatch(slots=list(slots), input_ids=input_ids, position_ids=position_ids,
-                      n_valid=[len(r) for r in ids], commit=list(commit), segments=seg)
+            seg[i, : len(r)] = torch.tensor(segments[i], dtype=torch.long)
+    return BlockBatch(
+        slots=list(slots),
+        input_ids=input_ids,
+        position_ids=position_ids,
+        n_valid=[len(r) for r in ids],
+        commit=list(commit),
+        segments=seg,
+    )
 
 
 def _result(seat: _Seat, config: DecodeConfig) -> RequestResult:

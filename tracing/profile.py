@@ -41,10 +41,18 @@ class ProfileRun:
     warmup: list[str] = field(default_factory=list)
 
 
-def profile_workload(adapter: Any, records: Iterable[Any], *, limit: int | None = None,
-                     threshold: float | None = None, block_size: int | None = None,
-                     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, warmup: int = 3,
-                     clock: str = "wall", progress: Any = None) -> ProfileRun:
+def profile_workload(
+    adapter: Any,
+    records: Iterable[Any],
+    *,
+    limit: int | None = None,
+    threshold: float | None = None,
+    block_size: int | None = None,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    warmup: int = 3,
+    clock: str = "wall",
+    progress: Any = None,
+) -> ProfileRun:
     """Serve ``records`` (the first ``limit``) one at a time with ``adapter``, timing phases.
 
     ``clock="wall"`` times phases by wall clock (what a server sees); ``clock="cpu"`` by the
@@ -54,8 +62,10 @@ def profile_workload(adapter: Any, records: Iterable[Any], *, limit: int | None 
         raise ConfigError(f"clock must be one of {sorted(CLOCKS)}, got {clock!r}")
     tick = CLOCKS[clock]
     if getattr(adapter, "native_loop", False):
-        raise ConfigError(f"{adapter.info.model_id} decodes in its own loop; profiling needs a "
-                          "step adapter (tiny-bd, hf-mask-predict) whose phases can be timed")
+        raise ConfigError(
+            f"{adapter.info.model_id} decodes in its own loop; profiling needs a "
+            "step adapter (tiny-bd, hf-mask-predict) whose phases can be timed"
+        )
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit must be >= 1, got {limit}")
     recs = [as_trace_record(r, f"workload record #{i}") for i, r in enumerate(records)]
@@ -67,25 +77,32 @@ def profile_workload(adapter: Any, records: Iterable[Any], *, limit: int | None 
     thr = DEFAULT_THRESHOLDS[LOW_CONFIDENCE] if threshold is None else float(threshold)
     config = DecodeConfig(block_size=bs, threshold=thr, max_new_tokens=max_new_tokens)
     fingerprint = adapter.fingerprint(
-        block_size=bs, threshold=thr, max_new_tokens=max_new_tokens, decoding=LOW_CONFIDENCE,
-        max_steps_per_block=config.max_steps_per_block).to_dict()
+        block_size=bs,
+        threshold=thr,
+        max_new_tokens=max_new_tokens,
+        decoding=LOW_CONFIDENCE,
+        max_steps_per_block=config.max_steps_per_block,
+    ).to_dict()
     requests = [DecodeRequest(r.id, adapter.encode_prompt(r.prompt)) for r in recs]
     validate_requests(requests, config, adapter.info.max_context)
     warm = [DecodeRequest(f"warmup-{q.request_id}", q.prompt_ids) for q in requests[:warmup]]
-    for _ in decode(adapter, warm, config, batch_size=1, split_commit=True,
-                    clock=tick):
+    for _ in decode(adapter, warm, config, batch_size=1, split_commit=True, clock=tick):
         pass
     hardware = hardware_description() + f", clock={clock}"
     run = ProfileRun([], [], [], [], fingerprint, hardware, bs, warmup=[q.request_id for q in warm])
     t0 = time.perf_counter()
-    for res in decode(adapter, requests, config, batch_size=1, split_commit=True,
-                      clock=tick):
+    for res in decode(adapter, requests, config, batch_size=1, split_commit=True, clock=tick):
         m = res.prompt_blocks
         walls = [float(w) for w in res.round_wall_ms]
-        run.requests.append(ProfiledRequest(
-            prompt_blocks=m, rounds_per_block=tuple(int(r) for r in res.rounds_per_block),
-            prefill_ms=sum(walls[:m]), denoise_ms=sum(walls[m:]),
-            refresh_ms=float(sum(res.refresh_wall_ms))))
+        run.requests.append(
+            ProfiledRequest(
+                prompt_blocks=m,
+                rounds_per_block=tuple(int(r) for r in res.rounds_per_block),
+                prefill_ms=sum(walls[:m]),
+                denoise_ms=sum(walls[m:]),
+                refresh_ms=float(sum(res.refresh_wall_ms)),
+            )
+        )
         run.request_ids.append(res.request_id)
         run.prompt_tokens.append(res.prompt_tokens)
         run.step_ms.append(walls[m:])

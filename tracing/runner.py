@@ -1,4 +1,5 @@
-"""Trace a workload with a dLLM adapter into Parquet shards: the function behind `dwise-predict trace`.
+"""Trace a workload with a dLLM adapter into Parquet shards: the function behind `dwise-predict
+trace`.
 
 Order of work is chosen so a bad input costs nothing: every prompt is checked and tokenized
 (empty prompt, prompt over the model's context) *before* the output folder is touched or a
@@ -100,18 +101,32 @@ def check_output(out_dir: str | Path, resume: bool) -> None:
         raise TraceError(f"--out {out} is a file; pass a folder for the trace shards")
     shards = existing_shards(out)
     if shards and not resume:
-        raise TraceError(f"{out} already holds {len(shards)} trace shard(s); pass --resume to continue that run, "
-                         "or choose another --out folder")
+        raise TraceError(
+            f"{out} already holds {len(shards)} trace shard(s); pass --resume to continue that "
+            "run, or choose another --out folder"
+        )
 
 
-def trace_workload(adapter: Any, records: Iterable[Any], out_dir: str | Path, *, batch_size: int = 8,
-                   threshold: float | None = None, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-                   block_size: int | None = None, limit: int | None = None, resume: bool = False, seed: int = 0,
-                   progress: Any = None, shard_size: int = DEFAULT_SHARD_SIZE,
-                   redact_prompts: bool = False,
-                   flush_interval_s: float | None = DEFAULT_FLUSH_INTERVAL_S,
-                   decoding: str | None = None, edit_threshold: float = DEFAULT_EDIT_THRESHOLD,
-                   max_post_edit_steps: int = DEFAULT_MAX_POST_EDIT_STEPS) -> TraceSummary:
+def trace_workload(
+    adapter: Any,
+    records: Iterable[Any],
+    out_dir: str | Path,
+    *,
+    batch_size: int = 8,
+    threshold: float | None = None,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    block_size: int | None = None,
+    limit: int | None = None,
+    resume: bool = False,
+    seed: int = 0,
+    progress: Any = None,
+    shard_size: int = DEFAULT_SHARD_SIZE,
+    redact_prompts: bool = False,
+    flush_interval_s: float | None = DEFAULT_FLUSH_INTERVAL_S,
+    decoding: str | None = None,
+    edit_threshold: float = DEFAULT_EDIT_THRESHOLD,
+    max_post_edit_steps: int = DEFAULT_MAX_POST_EDIT_STEPS,
+) -> TraceSummary:
     """Decode ``records`` with ``adapter`` and write one trace row per request under ``out_dir``.
 
     ``limit`` keeps the first N records of the workload (so an interrupted ``--limit N`` run
@@ -134,29 +149,45 @@ def trace_workload(adapter: Any, records: Iterable[Any], out_dir: str | Path, *,
     bs = adapter.resolve_block_size(block_size)
     own_sampler = native and decoding in (None, adapter.info.decoding)
     if native and not own_sampler and not hasattr(adapter, "generate_decoded"):
-        raise ConfigError(f"{adapter.info.model_id} decodes with its own sampler "
-                          f"({adapter.info.decoding}); drop --decoding {decoding}")
+        raise ConfigError(
+            f"{adapter.info.model_id} decodes with its own sampler "
+            f"({adapter.info.decoding}); drop --decoding {decoding}"
+        )
     if own_sampler:
         thr = float(adapter.decoding_threshold(threshold))
         config = DecodeConfig(block_size=bs, threshold=thr, max_new_tokens=max_new_tokens)
-        fingerprint = adapter.fingerprint(block_size=bs, threshold=thr,
-                                          max_new_tokens=max_new_tokens,
-                                          max_steps_per_block=adapter.max_steps_per_block())
+        fingerprint = adapter.fingerprint(
+            block_size=bs,
+            threshold=thr,
+            max_new_tokens=max_new_tokens,
+            max_steps_per_block=adapter.max_steps_per_block(),
+        )
     else:
         name = decoding or LOW_CONFIDENCE
         if name not in DEFAULT_THRESHOLDS:
-            raise ConfigError(f"unknown decoding {name!r}; choose one of "
-                              f"{', '.join(DEFAULT_THRESHOLDS)}")
+            raise ConfigError(
+                f"unknown decoding {name!r}; choose one of {', '.join(DEFAULT_THRESHOLDS)}"
+            )
         thr = DEFAULT_THRESHOLDS[name] if threshold is None else float(threshold)
-        config = DecodeConfig(block_size=bs, threshold=thr, max_new_tokens=max_new_tokens,
-                              decoding=name, edit_threshold=edit_threshold,
-                              max_post_edit_steps=max_post_edit_steps)
+        config = DecodeConfig(
+            block_size=bs,
+            threshold=thr,
+            max_new_tokens=max_new_tokens,
+            decoding=name,
+            edit_threshold=edit_threshold,
+            max_post_edit_steps=max_post_edit_steps,
+        )
         extra = dict(config.decoder.params())
         if native:  # a native-loop model driven by an engine decoder starts canvases from its mask
             extra["decoder_mask_token_id"] = adapter.decoder_mask_id()
-        fingerprint = adapter.fingerprint(block_size=bs, threshold=thr,
-                                          max_new_tokens=max_new_tokens, decoding=name, extra=extra,
-                                          max_steps_per_block=config.max_steps_per_block)
+        fingerprint = adapter.fingerprint(
+            block_size=bs,
+            threshold=thr,
+            max_new_tokens=max_new_tokens,
+            decoding=name,
+            extra=extra,
+            max_steps_per_block=config.max_steps_per_block,
+        )
 
     # 1. every prompt checked and tokenized before anything is written
     for r in recs:
@@ -167,10 +198,19 @@ def trace_workload(adapter: Any, records: Iterable[Any], out_dir: str | Path, *,
     check_output(out_dir, resume)
 
     by_id = {r.id: r for r in recs}
-    summary = TraceSummary(out_dir=Path(out_dir), fingerprint=fingerprint, traced=0, skipped=0, total=len(recs))
-    with terminate_as_interrupt(), TraceWriter(out_dir, fingerprint, shard_size=shard_size,
-                                               flush_interval_s=flush_interval_s,
-                                               resume=resume) as writer:
+    summary = TraceSummary(
+        out_dir=Path(out_dir), fingerprint=fingerprint, traced=0, skipped=0, total=len(recs)
+    )
+    with (
+        terminate_as_interrupt(),
+        TraceWriter(
+            out_dir,
+            fingerprint,
+            shard_size=shard_size,
+            flush_interval_s=flush_interval_s,
+            resume=resume,
+        ) as writer,
+    ):
         check_reused_ids(recs, writer.done_ids, out_dir)
         todo = [q for q in requests if q.request_id not in writer.done_ids]
         # Requests of similar prompt length share a batch: a row attends only its own cache, but the
@@ -188,14 +228,26 @@ def trace_workload(adapter: Any, records: Iterable[Any], out_dir: str | Path, *,
 
         results: Iterable[RequestResult]
         if native and not own_sampler:
-            results = (adapter.generate_decoded(q.prompt_ids, decoder=config.decoder,
-                                                max_new_tokens=max_new_tokens,
-                                                request_id=q.request_id)
-                       for q in todo)
+            results = (
+                adapter.generate_decoded(
+                    q.prompt_ids,
+                    decoder=config.decoder,
+                    max_new_tokens=max_new_tokens,
+                    request_id=q.request_id,
+                )
+                for q in todo
+            )
         elif native:
-            results = (adapter.generate_traced(q.prompt_ids, max_new_tokens=max_new_tokens, threshold=thr,
-                                               seed=request_seed(seed, q.request_id), request_id=q.request_id)
-                       for q in todo)
+            results = (
+                adapter.generate_traced(
+                    q.prompt_ids,
+                    max_new_tokens=max_new_tokens,
+                    threshold=thr,
+                    seed=request_seed(seed, q.request_id),
+                    request_id=q.request_id,
+                )
+                for q in todo
+            )
         else:
             results = decode(adapter, todo, config, batch_size=batch_size, on_round=on_round)
         try:
@@ -203,7 +255,9 @@ def trace_workload(adapter: Any, records: Iterable[Any], out_dir: str | Path, *,
                 if native:
                     summary.engine_rounds += len(res.round_wall_ms)
                     summary.request_rounds += len(res.round_wall_ms)
-                row = build_row(res, by_id[res.request_id], adapter, config, fingerprint, seed, redact_prompts)
+                row = build_row(
+                    res, by_id[res.request_id], adapter, config, fingerprint, seed, redact_prompts
+                )
                 writer.add(row)
                 log.debug("traced %s", res.request_id)
                 summary.traced += 1
@@ -211,8 +265,11 @@ def trace_workload(adapter: Any, records: Iterable[Any], out_dir: str | Path, *,
                 if progress is not None:
                     el = max(time.perf_counter() - t0, 1e-9)
                     progress.update(1)
-                    progress.set_postfix(req_s=f"{summary.traced / el:.2f}",
-                                         rounds_s=f"{summary.engine_rounds / el:.1f}", refresh=False)
+                    progress.set_postfix(
+                        req_s=f"{summary.traced / el:.2f}",
+                        rounds_s=f"{summary.engine_rounds / el:.1f}",
+                        refresh=False,
+                    )
         finally:
             summary.wall_s = time.perf_counter() - t0
             if hasattr(results, "close"):
@@ -238,15 +295,24 @@ def check_reused_ids(recs: list[TraceRecord], done: dict[str, str], out_dir: str
             )
 
 
-def build_row(res: RequestResult, rec: TraceRecord, adapter: Any, config: DecodeConfig,
-              fingerprint: ModelFingerprint, seed: int, redact_prompts: bool = False) -> dict[str, Any]:
+def build_row(
+    res: RequestResult,
+    rec: TraceRecord,
+    adapter: Any,
+    config: DecodeConfig,
+    fingerprint: ModelFingerprint,
+    seed: int,
+    redact_prompts: bool = False,
+) -> dict[str, Any]:
     """One trace row of the current schema from a decoded request."""
     info = adapter.info
     content = res.content_ids(info.eos_token_ids)
     hidden = res.first_round_hidden
     if hidden is not None and not np.all(np.isfinite(hidden)):
-        raise TraceError(f"request {rec.id!r}: the first-round hidden state has NaN/inf; the model diverged "
-                         "(try float32 weights)")
+        raise TraceError(
+            f"request {rec.id!r}: the first-round hidden state has NaN/inf; the model diverged "
+            "(try float32 weights)"
+        )
     walls = [float(w) for w in res.round_wall_ms]
     if any(not math.isfinite(w) for w in walls):
         raise TraceError(f"request {rec.id!r}: non-finite round wall time")

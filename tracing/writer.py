@@ -122,15 +122,21 @@ class TraceWriter:
     thread while the timer writes from another.
     """
 
-    def __init__(self, out_dir: str | Path, fingerprint: ModelFingerprint, *,
-                 shard_size: int = DEFAULT_SHARD_SIZE,
-                 flush_interval_s: float | None = DEFAULT_FLUSH_INTERVAL_S,
-                 resume: bool = False) -> None:
+    def __init__(
+        self,
+        out_dir: str | Path,
+        fingerprint: ModelFingerprint,
+        *,
+        shard_size: int = DEFAULT_SHARD_SIZE,
+        flush_interval_s: float | None = DEFAULT_FLUSH_INTERVAL_S,
+        resume: bool = False,
+    ) -> None:
         if shard_size < 1:
             raise TraceError(f"shard_size must be >= 1, got {shard_size}")
         if flush_interval_s is not None and flush_interval_s < 0:
-            raise TraceError(f"flush interval must be >= 0 seconds (0: by count only), "
-                             f"got {flush_interval_s}")
+            raise TraceError(
+                f"flush interval must be >= 0 seconds (0: by count only), got {flush_interval_s}"
+            )
         self.out_dir = Path(out_dir)
         self.fingerprint = fingerprint
         self.shard_size = shard_size
@@ -160,8 +166,9 @@ class TraceWriter:
         self._error: BaseException | None = None
         self._timer: threading.Thread | None = None
         if self.flush_interval_s is not None:
-            self._timer = threading.Thread(target=self._flush_on_time, daemon=True,
-                                           name=f"trace-flush-{self.writer_id}")
+            self._timer = threading.Thread(
+                target=self._flush_on_time, daemon=True, name=f"trace-flush-{self.writer_id}"
+            )
             self._timer.start()
 
     def add(self, row: dict[str, Any]) -> None:
@@ -169,8 +176,10 @@ class TraceWriter:
         rid = row["request_id"]
         with self._lock:
             if rid in self.done_ids:
-                raise TraceError(f"request {rid!r} is already traced in {self.out_dir}; "
-                                 "each request is traced once")
+                raise TraceError(
+                    f"request {rid!r} is already traced in {self.out_dir}; "
+                    "each request is traced once"
+                )
             # appended before it is marked done: a Ctrl-C between the two keeps the row
             self._rows.append(row)
             self.done_ids[rid] = row["prompt_sha256"]
@@ -233,8 +242,11 @@ class TraceWriter:
             self._timer.join()
         self.flush()  # raises if the rows cannot be written
         if self._error is not None:  # the rows the timer failed to write are on disk now
-            log.warning("a timed shard write to %s failed (%s); its rows were written at close",
-                        self.out_dir, self._error)
+            log.warning(
+                "a timed shard write to %s failed (%s); its rows were written at close",
+                self.out_dir,
+                self._error,
+            )
             self._error = None
 
     def __enter__(self) -> TraceWriter:
@@ -260,12 +272,16 @@ def traced_requests(shards: list[Path], fingerprint: ModelFingerprint) -> dict[s
         except FileNotFoundError:
             continue
         except (OSError, pa.ArrowInvalid, KeyError) as e:
-            raise TraceError(f"cannot read existing shard {shard}: {e}; move it out of the "
-                             "folder and rerun with --resume") from e
+            raise TraceError(
+                f"cannot read existing shard {shard}: {e}; move it out of the "
+                "folder and rerun with --resume"
+            ) from e
         check_schema(schema, shard)
         if raw is None:
-            raise TraceError(f"{shard} has no model fingerprint; it is not a dwise-predict "
-                             "trace shard: move it out of the folder")
+            raise TraceError(
+                f"{shard} has no model fingerprint; it is not a dwise-predict "
+                "trace shard: move it out of the folder"
+            )
         have = json.loads(raw)
         diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
         if diff:
@@ -274,8 +290,9 @@ def traced_requests(shards: list[Path], fingerprint: ModelFingerprint) -> dict[s
                 f"setting (differs in {', '.join(diff)}); use the same --model/--block-size/"
                 "--threshold/--max-new-tokens, or another --out folder"
             )
-        done.update(zip(cols.column("request_id").to_pylist(),
-                        cols.column("prompt_sha256").to_pylist()))
+        done.update(
+            zip(cols.column("request_id").to_pylist(), cols.column("prompt_sha256").to_pylist())
+        )
     return done
 
 

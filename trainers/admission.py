@@ -1,8 +1,8 @@
 """Train the admission predictor: LightGBM on three prompt features, target log(total rounds).
 
-docs/concepts.md, "The predictors": 100 trees, at most 15 leaves, features = word count, newline count, chat-template token
-count. Deterministic: ``deterministic=True``, ``force_row_wise=True``, a fixed thread count and
-seed, so the same traces and seed give the same model text byte for byte.
+docs/concepts.md, "The predictors": 100 trees, at most 15 leaves, features = word count, newline
+count, chat-template token count. Deterministic: ``deterministic=True``, ``force_row_wise=True``, a
+fixed thread count and seed, so the same traces and seed give the same model text byte for byte.
 """
 
 from __future__ import annotations
@@ -34,16 +34,31 @@ class AdmissionConfig:
 
     def __post_init__(self) -> None:
         if self.n_trees < 1 or not 2 <= self.num_leaves <= 131072 or self.learning_rate <= 0:
-            raise ConfigError(f"invalid admission config {self}: need n_trees >= 1, num_leaves >= 2, learning_rate > 0")
+            raise ConfigError(
+                f"invalid admission config {self}: need n_trees "
+                ">= 1, num_leaves >= 2, learning_rate > 0"
+            )
 
     def lightgbm_params(self) -> dict[str, Any]:
-        return {"objective": "regression", "num_leaves": self.num_leaves, "learning_rate": self.learning_rate,
-                "min_data_in_leaf": self.min_data_in_leaf, "seed": self.seed, "deterministic": True,
-                "force_row_wise": True, "num_threads": self.num_threads, "verbose": -1}
+        return {
+            "objective": "regression",
+            "num_leaves": self.num_leaves,
+            "learning_rate": self.learning_rate,
+            "min_data_in_leaf": self.min_data_in_leaf,
+            "seed": self.seed,
+            "deterministic": True,
+            "force_row_wise": True,
+            "num_threads": self.num_threads,
+            "verbose": -1,
+        }
 
 
-def train_admission(data: str | Path | pa.Table | tuple[np.ndarray, np.ndarray], config: AdmissionConfig | None = None,
-                    *, featurizer: PromptFeaturizer | None = None) -> AdmissionModel:
+def train_admission(
+    data: str | Path | pa.Table | tuple[np.ndarray, np.ndarray],
+    config: AdmissionConfig | None = None,
+    *,
+    featurizer: PromptFeaturizer | None = None,
+) -> AdmissionModel:
     """Fit the admission model on traces (or ``(features (n, 3), total_rounds (n,))``).
 
     The returned model estimates TOTAL denoising rounds (``exp`` of the log-rounds regression).
@@ -57,17 +72,32 @@ def train_admission(data: str | Path | pa.Table | tuple[np.ndarray, np.ndarray],
         arrays = trace_arrays(data)
         X, rounds = arrays.features, arrays.total_rounds.astype(np.float64)
     if X.ndim != 2 or X.shape[1] != len(FEATURE_NAMES) or len(X) != len(rounds):
-        raise TrainingError(f"admission features must be (n, {len(FEATURE_NAMES)}) with one total_rounds each, "
-                            f"got {X.shape} and {rounds.shape}")
+        raise TrainingError(
+            f"admission features must be (n, {len(FEATURE_NAMES)}) with one total_rounds each, "
+            f"got {X.shape} and {rounds.shape}"
+        )
     if len(X) < config.min_samples:
-        raise TrainingError(f"{len(X)} requests are too few to train the admission model (need >= "
-                            f"{config.min_samples}); trace more requests")
+        raise TrainingError(
+            f"{len(X)} requests are too few to train the admission model (need >= "
+            f"{config.min_samples}); trace more requests"
+        )
     if not (np.all(np.isfinite(X)) and np.all(np.isfinite(rounds))):
-        raise TrainingError("admission features or total_rounds hold NaN/inf; the traces are corrupt, re-trace them")
+        raise TrainingError(
+            "admission features or total_rounds hold NaN/inf; the traces are corrupt, re-trace them"
+        )
     if np.any(rounds < 1):
-        raise TrainingError("total_rounds must be >= 1 for every request (log target); the traces are corrupt")
-    ds = lgb.Dataset(X, np.log(rounds), feature_name=list(FEATURE_NAMES), free_raw_data=True,
-                     params={"verbose": -1, "min_data_in_leaf": config.min_data_in_leaf})
+        raise TrainingError(
+            "total_rounds must be >= 1 for every request (log target); the traces are corrupt"
+        )
+    ds = lgb.Dataset(
+        X,
+        np.log(rounds),
+        feature_name=list(FEATURE_NAMES),
+        free_raw_data=True,
+        params={"verbose": -1, "min_data_in_leaf": config.min_data_in_leaf},
+    )
     booster = lgb.train(config.lightgbm_params(), ds, num_boost_round=config.n_trees)
     info = {"config": asdict(config), "n_train": int(len(X)), "lightgbm": lgb.__version__}
-    return AdmissionModel(booster.model_to_string(), FEATURE_NAMES, featurizer=featurizer, info=info)
+    return AdmissionModel(
+        booster.model_to_string(), FEATURE_NAMES, featurizer=featurizer, info=info
+    )

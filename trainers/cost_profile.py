@@ -94,17 +94,27 @@ def planted_paper_profile(n_blocks: int = 64, block_size: int = 32) -> CostProfi
     refresh take about the paper's shares (5.8% and 6.7%) of a typical request's latency."""
     steps = np.arange(block_size, dtype=np.float64)
     forward = PAPER_FORWARD_FIRST_STEP_MS + (
-        PAPER_FORWARD_LAST_STEP_MS - PAPER_FORWARD_FIRST_STEP_MS) * steps / (block_size - 1)
+        PAPER_FORWARD_LAST_STEP_MS - PAPER_FORWARD_FIRST_STEP_MS
+    ) * steps / (block_size - 1)
     per_token = (PAPER_ATTENTION_AT_32K_MS - PAPER_ATTENTION_AT_256_MS) / (32768 - 256)
     blocks = np.arange(n_blocks, dtype=np.float64)
     K = forward[None, :] + per_token * (block_size * blocks[:, None] - 256)
     return CostProfile(
-        alpha_ms=1.5, beta_ms=6.5, K_ms=np.round(K, 6), delta_ms=round(per_token * block_size, 9),
-        block_size=block_size, max_steps=block_size,
-        fingerprint={"model_id": "inclusionAI/LLaDA2.0-mini", "block_size": block_size,
-                     "decoding": "low_confidence", "threshold": 0.95},
+        alpha_ms=1.5,
+        beta_ms=6.5,
+        K_ms=np.round(K, 6),
+        delta_ms=round(per_token * block_size, 9),
+        block_size=block_size,
+        max_steps=block_size,
+        fingerprint={
+            "model_id": "inclusionAI/LLaDA2.0-mini",
+            "block_size": block_size,
+            "decoding": "low_confidence",
+            "threshold": 0.95,
+        },
         hardware="planted from the DWS paper's LLaDA2.0-mini measurements (not measured here)",
-        cv=None)
+        cv=None,
+    )
 
 
 def paper_profile_json() -> str:
@@ -163,7 +173,7 @@ def _second_differences(at: np.ndarray) -> np.ndarray:
     for i in range(1, n - 1):
         h0, h1 = x[i] - x[i - 1], x[i + 1] - x[i]
         c = 2.0 / (h0 + h1)
-        D[i - 1, i - 1:i + 2] = (c / h0, -c * (1.0 / h0 + 1.0 / h1), c / h1)
+        D[i - 1, i - 1 : i + 2] = (c / h0, -c * (1.0 / h0 + 1.0 / h1), c / h1)
     # each row scaled to a unit middle coefficient: wide knot gaps are bent as hard as narrow
     out: np.ndarray = D / np.abs(D).max(axis=1, keepdims=True)
     return out
@@ -186,9 +196,19 @@ class _Design:
     knots_s: np.ndarray
 
     def take(self, idx: np.ndarray) -> _Design:
-        return _Design(self.m[idx], self.n[idx], self.cells[idx], self.active[idx],
-                       self.prefill[idx], self.denoise[idx], self.refresh[idx], self.Hb, self.Hs,
-                       self.knots_b, self.knots_s)
+        return _Design(
+            self.m[idx],
+            self.n[idx],
+            self.cells[idx],
+            self.active[idx],
+            self.prefill[idx],
+            self.denoise[idx],
+            self.refresh[idx],
+            self.Hb,
+            self.Hs,
+            self.knots_b,
+            self.knots_s,
+        )
 
     @property
     def total(self) -> np.ndarray:
@@ -201,8 +221,9 @@ class _Design:
         return bool(np.any(self.refresh > 0))
 
 
-def _design(requests: Sequence[ProfiledRequest], n_blocks: int, max_steps: int,
-            config: FitConfig) -> _Design:
+def _design(
+    requests: Sequence[ProfiledRequest], n_blocks: int, max_steps: int, config: FitConfig
+) -> _Design:
     kb, ks = knots(n_blocks, config.block_knots), knots(max_steps, config.step_knots)
     Hb, Hs = hat_basis(n_blocks, kb), hat_basis(max_steps, ks)
     # cumulative "steps reached" counts: activity of block b covers steps [0, r_b)
@@ -221,16 +242,22 @@ def _design(requests: Sequence[ProfiledRequest], n_blocks: int, max_steps: int,
         m=arr([r.prompt_blocks for r in requests], dtype=np.float64),
         n=arr([r.output_blocks for r in requests], dtype=np.float64),
         cells=rows,
-        active=arr([sum(min(x, max_steps) for x in r.rounds_per_block) for r in requests],
-                   dtype=np.float64),
+        active=arr(
+            [sum(min(x, max_steps) for x in r.rounds_per_block) for r in requests], dtype=np.float64
+        ),
         prefill=arr([r.prefill_ms for r in requests], dtype=np.float64),
         denoise=arr([r.denoise_ms for r in requests], dtype=np.float64),
         refresh=arr([r.refresh_ms for r in requests], dtype=np.float64),
-        Hb=Hb, Hs=Hs, knots_b=kb, knots_s=ks)
+        Hb=Hb,
+        Hs=Hs,
+        knots_b=kb,
+        knots_s=ks,
+    )
 
 
-def _nnls(X: np.ndarray, y: np.ndarray, penalty: np.ndarray | None = None,
-          smooth: float = 0.0) -> np.ndarray:
+def _nnls(
+    X: np.ndarray, y: np.ndarray, penalty: np.ndarray | None = None, smooth: float = 0.0
+) -> np.ndarray:
     """Non-negative least squares on column-scaled X, with an optional ridge-like penalty."""
     from scipy.optimize import nnls
 
@@ -255,8 +282,13 @@ class _Fit:
     W: np.ndarray  # (kb, ks) knot weights of K
 
     def predict_total(self, d: _Design) -> np.ndarray:
-        out: np.ndarray = (self.alpha * d.m + self.alpha2 * d.m * d.m + self.beta * d.n
-                           + d.cells @ self.W.ravel() + self.delta * d.active * d.m)
+        out: np.ndarray = (
+            self.alpha * d.m
+            + self.alpha2 * d.m * d.m
+            + self.beta * d.n
+            + d.cells @ self.W.ravel()
+            + self.delta * d.active * d.m
+        )
         return out
 
 
@@ -286,8 +318,9 @@ def _solve(d: _Design, config: FitConfig) -> _Fit:
     pen = np.hstack([np.zeros((pen_w.shape[0], h)), pen_w])
     coef = _nnls(X * w[:, None], d.total * w, pen, _smooth_weight(X * w[:, None], config))
     alpha2 = float(coef[1]) if config.quadratic_prefill else 0.0
-    return _Fit(float(coef[0]), alpha2, float(coef[h - 2]), float(coef[h - 1]),
-                coef[h:].reshape(kb, ks))
+    return _Fit(
+        float(coef[0]), alpha2, float(coef[h - 2]), float(coef[h - 1]), coef[h:].reshape(kb, ks)
+    )
 
 
 def _smooth_weight(X: np.ndarray, config: FitConfig) -> float:
@@ -296,8 +329,9 @@ def _smooth_weight(X: np.ndarray, config: FitConfig) -> float:
 
 
 # -- metrics ---------------------------------------------------------------------------
-def cost_metrics(true_ms: np.ndarray, pred_ms: np.ndarray, max_pairs: int = 2_000_000,
-                 seed: int = 0) -> dict[str, float]:
+def cost_metrics(
+    true_ms: np.ndarray, pred_ms: np.ndarray, max_pairs: int = 2_000_000, seed: int = 0
+) -> dict[str, float]:
     """R^2, MAPE (fraction), Spearman rho and pairwise ordering accuracy of predicted costs.
 
     Pairwise accuracy counts pairs with different true costs whose predicted order agrees
@@ -329,21 +363,27 @@ def _check_requests(requests: Sequence[ProfiledRequest], max_steps: int, folds: 
     if len(requests) < need:
         raise TrainingError(
             f"a cost profile needs at least {need} profiled requests, got {len(requests)}: "
-            "profile more (`dwise-predict profile --limit 200` or more; a few hundred suffice)")
+            "profile more (`dwise-predict profile --limit 200` or more; a few hundred suffice)"
+        )
     for r in requests:
         vals = (r.prefill_ms, r.denoise_ms, r.refresh_ms)
         if not all(np.isfinite(v) and v >= 0 for v in vals):
-            raise TrainingError(f"a profiled request has a non-finite or negative phase time "
-                                f"{vals}; re-profile (the measurement is broken)")
+            raise TrainingError(
+                f"a profiled request has a non-finite or negative phase time "
+                f"{vals}; re-profile (the measurement is broken)"
+            )
         if not r.rounds_per_block or min(r.rounds_per_block) < 1:
             raise TrainingError("a profiled request has no output block or a block with 0 steps")
         if max(r.rounds_per_block) > max_steps:
-            raise TrainingError(f"a profiled request ran {max(r.rounds_per_block)} steps in a "
-                                f"block, more than max_steps={max_steps}: wrong block size?")
+            raise TrainingError(
+                f"a profiled request ran {max(r.rounds_per_block)} steps in a "
+                f"block, more than max_steps={max_steps}: wrong block size?"
+            )
 
 
-def _out_of_fold(d: _Design, config: FitConfig,
-                 progress: Callable[[str], None] | None) -> np.ndarray:
+def _out_of_fold(
+    d: _Design, config: FitConfig, progress: Callable[[str], None] | None
+) -> np.ndarray:
     """Out-of-fold predicted totals of a k-fold split (seeded permutation)."""
     order = np.random.default_rng(config.seed).permutation(len(d.m))
     oof = np.zeros(len(d.m))
@@ -355,17 +395,24 @@ def _out_of_fold(d: _Design, config: FitConfig,
     return oof
 
 
-def fit_cost_profile(requests: Sequence[ProfiledRequest], *, block_size: int,
-                     max_steps: int | None = None, fingerprint: dict | None = None,
-                     hardware: str | None = None, config: FitConfig | None = None,
-                     progress: Callable[[str], None] | None = None) -> CostProfile:
+def fit_cost_profile(
+    requests: Sequence[ProfiledRequest],
+    *,
+    block_size: int,
+    max_steps: int | None = None,
+    fingerprint: dict | None = None,
+    hardware: str | None = None,
+    config: FitConfig | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> CostProfile:
     """Fit alpha, beta, K, delta from profiled requests; ``cv`` holds the k-fold metrics."""
     config = config or FitConfig()
     S = max_steps or block_size
     _check_requests(requests, S, config.folds)
     if config.prefill not in ("linear", "quadratic", "auto"):
-        raise TrainingError(f"prefill form must be linear, quadratic or auto, not "
-                            f"{config.prefill!r}")
+        raise TrainingError(
+            f"prefill form must be linear, quadratic or auto, not {config.prefill!r}"
+        )
     N = config.n_blocks or max(r.output_blocks for r in requests)
     d = _design(requests, N, S, config)
     forms = ["linear", "quadratic"] if config.prefill == "auto" else [config.prefill]
@@ -379,15 +426,28 @@ def fit_cost_profile(requests: Sequence[ProfiledRequest], *, block_size: int,
     cv = cost_metrics(d.total, oof, seed=config.seed)
     fit = _solve(d, config)
     K = d.Hb @ fit.W @ d.Hs.T
-    return CostProfile(alpha_ms=fit.alpha, alpha2_ms=fit.alpha2, beta_ms=fit.beta, K_ms=K,
-                       delta_ms=fit.delta,
-                       block_size=block_size, max_steps=S, fingerprint=dict(fingerprint or {}),
-                       hardware=hardware if hardware is not None else hardware_description(),
-                       cv=cv)
+    return CostProfile(
+        alpha_ms=fit.alpha,
+        alpha2_ms=fit.alpha2,
+        beta_ms=fit.beta,
+        K_ms=K,
+        delta_ms=fit.delta,
+        block_size=block_size,
+        max_steps=S,
+        fingerprint=dict(fingerprint or {}),
+        hardware=hardware if hardware is not None else hardware_description(),
+        cv=cv,
+    )
 
 
-def synthetic_requests(profile: CostProfile, n: int, *, noise: float = 0.02, seed: int = 0,
-                       max_prompt_blocks: int = 1000) -> list[ProfiledRequest]:
+def synthetic_requests(
+    profile: CostProfile,
+    n: int,
+    *,
+    noise: float = 0.02,
+    seed: int = 0,
+    max_prompt_blocks: int = 1000,
+) -> list[ProfiledRequest]:
     """Requests priced by a known profile, with multiplicative noise on each phase.
 
     Shapes follow what dLLM traces look like: prompt blocks log-uniform in
@@ -407,7 +467,13 @@ def synthetic_requests(profile: CostProfile, n: int, *, noise: float = 0.02, see
         def noisy(x: float) -> float:
             return float(x * np.exp(rng.normal(0.0, noise)))
 
-        out.append(ProfiledRequest(prompt_blocks=m, rounds_per_block=tuple(int(x) for x in rounds),
-                                   prefill_ms=noisy(profile.alpha_ms * m), denoise_ms=noisy(den),
-                                   refresh_ms=noisy(profile.beta_ms * nb)))
+        out.append(
+            ProfiledRequest(
+                prompt_blocks=m,
+                rounds_per_block=tuple(int(x) for x in rounds),
+                prefill_ms=noisy(profile.alpha_ms * m),
+                denoise_ms=noisy(den),
+                refresh_ms=noisy(profile.beta_ms * nb),
+            )
+        )
     return out

@@ -40,9 +40,16 @@ class TraceArrays:
         return self.total_rounds - 1
 
     def subset(self, mask: np.ndarray) -> TraceArrays:
-        return TraceArrays(self.request_id[mask], self.category[mask], self.features[mask], self.total_rounds[mask],
-                           self.prompt_tokens[mask], self.output_budget[mask], self.hit_budget[mask],
-                           None if self.hidden is None else self.hidden[mask])
+        return TraceArrays(
+            self.request_id[mask],
+            self.category[mask],
+            self.features[mask],
+            self.total_rounds[mask],
+            self.prompt_tokens[mask],
+            self.output_budget[mask],
+            self.hit_budget[mask],
+            None if self.hidden is None else self.hidden[mask],
+        )
 
 
 def trace_arrays(traces: str | Path | pa.Table, *, need_hidden: bool = False) -> TraceArrays:
@@ -54,9 +61,13 @@ def trace_arrays(traces: str | Path | pa.Table, *, need_hidden: bool = False) ->
     if col is not None and col.null_count == 0:
         hidden = hidden_matrix(table)
     elif need_hidden:
-        raise TraceError("the traces have no first_round_hidden; re-trace with hidden-state capture on to train "
-                         "or evaluate the refinement predictor (or use --only admission)")
-    features = np.column_stack([table.column(c).to_numpy().astype(np.float64) for c in FEATURE_NAMES])
+        raise TraceError(
+            "the traces have no first_round_hidden; re-trace with hidden-state capture on to train "
+            "or evaluate the refinement predictor (or use --only admission)"
+        )
+    features = np.column_stack(
+        [table.column(c).to_numpy().astype(np.float64) for c in FEATURE_NAMES]
+    )
     return TraceArrays(
         request_id=np.asarray(table.column("request_id").to_pylist(), dtype=object),
         category=np.asarray(table.column("category").to_pylist(), dtype=object),
@@ -64,7 +75,9 @@ def trace_arrays(traces: str | Path | pa.Table, *, need_hidden: bool = False) ->
         total_rounds=table.column("total_rounds").to_numpy().astype(np.int64),
         prompt_tokens=table.column("prompt_tokens").to_numpy().astype(np.float64),
         output_budget=table.column("output_budget").to_numpy().astype(np.float64),
-        hit_budget=np.asarray(pc.fill_null(table.column("hit_budget"), False).to_pylist(), dtype=bool),
+        hit_budget=np.asarray(
+            pc.fill_null(table.column("hit_budget"), False).to_pylist(), dtype=bool
+        ),
         hidden=hidden,
     )
 

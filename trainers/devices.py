@@ -37,28 +37,40 @@ class DeviceConfig:
 
     def __post_init__(self) -> None:
         if self.accelerator not in ACCELERATORS:
-            raise ConfigError(f"--accelerator must be one of {', '.join(ACCELERATORS)}, "
-                              f"got {self.accelerator!r}")
+            raise ConfigError(
+                f"--accelerator must be one of {', '.join(ACCELERATORS)}, got {self.accelerator!r}"
+            )
         if self.precision not in PRECISIONS:
-            raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, "
-                              f"got {self.precision!r}")
+            raise ConfigError(
+                f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
+            )
         if self.num_nodes < 1:
             raise ConfigError(f"--num-nodes must be >= 1, got {self.num_nodes}")
         if isinstance(self.devices, int) and self.devices < 1 and self.devices != -1:
-            raise ConfigError(f"--devices must be >= 1 (or -1 / 'auto' for all), "
-                              f"got {self.devices}")
+            raise ConfigError(
+                f"--devices must be >= 1 (or -1 / 'auto' for all), got {self.devices}"
+            )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DeviceConfig:
         """The config of the options :func:`add_device_arguments` added."""
-        return cls(accelerator=args.accelerator, devices=parse_devices(args.devices),
-                   num_nodes=args.num_nodes, strategy=args.strategy, precision=args.precision)
+        return cls(
+            accelerator=args.accelerator,
+            devices=parse_devices(args.devices),
+            num_nodes=args.num_nodes,
+            strategy=args.strategy,
+            precision=args.precision,
+        )
 
     def trainer_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``pytorch_lightning.Trainer``."""
-        return {"accelerator": self.accelerator, "devices": self.devices,
-                "num_nodes": self.num_nodes, "strategy": self.strategy,
-                "precision": self.precision}
+        return {
+            "accelerator": self.accelerator,
+            "devices": self.devices,
+            "num_nodes": self.num_nodes,
+            "strategy": self.strategy,
+            "precision": self.precision,
+        }
 
     @property
     def is_default(self) -> bool:
@@ -81,16 +93,34 @@ def add_device_arguments(parser: argparse.ArgumentParser) -> None:
     """Add --accelerator, --devices, --num-nodes, --strategy and --precision to ``parser``."""
     d = DeviceConfig()
     g = parser.add_argument_group("devices (Lightning Trainer)")
-    g.add_argument("--accelerator", default=d.accelerator, choices=ACCELERATORS,
-                   help=f"where to train (default: {d.accelerator})")
-    g.add_argument("--devices", default=str(d.devices),
-                   help="devices per node: a count, 'auto' or a list such as 0,1 (default: 1)")
-    g.add_argument("--num-nodes", type=int, default=d.num_nodes,
-                   help="machines taking part (torchrun / SLURM set the ranks; default: 1)")
-    g.add_argument("--strategy", default=d.strategy,
-                   help="Lightning strategy, e.g. ddp for several devices (default: auto)")
-    g.add_argument("--precision", default=d.precision, choices=PRECISIONS,
-                   help=f"numeric precision (default: {d.precision})")
+    g.add_argument(
+        "--accelerator",
+        default=d.accelerator,
+        choices=ACCELERATORS,
+        help=f"where to train (default: {d.accelerator})",
+    )
+    g.add_argument(
+        "--devices",
+        default=str(d.devices),
+        help="devices per node: a count, 'auto' or a list such as 0,1 (default: 1)",
+    )
+    g.add_argument(
+        "--num-nodes",
+        type=int,
+        default=d.num_nodes,
+        help="machines taking part (torchrun / SLURM set the ranks; default: 1)",
+    )
+    g.add_argument(
+        "--strategy",
+        default=d.strategy,
+        help="Lightning strategy, e.g. ddp for several devices (default: auto)",
+    )
+    g.add_argument(
+        "--precision",
+        default=d.precision,
+        choices=PRECISIONS,
+        help=f"numeric precision (default: {d.precision})",
+    )
 
 
 def global_rank() -> int:

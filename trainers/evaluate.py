@@ -1,9 +1,9 @@
 """Evaluate a bundle on traces: Spearman ρ overall and per category, median predicted/actual.
 
-Targets (stated once here; metrics in docs/concepts.md): ``admission`` is compared with TOTAL denoising rounds;
-``refined_raw`` and ``refined`` with rounds still to go after the first denoising round
-(``total_rounds - 1``). ``median_ratio`` is the median of predicted / actual over requests whose
-actual is > 0 (a request done in its first round has nothing left; it is counted in ρ only).
+Targets (stated once here; metrics in docs/concepts.md): ``admission`` is compared with TOTAL
+denoising rounds; ``refined_raw`` and ``refined`` with rounds still to go after the first denoising
+round (``total_rounds - 1``). ``median_ratio`` is the median of predicted / actual over requests
+whose actual is > 0 (a request done in its first round has nothing left; it is counted in ρ only).
 Held-out mode (DWISE Table 7) retrains both predictors without category C and evaluates on C.
 """
 
@@ -34,26 +34,41 @@ def median_ratio(pred: np.ndarray, actual: np.ndarray) -> float | None:
     return float(np.median(pred[keep] / actual[keep])) if keep.any() else None
 
 
-def estimate_metrics(pred: np.ndarray, actual: np.ndarray, categories: np.ndarray) -> dict[str, Any]:
+def estimate_metrics(
+    pred: np.ndarray, actual: np.ndarray, categories: np.ndarray
+) -> dict[str, Any]:
     per_cat = {}
     for c in sorted(set(categories.tolist())):
         m = categories == c
-        per_cat[str(c)] = {"spearman": spearman(pred[m], actual[m]), "median_ratio": median_ratio(pred[m], actual[m]),
-                           "n": int(m.sum())}
+        per_cat[str(c)] = {
+            "spearman": spearman(pred[m], actual[m]),
+            "median_ratio": median_ratio(pred[m], actual[m]),
+            "n": int(m.sum()),
+        }
     within = [v["spearman"] for v in per_cat.values() if v["spearman"] is not None]
-    return {"spearman": spearman(pred, actual), "median_ratio": median_ratio(pred, actual), "n": len(pred),
-            "within_category_mean_spearman": float(np.mean(within)) if within else None, "per_category": per_cat}
+    return {
+        "spearman": spearman(pred, actual),
+        "median_ratio": median_ratio(pred, actual),
+        "n": len(pred),
+        "within_category_mean_spearman": float(np.mean(within)) if within else None,
+        "per_category": per_cat,
+    }
 
 
 def predictions(bundle: Bundle, arrays: TraceArrays) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """estimate name -> (predicted, actual) for what the bundle holds."""
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     if bundle.admission is not None:
-        out["admission"] = (bundle.predict_admission_features(arrays.features), arrays.total_rounds.astype(float))
+        out["admission"] = (
+            bundle.predict_admission_features(arrays.features),
+            arrays.total_rounds.astype(float),
+        )
     if bundle.refinement is not None:
         if arrays.hidden is None:
-            raise TrainingError("the evaluation traces have no first_round_hidden; the refinement predictor "
-                                "cannot be evaluated (re-trace with hidden-state capture)")
+            raise TrainingError(
+                "the evaluation traces have no first_round_hidden; the refinement predictor "
+                "cannot be evaluated (re-trace with hidden-state capture)"
+            )
         args = (arrays.hidden, arrays.prompt_tokens, arrays.output_budget)
         remaining = arrays.remaining.astype(float)
         out["refined_raw"] = (bundle.predict_refined(*args, raw=True), remaining)
@@ -61,8 +76,9 @@ def predictions(bundle: Bundle, arrays: TraceArrays) -> dict[str, tuple[np.ndarr
     return out
 
 
-def evaluate_arrays(bundle: Bundle, arrays: TraceArrays, chunk_rows: int = 4096
-                    ) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, np.ndarray]]]:
+def evaluate_arrays(
+    bundle: Bundle, arrays: TraceArrays, chunk_rows: int = 4096
+) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, np.ndarray]]]:
     """Metrics and (predicted, actual) per estimate; predicted ``chunk_rows`` requests at a time.
 
     The chunking is the streaming evaluator's (:func:`evaluate_source`), so traces read whole
@@ -72,16 +88,18 @@ def evaluate_arrays(bundle: Bundle, arrays: TraceArrays, chunk_rows: int = 4096
     return evaluate_source(bundle, ArraySource(arrays), chunk_rows)
 
 
-def _metrics(preds: dict[str, tuple[np.ndarray, np.ndarray]], category: np.ndarray
-             ) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, np.ndarray]]]:
+def _metrics(
+    preds: dict[str, tuple[np.ndarray, np.ndarray]], category: np.ndarray
+) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, np.ndarray]]]:
     metrics: dict[str, Any] = {"n_requests": len(category), "categories": category_counts(category)}
     for name, (p, a) in preds.items():
         metrics[name] = estimate_metrics(p, a, category)
     return metrics, preds
 
 
-def evaluate_source(bundle: Bundle, source: RowSource, chunk_rows: int = 4096
-                    ) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, np.ndarray]]]:
+def evaluate_source(
+    bundle: Bundle, source: RowSource, chunk_rows: int = 4096
+) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, np.ndarray]]]:
     """:func:`evaluate_arrays` on traces read ``chunk_rows`` at a time (larger than memory).
 
     Only the estimates, the targets and a category code per request are kept: a few bytes per
@@ -96,8 +114,9 @@ def evaluate_source(bundle: Bundle, source: RowSource, chunk_rows: int = 4096
             parts.setdefault(name, ([], []))
             parts[name][0].append(p)
             parts[name][1].append(a)
-        codes.append(np.array([names.setdefault(str(c), len(names)) for c in part.category],
-                              dtype=np.int32))
+        codes.append(
+            np.array([names.setdefault(str(c), len(names)) for c in part.category], dtype=np.int32)
+        )
     lookup = np.empty(len(names), dtype=object)
     for name, code in names.items():
         lookup[code] = name
@@ -106,16 +125,25 @@ def evaluate_source(bundle: Bundle, source: RowSource, chunk_rows: int = 4096
 
 
 def evaluate_bundle(bundle: Bundle, traces: str | Path | pa.Table) -> dict[str, Any]:
-    """The metrics JSON for ``bundle`` on ``traces`` (see the module doc for each estimate's target)."""
+    """The metrics JSON for ``bundle`` on ``traces`` (see the module doc for each estimate's
+    target)."""
     arrays = trace_arrays(traces, need_hidden=bundle.refinement is not None)
     return evaluate_arrays(bundle, arrays)[0]
 
 
-def holdout_evaluation(bundle: Bundle, train_traces: str | Path | pa.Table, eval_traces: str | Path | pa.Table,
-                       category: str, *, seed: int = 0, admission_config: AdmissionConfig | None = None,
-                       refinement_config: RefinementConfig | None = None, workdir: str | Path | None = None
-                       ) -> dict[str, Any]:
-    """DWISE Table 7: ρ within ``category`` with it in training (``bundle``) -> held out (retrained without it)."""
+def holdout_evaluation(
+    bundle: Bundle,
+    train_traces: str | Path | pa.Table,
+    eval_traces: str | Path | pa.Table,
+    category: str,
+    *,
+    seed: int = 0,
+    admission_config: AdmissionConfig | None = None,
+    refinement_config: RefinementConfig | None = None,
+    workdir: str | Path | None = None,
+) -> dict[str, Any]:
+    """DWISE Table 7: ρ within ``category`` with it in training (``bundle``) -> held out (retrained
+    without it)."""
     import tempfile
 
     from dwise_predict.bundle import load_bundle
@@ -126,33 +154,55 @@ def holdout_evaluation(bundle: Bundle, train_traces: str | Path | pa.Table, eval
     evals = trace_arrays(eval_traces, need_hidden=bundle.refinement is not None)
     cats = set(train.category.tolist())
     if category not in cats:
-        raise ConfigError(f"category {category!r} is not in the training traces (they hold {sorted(cats)})")
+        raise ConfigError(
+            f"category {category!r} is not in the training traces (they hold {sorted(cats)})"
+        )
     if len(cats) < 2:
-        raise TrainingError(f"held-out evaluation needs at least two categories; the training traces hold only {category!r}")
+        raise TrainingError(
+            "held-out evaluation needs at least two categories; "
+            f"the training traces hold only {category!r}"
+        )
     in_cat = evals.category == category
     if not in_cat.any():
-        raise ConfigError(f"category {category!r} is not in the evaluation traces; pass traces that contain it")
+        raise ConfigError(
+            f"category {category!r} is not in the evaluation traces; pass traces that contain it"
+        )
     only = [kind for kind in bundle.modules if kind in TRAINERS]
     cfg_r = refinement_config
     if cfg_r is None and bundle.refinement is not None:
         saved = dict(bundle.refinement.info.get("config", {}))
-        cfg_r = RefinementConfig(**{k: v for k, v in saved.items() if k in RefinementConfig.__dataclass_fields__})
+        cfg_r = RefinementConfig(
+            **{k: v for k, v in saved.items() if k in RefinementConfig.__dataclass_fields__}
+        )
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         keep = train.category != category
         table = _table_without(train_traces, category)
-        path = train_bundle(table, Path(tmp) / "holdout", only=only, seed=seed, admission_config=admission_config,
-                            refinement_config=cfg_r and replace(cfg_r, seed=seed),
-                            allow_single_category=len(cats) == 2)
+        path = train_bundle(
+            table,
+            Path(tmp) / "holdout",
+            only=only,
+            seed=seed,
+            admission_config=admission_config,
+            refinement_config=cfg_r and replace(cfg_r, seed=seed),
+            allow_single_category=len(cats) == 2,
+        )
         held = load_bundle(path)
         in_training, _ = evaluate_arrays(bundle, evals.subset(in_cat))
         held_out, _ = evaluate_arrays(held, evals.subset(in_cat))
         overall_held, _ = evaluate_arrays(held, evals)
-    result: dict[str, Any] = {"category": category, "n_train_without": int(keep.sum()), "n_eval": int(in_cat.sum())}
+    result: dict[str, Any] = {
+        "category": category,
+        "n_train_without": int(keep.sum()),
+        "n_eval": int(in_cat.sum()),
+    }
     for name in ESTIMATES:
         if name in in_training:
-            result[name] = {"in_training": in_training[name]["spearman"], "held_out": held_out[name]["spearman"],
-                            "overall_held_out": overall_held[name]["spearman"],
-                            "median_ratio_held_out": held_out[name]["median_ratio"]}
+            result[name] = {
+                "in_training": in_training[name]["spearman"],
+                "held_out": held_out[name]["spearman"],
+                "overall_held_out": overall_held[name]["spearman"],
+                "median_ratio_held_out": held_out[name]["median_ratio"],
+            }
     return result
 
 
@@ -165,8 +215,11 @@ def _table_without(traces: str | Path | pa.Table, category: str) -> pa.Table:
     return table.filter(pc.not_equal(table.column("category"), category))
 
 
-def write_plots(preds: dict[str, tuple[np.ndarray, np.ndarray]], out_dir: str | Path, stem: str = "eval") -> list[Path]:
-    """Predicted-vs-actual scatter per estimate and a calibration curve, as PNG files in ``out_dir``."""
+def write_plots(
+    preds: dict[str, tuple[np.ndarray, np.ndarray]], out_dir: str | Path, stem: str = "eval"
+) -> list[Path]:
+    """Predicted-vs-actual scatter per estimate and a calibration curve, as PNG files in
+    ``out_dir``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -182,10 +235,17 @@ def write_plots(preds: dict[str, tuple[np.ndarray, np.ndarray]], out_dir: str | 
         ax.scatter(a + 1, p + 1, s=4, alpha=0.35)
         lo, hi = 1, max(float(a.max()), float(p.max())) + 1
         ax.plot([lo, hi], [lo, hi], "k--", lw=1)
-        ax.set(xscale="log", yscale="log", xlabel="actual + 1", ylabel="predicted + 1",
-               title=f"{n} (ρ={spearman(p, a) or float('nan'):.3f})")
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="actual + 1",
+            ylabel="predicted + 1",
+            title=f"{n} (ρ={spearman(p, a) or float('nan'):.3f})",
+        )
     fig.tight_layout()
-    paths.append(save_figure(fig, out_dir / f"{stem}_pred_vs_actual.png", dpi=110, bbox_inches=None))
+    paths.append(
+        save_figure(fig, out_dir / f"{stem}_pred_vs_actual.png", dpi=110, bbox_inches=None)
+    )
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(5, 4.2))

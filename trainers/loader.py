@@ -42,8 +42,17 @@ class ShufflePlan:
     keep: np.ndarray | None = None
 
     @classmethod
-    def for_shards(cls, n: int, shards: int, *, chunk_rows: int, window_chunks: int,
-                   batch_size: int, seed: int, keep: np.ndarray | None = None) -> ShufflePlan:
+    def for_shards(
+        cls,
+        n: int,
+        shards: int,
+        *,
+        chunk_rows: int,
+        window_chunks: int,
+        batch_size: int,
+        seed: int,
+        keep: np.ndarray | None = None,
+    ) -> ShufflePlan:
         """A plan whose chunks are small enough that every shard gets about four of them."""
         rows = max(16, min(chunk_rows, math.ceil(n / (4 * shards))))
         return cls(n, rows, window_chunks, batch_size, seed, keep)
@@ -56,20 +65,21 @@ class ShufflePlan:
         """Chunk ids of each window of ``shard``, in reading order."""
         order = np.random.default_rng([self.seed, epoch]).permutation(self.n_chunks)
         mine = order[shard::shards]
-        return [mine[i:i + self.window_chunks] for i in range(0, len(mine), self.window_chunks)]
+        return [mine[i : i + self.window_chunks] for i in range(0, len(mine), self.window_chunks)]
 
     def window_rows(self, chunk_ids: np.ndarray) -> np.ndarray:
         """Global row ids of a window, chunks concatenated in order."""
         c = self.chunk_rows
         return np.concatenate([np.arange(i * c, min((i + 1) * c, self.n)) for i in chunk_ids])
 
-    def window_batches(self, chunk_ids: np.ndarray, epoch: int, shard: int, window: int
-                       ) -> list[np.ndarray]:
+    def window_batches(
+        self, chunk_ids: np.ndarray, epoch: int, shard: int, window: int
+    ) -> list[np.ndarray]:
         """Positions (into the window's concatenated rows) of each batch of the window."""
         rows = self.window_rows(chunk_ids)
         pos = np.arange(len(rows)) if self.keep is None else np.flatnonzero(self.keep[rows])
         pos = pos[np.random.default_rng([self.seed, epoch, shard, window]).permutation(len(pos))]
-        return [pos[i:i + self.batch_size] for i in range(0, len(pos), self.batch_size)]
+        return [pos[i : i + self.batch_size] for i in range(0, len(pos), self.batch_size)]
 
     def batch_counts(self, epoch: int, shards: int) -> np.ndarray:
         counts = np.zeros(shards, dtype=np.int64)
@@ -102,9 +112,18 @@ class TraceBatches(IterableDataset):
     from ``source`` when the shard reaches it and dropped before the next one is read.
     """
 
-    def __init__(self, source: RowSource, plan: ShufflePlan, inputs: Inputs, *, epoch: int,
-                 rank: int = 0, world: int = 1, workers: int = 0, censor_hit_budget: bool = True
-                 ) -> None:
+    def __init__(
+        self,
+        source: RowSource,
+        plan: ShufflePlan,
+        inputs: Inputs,
+        *,
+        epoch: int,
+        rank: int = 0,
+        world: int = 1,
+        workers: int = 0,
+        censor_hit_budget: bool = True,
+    ) -> None:
         super().__init__()
         self.source, self.plan, self.inputs, self.epoch = source, plan, inputs, epoch
         self.rank, self.world, self.workers = rank, world, max(1, workers)
@@ -112,7 +131,7 @@ class TraceBatches(IterableDataset):
         self.quota = plan.quotas(epoch, world, self.workers)
 
     def __len__(self) -> int:
-        return int(self.quota[self.rank * self.workers:(self.rank + 1) * self.workers].sum())
+        return int(self.quota[self.rank * self.workers : (self.rank + 1) * self.workers].sum())
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         info = get_worker_info()
@@ -123,8 +142,9 @@ class TraceBatches(IterableDataset):
             if left <= 0:
                 return
             c = self.plan.chunk_rows
-            window = concat_arrays([self.source.read(int(i) * c, (int(i) + 1) * c)
-                                    for i in chunk_ids])
+            window = concat_arrays(
+                [self.source.read(int(i) * c, (int(i) + 1) * c) for i in chunk_ids]
+            )
             x = self.inputs(window)
             y = window.remaining.astype(np.int64)
             cens = window.hit_budget if self.censor_hit_budget else np.zeros(window.n, dtype=bool)
@@ -132,5 +152,8 @@ class TraceBatches(IterableDataset):
                 if left <= 0:
                     return
                 left -= 1
-                yield (torch.from_numpy(x[idx]), torch.from_numpy(y[idx]),
-                       torch.from_numpy(cens[idx]))
+                yield (
+                    torch.from_numpy(x[idx]),
+                    torch.from_numpy(y[idx]),
+                    torch.from_numpy(cens[idx]),
+                )

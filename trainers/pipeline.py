@@ -50,8 +50,10 @@ def _train_admission(arrays: TraceArrays, s: TrainSettings) -> AdmissionModel:
 
 def _train_refinement(arrays: TraceArrays, s: TrainSettings) -> RefinementEnsemble:
     if arrays.hidden is None and s.source is None:
-        raise TrainingError("the traces have no first_round_hidden; re-trace with hidden-state "
-                            f"capture, or train with --only {AdmissionModel.kind}")
+        raise TrainingError(
+            "the traces have no first_round_hidden; re-trace with hidden-state "
+            f"capture, or train with --only {AdmissionModel.kind}"
+        )
     rows = s.source if s.source is not None else arrays
     cfg = replace(s.refinement_config or RefinementConfig(), seed=s.seed)
     return train_refinement(rows, cfg, devices=s.devices)
@@ -74,7 +76,9 @@ def parse_only(only: str | Sequence[str] | None) -> tuple[str, ...]:
     """The kinds to train: all trainable kinds by default, else the comma list given."""
     if only is None:
         return tuple(TRAINERS)
-    names = tuple(s.strip() for s in (only.split(",") if isinstance(only, str) else only) if s.strip())
+    names = tuple(
+        s.strip() for s in (only.split(",") if isinstance(only, str) else only) if s.strip()
+    )
     bad = [n for n in names if n not in TRAINERS and n != DWS]
     if bad or not names:
         raise ConfigError(f"--only takes a comma list of {[*TRAINERS, DWS]}, got {only!r}")
@@ -85,13 +89,17 @@ def check_training_data(arrays: TraceArrays, *, allow_single_category: bool = Fa
     """Refuse data that cannot give a meaningful predictor, with the fix in the message."""
     cats = category_counts(arrays.category)
     if len(cats) < 2 and not allow_single_category:
-        raise TrainingError(f"the traces hold a single category {list(cats)}: within-category ranking, per-category "
-                            "metrics and held-out evaluation need several; trace a mixed workload "
-                            "(`dwise-predict workload`), or pass allow_single_category=True (--allow-single-category)")
+        raise TrainingError(
+            f"the traces hold a single category {list(cats)}: within-category ranking, "
+            "per-category metrics and held-out evaluation need several; trace a mixed workload "
+            "(`dwise-predict workload`), or pass allow_single_category=True "
+            "(--allow-single-category)"
+        )
 
 
-def train_models(arrays: TraceArrays, only: Sequence[str], settings: TrainSettings
-                 ) -> tuple[list[BundleModule], dict[str, float]]:
+def train_models(
+    arrays: TraceArrays, only: Sequence[str], settings: TrainSettings
+) -> tuple[list[BundleModule], dict[str, float]]:
     """Train the selected kinds on ``arrays``; returns the modules and seconds per kind."""
     modules: list[BundleModule] = []
     seconds: dict[str, float] = {}
@@ -102,13 +110,24 @@ def train_models(arrays: TraceArrays, only: Sequence[str], settings: TrainSettin
     return modules, seconds
 
 
-def train_bundle(traces: str | Path | pa.Table, out: str | Path, *, only: str | Sequence[str] | None = None,
-                 seed: int = 0, featurizer: PromptFeaturizer | None = None,
-                 admission_config: AdmissionConfig | None = None, refinement_config: RefinementConfig | None = None,
-                 allow_single_category: bool = False, overwrite: bool = False,
-                 name: str | None = None, cost_profile: Any = None,
-                 dws_config: Any = None, devices: DeviceConfig | None = None,
-                 streaming: bool = False, filesystem: Any = None) -> Path:
+def train_bundle(
+    traces: str | Path | pa.Table,
+    out: str | Path,
+    *,
+    only: str | Sequence[str] | None = None,
+    seed: int = 0,
+    featurizer: PromptFeaturizer | None = None,
+    admission_config: AdmissionConfig | None = None,
+    refinement_config: RefinementConfig | None = None,
+    allow_single_category: bool = False,
+    overwrite: bool = False,
+    name: str | None = None,
+    cost_profile: Any = None,
+    dws_config: Any = None,
+    devices: DeviceConfig | None = None,
+    streaming: bool = False,
+    filesystem: Any = None,
+) -> Path:
     """Train the selected predictors on ``traces`` and write a bundle folder at ``out``.
 
     ``cost_profile`` (a ``CostProfile``, a file or a shipped name) prices the DWS predictor's
@@ -126,18 +145,24 @@ def train_bundle(traces: str | Path | pa.Table, out: str | Path, *, only: str | 
     if cost_profile is not None:
         from dwise_predict.cost import CostProfile, load_cost_profile
 
-        profile = (cost_profile if isinstance(cost_profile, CostProfile)
-                   else load_cost_profile(cost_profile))
+        profile = (
+            cost_profile
+            if isinstance(cost_profile, CostProfile)
+            else load_cost_profile(cost_profile)
+        )
         if only is None:
             names = (*names, DWS)
     if DWS in names and profile is None:
-        raise TrainingError("training DWS needs a cost profile (its baselines and evaluation are "
-                            "in ms): pass --cost-profile FILE (from `dwise-predict profile`)")
+        raise TrainingError(
+            "training DWS needs a cost profile (its baselines and evaluation are "
+            "in ms): pass --cost-profile FILE (from `dwise-predict profile`)"
+        )
     source: ParquetSource | None = None
     if streaming:
         if isinstance(traces, pa.Table):
-            raise ConfigError("streaming reads trace files; pass their path (or train the table "
-                              "in memory)")
+            raise ConfigError(
+                "streaming reads trace files; pass their path (or train the table in memory)"
+            )
         source = ParquetSource(traces, filesystem=filesystem)
         small = [c for c in ARRAY_COLUMNS if c != "first_round_hidden"]
         if DWS in names:  # DWS reads the prompt text and rounds per block, never hidden states
@@ -153,23 +178,35 @@ def train_bundle(traces: str | Path | pa.Table, out: str | Path, *, only: str | 
     fingerprint = trace_fingerprint(head, featurizer)
     if featurizer is not None:
         check_featurizer(head, featurizer)
-    settings = TrainSettings(seed=seed, featurizer=featurizer, admission_config=admission_config,
-                             refinement_config=refinement_config, source=source,
-                             devices=devices)
+    settings = TrainSettings(
+        seed=seed,
+        featurizer=featurizer,
+        admission_config=admission_config,
+        refinement_config=refinement_config,
+        source=source,
+        devices=devices,
+    )
     modules, seconds = train_models(arrays, tuple(n for n in names if n != DWS), settings)
     if not is_global_zero():
         return Path(out)  # the other processes of a multi-process run: rank 0 writes
     training: dict[str, Any] = {
-        "n_requests": arrays.n, "categories": category_counts(arrays.category),
-        "trace_schema_version": TRACE_SCHEMA_VERSION, "seed": seed, "predictors": list(names),
+        "n_requests": arrays.n,
+        "categories": category_counts(arrays.category),
+        "trace_schema_version": TRACE_SCHEMA_VERSION,
+        "seed": seed,
+        "predictors": list(names),
         "seconds": {k: round(v, 3) for k, v in seconds.items()},
-        "total_rounds": {"min": int(arrays.total_rounds.min()), "median": float(np.median(arrays.total_rounds)),
-                         "max": int(arrays.total_rounds.max())},
+        "total_rounds": {
+            "min": int(arrays.total_rounds.min()),
+            "median": float(np.median(arrays.total_rounds)),
+            "max": int(arrays.total_rounds.max()),
+        },
         "hit_budget_fraction": float(arrays.hit_budget.mean()),
     }
     if profile is None:
-        return save_bundle(out, modules, fingerprint=fingerprint, training=training,
-                           overwrite=overwrite, name=name)
+        return save_bundle(
+            out, modules, fingerprint=fingerprint, training=training, overwrite=overwrite, name=name
+        )
     profile.check_compatible(fingerprint)
     with tempfile.TemporaryDirectory(prefix="dwise-dws-") as tmp:
         parts = [*modules, profile]
@@ -181,8 +218,9 @@ def train_bundle(traces: str | Path | pa.Table, out: str | Path, *, only: str | 
             training["seconds"][DWS] = round(time.perf_counter() - t0, 3)
             training[DWS] = trained.info
             parts.append(dws)
-        return save_bundle(out, parts, fingerprint=fingerprint, training=training,
-                           overwrite=overwrite, name=name)
+        return save_bundle(
+            out, parts, fingerprint=fingerprint, training=training, overwrite=overwrite, name=name
+        )
 
 
 def trace_fingerprint(table: pa.Table, featurizer: PromptFeaturizer | None) -> ModelFingerprint:
@@ -194,30 +232,51 @@ def trace_fingerprint(table: pa.Table, featurizer: PromptFeaturizer | None) -> M
         fp = ModelFingerprint.from_dict(json.loads(raw))
     else:
         row = table.slice(0, 1).to_pylist()[0]
-        fp = ModelFingerprint(model_id=row["model_id"], block_size=int(row["block_size"]),
-                              threshold=float(row["threshold"]), decoding=row["decoding"],
-                              mask_token_id=row.get("mask_token_id"), hidden_size=row.get("hidden_size"),
-                              max_new_tokens=int(row["output_budget"]), revision=row.get("model_revision"),
-                              dtype=row.get("model_dtype"),
-                              max_steps_per_block=row.get("max_steps_per_block"))
+        fp = ModelFingerprint(
+            model_id=row["model_id"],
+            block_size=int(row["block_size"]),
+            threshold=float(row["threshold"]),
+            decoding=row["decoding"],
+            mask_token_id=row.get("mask_token_id"),
+            hidden_size=row.get("hidden_size"),
+            max_new_tokens=int(row["output_budget"]),
+            revision=row.get("model_revision"),
+            dtype=row.get("model_dtype"),
+            max_steps_per_block=row.get("max_steps_per_block"),
+        )
     if featurizer is not None:
-        fp = replace(fp, tokenizer_hash=fp.tokenizer_hash or featurizer.tokenizer_hash,
-                     chat_template_hash=fp.chat_template_hash or featurizer.chat_template_hash)
+        fp = replace(
+            fp,
+            tokenizer_hash=fp.tokenizer_hash or featurizer.tokenizer_hash,
+            chat_template_hash=fp.chat_template_hash or featurizer.chat_template_hash,
+        )
     return fp
 
 
 def check_featurizer(table: pa.Table, featurizer: PromptFeaturizer, sample: int = 64) -> None:
-    """Warn when the featurizer does not reproduce the traces' features (wrong tokenizer/template)."""
+    """Warn when the featurizer does not reproduce the traces' features (wrong
+    tokenizer/template)."""
     if "prompt" not in table.column_names:
         return
-    rows = [r for r in table.slice(0, sample).select(["prompt", "word_count", "newline_count", "prompt_tokens"])
-            .to_pylist() if r["prompt"] is not None]
+    rows = [
+        r
+        for r in table.slice(0, sample)
+        .select(["prompt", "word_count", "newline_count", "prompt_tokens"])
+        .to_pylist()
+        if r["prompt"] is not None
+    ]
     if not rows:
         return
     got = featurizer([r["prompt"] for r in rows])
-    want = np.array([[r["word_count"], r["newline_count"], r["prompt_tokens"]] for r in rows], dtype=np.float64)
+    want = np.array(
+        [[r["word_count"], r["newline_count"], r["prompt_tokens"]] for r in rows], dtype=np.float64
+    )
     bad = int(np.sum(np.any(got != want, axis=1)))
     if bad:
-        log.warning("the tokenizer/chat template reproduce the traced features for only %d of %d prompts: raw-text "
-                    "admission estimates will be off; pass the served model's tokenizer and chat template",
-                    len(rows) - bad, len(rows))
+        log.warning(
+            "the tokenizer/chat template reproduce the traced features for only %d of %d prompts: "
+            "raw-text admission estimates will be off; pass the served model's tokenizer and chat "
+            "template",
+            len(rows) - bad,
+            len(rows),
+        )

@@ -29,40 +29,54 @@ META_FINGERPRINT = b"dwise.fingerprint"
 META_HARDWARE = b"dwise.hardware"
 KIND = b"cost-profile-traces"
 
-SCHEMA = pa.schema([
-    pa.field("request_id", pa.string(), nullable=False),
-    pa.field("prompt_tokens", pa.int32(), nullable=False),
-    pa.field("prompt_blocks", pa.int32(), nullable=False),
-    pa.field("rounds_per_block", pa.list_(pa.int32()), nullable=False),
-    pa.field("prefill_ms", pa.float64(), nullable=False),
-    pa.field("denoise_ms", pa.float64(), nullable=False),
-    pa.field("refresh_ms", pa.float64(), nullable=False),
-    # every denoising step's wall time in order: block 0 steps 0.., block 1 steps 0.., ...
-    pa.field("step_ms", pa.list_(pa.float32()), nullable=False),
-])
+SCHEMA = pa.schema(
+    [
+        pa.field("request_id", pa.string(), nullable=False),
+        pa.field("prompt_tokens", pa.int32(), nullable=False),
+        pa.field("prompt_blocks", pa.int32(), nullable=False),
+        pa.field("rounds_per_block", pa.list_(pa.int32()), nullable=False),
+        pa.field("prefill_ms", pa.float64(), nullable=False),
+        pa.field("denoise_ms", pa.float64(), nullable=False),
+        pa.field("refresh_ms", pa.float64(), nullable=False),
+        # every denoising step's wall time in order: block 0 steps 0.., block 1 steps 0.., ...
+        pa.field("step_ms", pa.list_(pa.float32()), nullable=False),
+    ]
+)
 
 
-def write_profile_traces(path: str | Path, requests: Sequence[ProfiledRequest],
-                         request_ids: Sequence[str], prompt_tokens: Sequence[int],
-                         step_ms: Sequence[Sequence[float]], fingerprint: dict[str, Any],
-                         hardware: str) -> Path:
+def write_profile_traces(
+    path: str | Path,
+    requests: Sequence[ProfiledRequest],
+    request_ids: Sequence[str],
+    prompt_tokens: Sequence[int],
+    step_ms: Sequence[Sequence[float]],
+    fingerprint: dict[str, Any],
+    hardware: str,
+) -> Path:
     """Write ``profile.parquet`` atomically (``path`` is the file or its folder)."""
     p = Path(path)
     if p.suffix != ".parquet":
         p.mkdir(parents=True, exist_ok=True)
         p = p / PROFILE_TRACES_FILE
-    table = pa.table({
-        "request_id": list(request_ids),
-        "prompt_tokens": list(prompt_tokens),
-        "prompt_blocks": [r.prompt_blocks for r in requests],
-        "rounds_per_block": [list(r.rounds_per_block) for r in requests],
-        "prefill_ms": [r.prefill_ms for r in requests],
-        "denoise_ms": [r.denoise_ms for r in requests],
-        "refresh_ms": [r.refresh_ms for r in requests],
-        "step_ms": [list(s) for s in step_ms],
-    }, schema=SCHEMA).replace_schema_metadata({
-        META_KIND: KIND, META_FINGERPRINT: json.dumps(fingerprint, sort_keys=True).encode(),
-        META_HARDWARE: hardware.encode()})
+    table = pa.table(
+        {
+            "request_id": list(request_ids),
+            "prompt_tokens": list(prompt_tokens),
+            "prompt_blocks": [r.prompt_blocks for r in requests],
+            "rounds_per_block": [list(r.rounds_per_block) for r in requests],
+            "prefill_ms": [r.prefill_ms for r in requests],
+            "denoise_ms": [r.denoise_ms for r in requests],
+            "refresh_ms": [r.refresh_ms for r in requests],
+            "step_ms": [list(s) for s in step_ms],
+        },
+        schema=SCHEMA,
+    ).replace_schema_metadata(
+        {
+            META_KIND: KIND,
+            META_FINGERPRINT: json.dumps(fingerprint, sort_keys=True).encode(),
+            META_HARDWARE: hardware.encode(),
+        }
+    )
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
     write_bytes(p, sink.getvalue().to_pybytes())
@@ -94,12 +108,25 @@ def read_profile_traces(path: str | Path) -> tuple[list[ProfiledRequest], dict[s
         fingerprint = json.loads(meta.get(META_FINGERPRINT, b"{}"))
         hardware = meta.get(META_HARDWARE, b"").decode()
         rows = table.to_pylist()
-        return ([ProfiledRequest(r["prompt_blocks"], tuple(r["rounds_per_block"]),
-                                 r["prefill_ms"], r["denoise_ms"], r["refresh_ms"])
-                 for r in rows], fingerprint, hardware)
+        return (
+            [
+                ProfiledRequest(
+                    r["prompt_blocks"],
+                    tuple(r["rounds_per_block"]),
+                    r["prefill_ms"],
+                    r["denoise_ms"],
+                    r["refresh_ms"],
+                )
+                for r in rows
+            ],
+            fingerprint,
+            hardware,
+        )
     if not trace_files(p):
-        raise TraceError(f"{p} holds no profile or trace files; run `dwise-predict profile` or "
-                         "`dwise-predict trace` first")
+        raise TraceError(
+            f"{p} holds no profile or trace files; run `dwise-predict profile` or "
+            "`dwise-predict trace` first"
+        )
     table = read_traces(p, columns=["prompt_blocks", "rounds_per_block", "round_wall_ms"])
     fingerprint = read_trace_fingerprint(p).to_dict()
     out = []
@@ -107,8 +134,11 @@ def read_profile_traces(path: str | Path) -> tuple[list[ProfiledRequest], dict[s
         walls, m = r["round_wall_ms"], r["prompt_blocks"]
         if not walls:
             continue
-        out.append(ProfiledRequest(m, tuple(r["rounds_per_block"]), float(sum(walls[:m])),
-                                   float(sum(walls[m:])), 0.0))
+        out.append(
+            ProfiledRequest(
+                m, tuple(r["rounds_per_block"]), float(sum(walls[:m])), float(sum(walls[m:])), 0.0
+            )
+        )
     if not out:
         raise TraceError(f"traces at {p} have no round_wall_ms; they cannot price a cost profile")
     return out, fingerprint, "ordinary traces (batched rounds; commit folded into the next step)"

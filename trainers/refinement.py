@@ -1,12 +1,15 @@
-"""Train the refinement predictor: a 3-seed survival-MLP ensemble with Lightning, then an isotonic map.
+"""Train the refinement predictor: a 3-seed survival-MLP ensemble with Lightning, then an isotonic
+map.
 
-docs/concepts.md, "The predictors". Each member is ``Linear(H+2, 256) -> GELU(tanh) -> Dropout(0.2) -> Linear(256, K)``
-emitting one hazard logit per future round (K = largest remaining-round count in training).
-Loss: negative log-likelihood of the discrete-time logistic hazards. For a request with ``y``
-remaining rounds (``y = total_rounds - 1``; hazard index ``j`` stands for round ``k = j + 1``):
+docs/concepts.md, "The predictors". Each member is
+``Linear(H+2, 256) -> GELU(tanh) -> Dropout(0.2) -> Linear(256, K)`` emitting one hazard logit per
+future round (K = largest remaining-round count in training). Loss: negative log-likelihood of the
+discrete-time logistic hazards. For a request with ``y`` remaining rounds
+(``y = total_rounds - 1``; hazard index ``j`` stands for round ``k = j + 1``):
 
     uncensored: log P(T = y) = sum_{j < y} log(1 - h_j) + log h_y     (no event term when y = K)
-    censored (``hit_budget``: the output budget cut it, T >= y):  log P(T >= y) = sum_{j < y} log(1 - h_j)
+    censored (``hit_budget``: the output budget cut it, T >= y):
+                log P(T >= y) = sum_{j < y} log(1 - h_j)
 
 Members differ only in seed (``seed_everything(seed + i, workers=True)``); their survival
 curves are averaged at inference. Training reads the traces through a row source
@@ -15,7 +18,8 @@ memory train the same way as a table in memory, and under DDP each process reads
 share; where it runs is a :class:`~.devices.DeviceConfig`.
 The isotonic map (scikit-learn) is fitted on the training
 split, from the raw ensemble mean to the actual remaining rounds (or their log / log1p:
-``RefinementConfig.calibration``), and exported as plain arrays. Weights are exported to numpy (safetensors in the bundle), never as a checkpoint.
+``RefinementConfig.calibration``), and exported as plain arrays. Weights are exported to numpy
+(safetensors in the bundle), never as a checkpoint.
 """
 
 from __future__ import annotations
@@ -77,19 +81,27 @@ class RefinementConfig:
 
     def __post_init__(self) -> None:
         if self.members < 1 or self.width < 1 or self.epochs < 1 or self.batch_size < 1:
-            raise ConfigError(f"invalid refinement config {self}: members, width, epochs, batch_size must be >= 1")
+            raise ConfigError(
+                f"invalid refinement config {self}: members, width, epochs, batch_size must be >= 1"
+            )
         if self.chunk_rows < 1 or self.window_chunks < 1 or self.num_workers < 0:
-            raise ConfigError(f"invalid refinement config {self}: chunk_rows and window_chunks "
-                              "must be >= 1, num_workers >= 0")
+            raise ConfigError(
+                f"invalid refinement config {self}: chunk_rows and window_chunks "
+                "must be >= 1, num_workers >= 0"
+            )
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout must lie in [0, 1), got {self.dropout}")
         if self.calibration not in (*TRANSFORMS, "none"):
-            raise ConfigError(f"calibration must be one of {[*TRANSFORMS, 'none']}, "
-                              f"got {self.calibration!r}")
+            raise ConfigError(
+                f"calibration must be one of {[*TRANSFORMS, 'none']}, got {self.calibration!r}"
+            )
 
 
-def survival_nll(logits: torch.Tensor, remaining: torch.Tensor, censored: torch.Tensor) -> torch.Tensor:
-    """Mean negative log-likelihood of logistic hazards with right censoring (see the module doc)."""
+def survival_nll(
+    logits: torch.Tensor, remaining: torch.Tensor, censored: torch.Tensor
+) -> torch.Tensor:
+    """Mean negative log-likelihood of logistic hazards with right censoring (see the module
+    doc)."""
     j = torch.arange(logits.shape[1], device=logits.device)
     y = remaining[:, None]
     survive = (j < y).to(logits.dtype)
@@ -101,12 +113,24 @@ def survival_nll(logits: torch.Tensor, remaining: torch.Tensor, censored: torch.
 class SurvivalMLP(pl.LightningModule):
     """One ensemble member: normalized input ``(n, H+2)`` -> K hazard logits."""
 
-    def __init__(self, d_in: int, K: int, width: int = 256, dropout: float = 0.2, lr: float = 2e-3,  # noqa: N803
-                 weight_decay: float = 1e-4, init_hazard: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        d_in: int,
+        K: int,
+        width: int = 256,
+        dropout: float = 0.2,
+        lr: float = 2e-3,  # noqa: N803
+        weight_decay: float = 1e-4,
+        init_hazard: np.ndarray | None = None,
+    ) -> None:
         super().__init__()
         self.lr, self.weight_decay = lr, weight_decay
-        self.net = nn.Sequential(nn.Linear(d_in, width), nn.GELU(approximate="tanh"), nn.Dropout(dropout),
-                                 nn.Linear(width, K))
+        self.net = nn.Sequential(
+            nn.Linear(d_in, width),
+            nn.GELU(approximate="tanh"),
+            nn.Dropout(dropout),
+            nn.Linear(width, K),
+        )
         if init_hazard is not None:  # start from the marginal hazards: faster, steadier convergence
             h = np.clip(np.asarray(init_hazard, dtype=np.float64), 1e-4, 1 - 1e-4)
             with torch.no_grad():
@@ -133,9 +157,12 @@ class SurvivalMLP(pl.LightningModule):
 
     def to_weights(self) -> MLPWeights:
         first, last = self._first(), self._last()
-        return MLPWeights(first.weight.detach().cpu().numpy().T.copy(), first.bias.detach().cpu().numpy().copy(),
-                          last.weight.detach().cpu().numpy().T.copy(), last.bias.detach().cpu().numpy().copy())
-
+        return MLPWeights(
+            first.weight.detach().cpu().numpy().T.copy(),
+            first.bias.detach().cpu().numpy().copy(),
+            last.weight.detach().cpu().numpy().T.copy(),
+            last.bias.detach().cpu().numpy().copy(),
+        )
 
 
 @dataclass(frozen=True)
@@ -149,19 +176,28 @@ class Normalization:
 
     @classmethod
     def from_stats(cls, stats: TraceStats) -> Normalization:
-        return cls(stats.hidden_mean, stats.hidden_std, stats.prompt_tokens_scale,
-                   stats.output_budget_scale)
+        return cls(
+            stats.hidden_mean,
+            stats.hidden_std,
+            stats.prompt_tokens_scale,
+            stats.output_budget_scale,
+        )
 
     def apply(self, arrays: TraceArrays) -> np.ndarray:
         if arrays.hidden is None:
             raise TrainingError("refinement training needs first_round_hidden in the traces")
-        return normalized_inputs(arrays.hidden, arrays.prompt_tokens, arrays.output_budget, self.hidden_mean,
-                                 (1.0 / self.hidden_std).astype(np.float32), self.prompt_tokens_scale,
-                                 self.output_budget_scale)
+        return normalized_inputs(
+            arrays.hidden,
+            arrays.prompt_tokens,
+            arrays.output_budget,
+            self.hidden_mean,
+            (1.0 / self.hidden_std).astype(np.float32),
+            self.prompt_tokens_scale,
+            self.output_budget_scale,
+        )
 
 
-def marginal_hazard(remaining: np.ndarray, censored: np.ndarray,
-                    K: int) -> np.ndarray:  # noqa: N803
+def marginal_hazard(remaining: np.ndarray, censored: np.ndarray, K: int) -> np.ndarray:  # noqa: N803
     """Kaplan-Meier-style hazards per remaining round index (censoring-aware)."""
     counts = np.bincount(remaining, minlength=K + 1)
     at_risk = np.cumsum(counts[::-1])[::-1][:K].astype(np.float64)  # requests with y >= j
@@ -177,8 +213,15 @@ class TraceDataModule(pl.LightningDataModule):
     ``batch_size`` whatever the number of processes.
     """
 
-    def __init__(self, source: RowSource, normalization: Normalization, config: RefinementConfig,
-                 *, seed: int, keep: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        source: RowSource,
+        normalization: Normalization,
+        config: RefinementConfig,
+        *,
+        seed: int,
+        keep: np.ndarray | None = None,
+    ) -> None:
         super().__init__()
         self.source, self.normalization, self.config = source, normalization, config
         self.seed, self.keep = seed, keep
@@ -189,14 +232,28 @@ class TraceDataModule(pl.LightningDataModule):
         epoch = trainer.current_epoch if trainer is not None else 0
         c = self.config
         workers = c.num_workers
-        plan = ShufflePlan.for_shards(self.source.n, world * max(1, workers),
-                                      chunk_rows=c.chunk_rows, window_chunks=c.window_chunks,
-                                      batch_size=max(1, c.batch_size // world), seed=self.seed,
-                                      keep=self.keep)
-        batches = TraceBatches(self.source, plan, self.normalization.apply, epoch=epoch, rank=rank,
-                               world=world, workers=workers, censor_hit_budget=c.censor_hit_budget)
-        return DataLoader(batches, batch_size=None, num_workers=workers,
-                          prefetch_factor=2 if workers else None)
+        plan = ShufflePlan.for_shards(
+            self.source.n,
+            world * max(1, workers),
+            chunk_rows=c.chunk_rows,
+            window_chunks=c.window_chunks,
+            batch_size=max(1, c.batch_size // world),
+            seed=self.seed,
+            keep=self.keep,
+        )
+        batches = TraceBatches(
+            self.source,
+            plan,
+            self.normalization.apply,
+            epoch=epoch,
+            rank=rank,
+            world=world,
+            workers=workers,
+            censor_hit_budget=c.censor_hit_budget,
+        )
+        return DataLoader(
+            batches, batch_size=None, num_workers=workers, prefetch_factor=2 if workers else None
+        )
 
 
 def as_source(traces: str | Path | pa.Table | TraceArrays | RowSource) -> RowSource:
@@ -210,7 +267,9 @@ def as_source(traces: str | Path | pa.Table | TraceArrays | RowSource) -> RowSou
 
 @contextlib.contextmanager
 def _quiet_lightning() -> Iterator[None]:
-    loggers = [logging.getLogger(n) for n in ("pytorch_lightning", "lightning.pytorch", "lightning_fabric")]
+    loggers = [
+        logging.getLogger(n) for n in ("pytorch_lightning", "lightning.pytorch", "lightning_fabric")
+    ]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.ERROR)
@@ -226,9 +285,13 @@ def _quiet_lightning() -> Iterator[None]:
                 lg.setLevel(lvl)
 
 
-def train_refinement(traces: str | Path | pa.Table | TraceArrays | RowSource,
-                     config: RefinementConfig | None = None, *, devices: DeviceConfig | None = None,
-                     progress: bool = False) -> RefinementEnsemble:
+def train_refinement(
+    traces: str | Path | pa.Table | TraceArrays | RowSource,
+    config: RefinementConfig | None = None,
+    *,
+    devices: DeviceConfig | None = None,
+    progress: bool = False,
+) -> RefinementEnsemble:
     """Train the ensemble and its isotonic map; returns numpy inference weights.
 
     The estimate is denoising rounds STILL TO GO after the first denoising round. ``traces``
@@ -241,19 +304,24 @@ def train_refinement(traces: str | Path | pa.Table | TraceArrays | RowSource,
     devices = devices or DeviceConfig()
     source = as_source(traces)
     if source.n < config.min_samples:
-        raise TrainingError(f"{source.n} requests are too few to train the refinement model "
-                            f"(need >= {config.min_samples}); trace more requests")
+        raise TrainingError(
+            f"{source.n} requests are too few to train the refinement model "
+            f"(need >= {config.min_samples}); trace more requests"
+        )
     stats = scan_stats(source, config.chunk_rows, progress=progress)
     K = stats.K  # noqa: N806
     if K < 1:
-        raise TrainingError("every training request finished in its first denoising round (K = 0): nothing to "
-                            "refine; trace requests with longer outputs")
+        raise TrainingError(
+            "every training request finished in its first denoising round (K = 0): nothing to "
+            "refine; trace requests with longer outputs"
+        )
     d_in = stats.hidden_size + 2  # hidden vector + normalized prompt length and output budget
     norm = Normalization.from_stats(stats)
     censored = stats.hit_budget if config.censor_hit_budget else np.zeros(stats.n, dtype=bool)
     cross_fit = config.cross_fit_calibration and config.members > 1
-    fold = (fold_ids(stats.category, config.members, config.seed) if cross_fit
-            else np.full(stats.n, -1))
+    fold = (
+        fold_ids(stats.category, config.members, config.seed) if cross_fit else np.full(stats.n, -1)
+    )
     members: list[MLPWeights] = []
     threads = torch.get_num_threads()
     world = 1
@@ -266,44 +334,86 @@ def train_refinement(traces: str | Path | pa.Table | TraceArrays | RowSource,
                 keep = fold != i if cross_fit else None
                 dm = TraceDataModule(source, norm, config, seed=config.seed + i, keep=keep)
                 y = stats.remaining.astype(np.int64)
-                hazard = marginal_hazard(y if keep is None else y[keep],
-                                         censored if keep is None else censored[keep], K)
-                model = SurvivalMLP(d_in, K, config.width, config.dropout, config.lr,
-                                    config.weight_decay, init_hazard=hazard)
-                trainer = pl.Trainer(max_epochs=config.epochs, deterministic=True,
-                                     enable_checkpointing=False, logger=False,
-                                     enable_progress_bar=progress, enable_model_summary=False,
-                                     num_sanity_val_steps=0, reload_dataloaders_every_n_epochs=1,
-                                     use_distributed_sampler=False, **devices.trainer_kwargs())
+                hazard = marginal_hazard(
+                    y if keep is None else y[keep], censored if keep is None else censored[keep], K
+                )
+                model = SurvivalMLP(
+                    d_in,
+                    K,
+                    config.width,
+                    config.dropout,
+                    config.lr,
+                    config.weight_decay,
+                    init_hazard=hazard,
+                )
+                trainer = pl.Trainer(
+                    max_epochs=config.epochs,
+                    deterministic=True,
+                    enable_checkpointing=False,
+                    logger=False,
+                    enable_progress_bar=progress,
+                    enable_model_summary=False,
+                    num_sanity_val_steps=0,
+                    reload_dataloaders_every_n_epochs=1,
+                    use_distributed_sampler=False,
+                    **devices.trainer_kwargs(),
+                )
                 trainer.fit(model, datamodule=dm)
                 world = trainer.world_size
                 members.append(model.cpu().to_weights())
     finally:
         torch.set_num_threads(threads)
-    info = {"config": asdict(config), "n_train": stats.n, "K": K,
-            "train_seconds": time.perf_counter() - t0,
-            "torch": torch.__version__, "pytorch_lightning": pl.__version__,
-            "devices": asdict(devices), "processes": world,
-            "calibration_fit": "out-of-fold" if cross_fit else "in-sample"}
-    ensemble = RefinementEnsemble(members, norm.hidden_mean, norm.hidden_std, norm.prompt_tokens_scale,
-                                  norm.output_budget_scale, None, info)
+    info = {
+        "config": asdict(config),
+        "n_train": stats.n,
+        "K": K,
+        "train_seconds": time.perf_counter() - t0,
+        "torch": torch.__version__,
+        "pytorch_lightning": pl.__version__,
+        "devices": asdict(devices),
+        "processes": world,
+        "calibration_fit": "out-of-fold" if cross_fit else "in-sample",
+    }
+    ensemble = RefinementEnsemble(
+        members,
+        norm.hidden_mean,
+        norm.hidden_std,
+        norm.prompt_tokens_scale,
+        norm.output_budget_scale,
+        None,
+        info,
+    )
     if config.calibration != "none" and is_global_zero():
-        raw = streamed_raw_estimates(ensemble, source, norm, fold if cross_fit else None,
-                                     config.chunk_rows)
+        raw = streamed_raw_estimates(
+            ensemble, source, norm, fold if cross_fit else None, config.chunk_rows
+        )
         ensemble.calibration = fit_isotonic(raw, stats.remaining, config.calibration)
     return ensemble
 
 
-def streamed_raw_estimates(ensemble: RefinementEnsemble, source: RowSource, norm: Normalization,
-                           fold: np.ndarray | None, chunk_rows: int) -> np.ndarray:
+def streamed_raw_estimates(
+    ensemble: RefinementEnsemble,
+    source: RowSource,
+    norm: Normalization,
+    fold: np.ndarray | None,
+    chunk_rows: int,
+) -> np.ndarray:
     """Raw ensemble means of every training request, read chunk by chunk.
 
     With ``fold``, each request is predicted by the member that did not train on it (the
     out-of-fold estimate the isotonic map is fitted on); only ``n`` floats stay in memory.
     """
     raw = np.empty(source.n)
-    singles = [RefinementEnsemble([m], norm.hidden_mean, norm.hidden_std, norm.prompt_tokens_scale,
-                                  norm.output_budget_scale) for m in ensemble.members]
+    singles = [
+        RefinementEnsemble(
+            [m],
+            norm.hidden_mean,
+            norm.hidden_std,
+            norm.prompt_tokens_scale,
+            norm.output_budget_scale,
+        )
+        for m in ensemble.members
+    ]
     for start, stop in chunks(source.n, chunk_rows):
         x = norm.apply(source.read(start, stop))
         if fold is None:
@@ -332,14 +442,18 @@ def fold_ids(categories: np.ndarray, n_folds: int, seed: int) -> np.ndarray:
 LOG_FLOOR = 0.5
 
 
-def fit_isotonic(raw: np.ndarray, remaining: np.ndarray,
-                 transform: str = DEFAULT_TRANSFORM) -> IsotonicMap:
+def fit_isotonic(
+    raw: np.ndarray, remaining: np.ndarray, transform: str = DEFAULT_TRANSFORM
+) -> IsotonicMap:
     """Fit scikit-learn's IsotonicRegression and keep only its two threshold arrays."""
     from sklearn.isotonic import IsotonicRegression
 
     y = remaining.astype(np.float64)
     transforms: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-        "log1p": np.log1p, "log": lambda v: np.log(np.maximum(v, LOG_FLOOR)), "identity": lambda v: v}
+        "log1p": np.log1p,
+        "log": lambda v: np.log(np.maximum(v, LOG_FLOOR)),
+        "identity": lambda v: v,
+    }
     target = transforms[transform](y)
     iso = IsotonicRegression(increasing=True, out_of_bounds="clip").fit(raw, target)
     return IsotonicMap(np.asarray(iso.X_thresholds_), np.asarray(iso.y_thresholds_), transform)
@@ -372,22 +486,40 @@ class TorchRefinement(nn.Module):
         self.register_buffer("inv_std", 1.0 / t["input.hidden_std"])
         self.register_buffer("w1", torch.cat([t[f"member{i}.w1"] for i in range(m)], dim=1))
         self.register_buffer("b1", torch.cat([t[f"member{i}.b1"] for i in range(m)]))
-        self.register_buffer("w2", torch.stack([t[f"member{i}.w2"] for i in range(m)]))  # (m, width, K)
+        self.register_buffer(
+            "w2", torch.stack([t[f"member{i}.w2"] for i in range(m)])
+        )  # (m, width, K)
         self.register_buffer("b2", torch.stack([t[f"member{i}.b2"] for i in range(m)]))  # (m, K)
         self.prompt_tokens_scale = float(ensemble.prompt_tokens_scale)
         self.output_budget_scale = float(ensemble.output_budget_scale)
         cal = ensemble.calibration
         self.transform = cal.target_transform if cal is not None else "identity"
-        self.register_buffer("iso_x", torch.as_tensor(cal.x_thresholds if cal else np.zeros(0), dtype=torch.float64))
-        self.register_buffer("iso_y", torch.as_tensor(cal.y_thresholds if cal else np.zeros(0), dtype=torch.float64))
+        self.register_buffer(
+            "iso_x", torch.as_tensor(cal.x_thresholds if cal else np.zeros(0), dtype=torch.float64)
+        )
+        self.register_buffer(
+            "iso_y", torch.as_tensor(cal.y_thresholds if cal else np.zeros(0), dtype=torch.float64)
+        )
 
-    def forward(self, hidden: torch.Tensor, prompt_tokens: torch.Tensor, output_budget: torch.Tensor,
-                raw: bool = False) -> torch.Tensor:
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        prompt_tokens: torch.Tensor,
+        output_budget: torch.Tensor,
+        raw: bool = False,
+    ) -> torch.Tensor:
         if hidden.ndim != 2 or hidden.shape[1] != self.hidden_size:
-            raise PredictorInputError(f"hidden must be (n, {self.hidden_size}), got {tuple(hidden.shape)}")
-        x = torch.cat([(hidden.float() - self.hidden_mean) * self.inv_std,
-                       (prompt_tokens.float() / self.prompt_tokens_scale)[:, None],
-                       (output_budget.float() / self.output_budget_scale)[:, None]], dim=1)
+            raise PredictorInputError(
+                f"hidden must be (n, {self.hidden_size}), got {tuple(hidden.shape)}"
+            )
+        x = torch.cat(
+            [
+                (hidden.float() - self.hidden_mean) * self.inv_std,
+                (prompt_tokens.float() / self.prompt_tokens_scale)[:, None],
+                (output_budget.float() / self.output_budget_scale)[:, None],
+            ],
+            dim=1,
+        )
         a = nn.functional.gelu(x @ self.w1 + self.b1, approximate="tanh")
         a = a.view(len(x), self.members, -1).transpose(0, 1)  # (m, n, width)
         z = (torch.bmm(a, self.w2) + self.b2[:, None, :]).double()  # (m, n, K)
@@ -401,7 +533,9 @@ class TorchRefinement(nn.Module):
 
 #: the torch twin of dwise_predict.predictors.calibration.INVERSES (same keys: every transform)
 _TORCH_INVERSES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "identity": lambda y: y, "log": torch.exp, "log1p": torch.expm1,
+    "identity": lambda y: y,
+    "log": torch.exp,
+    "log1p": torch.expm1,
 }
 
 
@@ -412,10 +546,16 @@ def _interp(x: torch.Tensor, xp: torch.Tensor, fp: torch.Tensor) -> torch.Tensor
     xc = torch.clamp(x, xp[0], xp[-1])
     i = torch.clamp(torch.searchsorted(xp, xc, right=True) - 1, 0, len(xp) - 2)
     x0, x1, y0, y1 = xp[i], xp[i + 1], fp[i], fp[i + 1]
-    w = torch.where(x1 > x0, (xc - x0) / torch.where(x1 > x0, x1 - x0, torch.ones_like(x1)), torch.zeros_like(xc))
+    w = torch.where(
+        x1 > x0,
+        (xc - x0) / torch.where(x1 > x0, x1 - x0, torch.ones_like(x1)),
+        torch.zeros_like(xc),
+    )
     return y0 + w * (y1 - y0)
 
 
-def ensemble_to_torch(ensemble: RefinementEnsemble, device: str | torch.device = "cpu") -> TorchRefinement:
+def ensemble_to_torch(
+    ensemble: RefinementEnsemble, device: str | torch.device = "cpu"
+) -> TorchRefinement:
     """The torch inference path (e.g. ``ensemble_to_torch(bundle.refinement, "cuda")``)."""
     return TorchRefinement(ensemble).to(device).eval()

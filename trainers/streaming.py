@@ -39,12 +39,27 @@ from .dataset import TraceArrays, trace_arrays
 
 #: the columns :func:`trace_arrays` reads: everything the predictors and the metrics need,
 #: nothing of the prompt or output text
-ARRAY_COLUMNS: tuple[str, ...] = tuple(dict.fromkeys(
-    ("request_id", "category", *FEATURE_NAMES, "total_rounds", "prompt_tokens", "output_budget",
-     "hit_budget", "first_round_hidden")))
+ARRAY_COLUMNS: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        (
+            "request_id",
+            "category",
+            *FEATURE_NAMES,
+            "total_rounds",
+            "prompt_tokens",
+            "output_budget",
+            "hit_budget",
+            "first_round_hidden",
+        )
+    )
+)
 #: also read by the one checking pass over the traces (rounds must add up per request)
-CHECK_COLUMNS: tuple[str, ...] = (*ARRAY_COLUMNS, "rounds_per_block", "block_size",
-                                  "max_steps_per_block")
+CHECK_COLUMNS: tuple[str, ...] = (
+    *ARRAY_COLUMNS,
+    "rounds_per_block",
+    "block_size",
+    "max_steps_per_block",
+)
 
 
 class RowSource(Protocol):
@@ -101,9 +116,10 @@ class ParquetSource:
         try:
             dataset = ds.dataset(paths, format="parquet", filesystem=filesystem)
         except (OSError, pa.ArrowInvalid) as e:
-            raise TraceError(f"cannot open the traces at {path}: {e}; pass a trace file, a "
-                             "folder of shards or a URI pyarrow reads (s3://, gs://, hdfs://)"
-                             ) from e
+            raise TraceError(
+                f"cannot open the traces at {path}: {e}; pass a trace file, a "
+                "folder of shards or a URI pyarrow reads (s3://, gs://, hdfs://)"
+            ) from e
         fragments = sorted(dataset.get_fragments(), key=lambda f: f.path)
         if not fragments:
             raise TraceError(f"no trace files at {path}; run `dwise-predict trace` first")
@@ -118,9 +134,11 @@ class ParquetSource:
             if not self.metadata:
                 self.fingerprint, self.metadata = fp, dict(schema.metadata or {})
             elif fp != self.fingerprint:
-                raise TraceError(f"trace shards at {path} come from different models or decoding "
-                                 f"settings ({fragments[0].path} vs {frag.path}); keep one model's "
-                                 "traces per folder")
+                raise TraceError(
+                    f"trace shards at {path} come from different models or decoding "
+                    f"settings ({fragments[0].path} vs {frag.path}); keep one model's "
+                    "traces per folder"
+                )
             frag.ensure_complete_metadata()
             for rg in frag.split_by_row_group():
                 rows = rg.row_groups[0].num_rows
@@ -132,8 +150,9 @@ class ParquetSource:
         self._n = start
         self.columns = [c for c in CHECK_COLUMNS if c in fragments[0].physical_schema.names]
         if self._n == 0:
-            raise TrainingError(f"the traces at {path} hold no requests; trace some with "
-                                "`dwise-predict trace`")
+            raise TrainingError(
+                f"the traces at {path} hold no requests; trace some with `dwise-predict trace`"
+            )
 
     @property
     def n(self) -> int:
@@ -195,8 +214,11 @@ def concat_arrays(parts: Sequence[TraceArrays]) -> TraceArrays:
     """One :class:`TraceArrays` of several chunks, in order."""
     if len(parts) == 1:
         return parts[0]
-    hidden = None if any(p.hidden is None for p in parts) else np.concatenate(
-        [p.hidden for p in parts if p.hidden is not None])
+    hidden = (
+        None
+        if any(p.hidden is None for p in parts)
+        else np.concatenate([p.hidden for p in parts if p.hidden is not None])
+    )
     return TraceArrays(
         request_id=np.concatenate([p.request_id for p in parts]),
         category=np.concatenate([p.category for p in parts]),
@@ -205,7 +227,8 @@ def concat_arrays(parts: Sequence[TraceArrays]) -> TraceArrays:
         prompt_tokens=np.concatenate([p.prompt_tokens for p in parts]),
         output_budget=np.concatenate([p.output_budget for p in parts]),
         hit_budget=np.concatenate([p.hit_budget for p in parts]),
-        hidden=hidden)
+        hidden=hidden,
+    )
 
 
 @dataclass(frozen=True)
@@ -237,8 +260,9 @@ class TraceStats:
         return np.asarray(self.categories, dtype=object)[self.category]
 
 
-def scan_stats(source: RowSource, chunk_rows: int = 1024, *, check: bool = True,
-               progress: bool = False) -> TraceStats:
+def scan_stats(
+    source: RowSource, chunk_rows: int = 1024, *, check: bool = True, progress: bool = False
+) -> TraceStats:
     """One pass over ``source``: normalization, small per-request columns, value checks."""
     from tqdm.auto import tqdm
 
@@ -252,11 +276,14 @@ def scan_stats(source: RowSource, chunk_rows: int = 1024, *, check: bool = True,
     for start, stop in chunks(source.n, chunk_rows):
         part = source.read(start, stop, check=check)
         if part.hidden is None:
-            raise TraceError("the traces have no first_round_hidden; re-trace with hidden-state "
-                             "capture on to train or evaluate the refinement predictor")
+            raise TraceError(
+                "the traces have no first_round_hidden; re-trace with hidden-state "
+                "capture on to train or evaluate the refinement predictor"
+            )
         if np.any(part.total_rounds < 1):
-            raise TrainingError("total_rounds must be >= 1 for every request; the traces are "
-                                "corrupt")
+            raise TrainingError(
+                "total_rounds must be >= 1 for every request; the traces are corrupt"
+            )
         h = part.hidden.astype(np.float64)
         m = len(h)
         c_mean = h.mean(axis=0)
@@ -265,8 +292,10 @@ def scan_stats(source: RowSource, chunk_rows: int = 1024, *, check: bool = True,
             mean, m2 = c_mean, c_m2
         else:
             if h.shape[1] != len(mean):
-                raise TraceError(f"first_round_hidden has mixed sizes ({len(mean)} and "
-                                 f"{h.shape[1]}); traces mix models")
+                raise TraceError(
+                    f"first_round_hidden has mixed sizes ({len(mean)} and "
+                    f"{h.shape[1]}); traces mix models"
+                )
             delta = c_mean - mean
             total = count + m
             mean = mean + delta * (m / total)
@@ -276,8 +305,9 @@ def scan_stats(source: RowSource, chunk_rows: int = 1024, *, check: bool = True,
         ob_max = max(ob_max, float(part.output_budget.max()))
         remaining.append(part.remaining.astype(np.int32))
         hit.append(part.hit_budget)
-        codes.append(np.array([names.setdefault(str(c), len(names)) for c in part.category],
-                              dtype=np.int16))
+        codes.append(
+            np.array([names.setdefault(str(c), len(names)) for c in part.category], dtype=np.int16)
+        )
         bar.update(m)
     bar.close()
     if mean is None or m2 is None:
@@ -286,8 +316,15 @@ def scan_stats(source: RowSource, chunk_rows: int = 1024, *, check: bool = True,
     ordered = tuple(sorted(names))
     lut = np.array([ordered.index(k) for k in names], dtype=np.int16)
     std = np.maximum(np.sqrt(m2 / count), 1e-6)
-    return TraceStats(n=count, hidden_size=len(mean), hidden_mean=mean.astype(np.float32),
-                      hidden_std=std.astype(np.float32), prompt_tokens_scale=pt_max,
-                      output_budget_scale=ob_max, remaining=np.concatenate(remaining),
-                      hit_budget=np.concatenate(hit), category=lut[np.concatenate(codes)],
-                      categories=ordered)
+    return TraceStats(
+        n=count,
+        hidden_size=len(mean),
+        hidden_mean=mean.astype(np.float32),
+        hidden_std=std.astype(np.float32),
+        prompt_tokens_scale=pt_max,
+        output_budget_scale=ob_max,
+        remaining=np.concatenate(remaining),
+        hit_budget=np.concatenate(hit),
+        category=lut[np.concatenate(codes)],
+        categories=ordered,
+    )

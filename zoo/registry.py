@@ -77,9 +77,13 @@ class ZooIndex:
             return self.entries[self.defaults[key]]
         if key in self.entries:
             return self.entries[key]
-        listing = ", ".join(f"{n} (default)" if self.entries[n].is_default else n for n in self.names())
-        raise ConfigError(f"unknown zoo name {name!r}; known: {listing}. Pass one of these, a bundle folder, or "
-                          "'hf://ORG/NAME@REVISION'")
+        listing = ", ".join(
+            f"{n} (default)" if self.entries[n].is_default else n for n in self.names()
+        )
+        raise ConfigError(
+            f"unknown zoo name {name!r}; known: {listing}. Pass one of these, a bundle folder, or "
+            "'hf://ORG/NAME@REVISION'"
+        )
 
 
 def load_index(path: str | Path | None = None) -> ZooIndex:
@@ -90,14 +94,18 @@ def load_index(path: str | Path | None = None) -> ZooIndex:
     except FileNotFoundError as e:
         raise ConfigError(f"zoo index {source} does not exist; reinstall dwise-predict") from e
     except (OSError, ValueError) as e:
-        raise ConfigError(f"zoo index {source} is not valid JSON ({e}); restore it from the package") from e
+        raise ConfigError(
+            f"zoo index {source} is not valid JSON ({e}); restore it from the package"
+        ) from e
     where = f"zoo index {source}"
     if not isinstance(data, dict) or data.get("format") != INDEX_FORMAT:
         raise ConfigError(f"{where} is not a {INDEX_FORMAT} file (format={_get(data, 'format')!r})")
     version = data.get("format_version")
     if not isinstance(version, int) or version > INDEX_FORMAT_VERSION:
-        raise ConfigError(f"{where} has format_version {version!r}; this dwise-predict reads up to "
-                          f"{INDEX_FORMAT_VERSION}: upgrade dwise-predict")
+        raise ConfigError(
+            f"{where} has format_version {version!r}; this dwise-predict reads up to "
+            f"{INDEX_FORMAT_VERSION}: upgrade dwise-predict"
+        )
     models = data.get("models")
     if not isinstance(models, dict) or not models:
         raise ConfigError(f"{where} lists no models")
@@ -110,7 +118,10 @@ def load_index(path: str | Path | None = None) -> ZooIndex:
         if not isinstance(tags, dict) or not tags:
             raise ConfigError(f"{where}: model {model!r} has no tags")
         if default not in tags:
-            raise ConfigError(f"{where}: model {model!r} default_tag {default!r} is not one of its tags {sorted(tags)}")
+            raise ConfigError(
+                f"{where}: model {model!r} default_tag "
+                f"{default!r} is not one of its tags {sorted(tags)}"
+            )
         for tag, t in sorted(tags.items()):
             _check_name(tag, where)
             full = f"{model}.{tag}"
@@ -120,7 +131,8 @@ def load_index(path: str | Path | None = None) -> ZooIndex:
 
 
 def resolve(name: str, *, index: ZooIndex | None = None) -> ZooEntry:
-    """``"tiny-bd"`` (default tag) or ``"tiny-bd.tau095"`` -> :class:`ZooEntry`; unknown -> ConfigError listing names."""
+    """``"tiny-bd"`` (default tag) or ``"tiny-bd.tau095"`` -> :class:`ZooEntry`; unknown ->
+    ConfigError listing names."""
     return (index or load_index()).resolve(name)
 
 
@@ -139,7 +151,9 @@ def list_models(pattern: str | None = None, *, index: ZooIndex | None = None) ->
     return [n for n in names if pattern is None or fnmatch.fnmatchcase(n, pattern)]
 
 
-def _entry(full: str, model: str, tag: str, t: Any, is_default: bool, base: Path, where: str) -> ZooEntry:
+def _entry(
+    full: str, model: str, tag: str, t: Any, is_default: bool, base: Path, where: str
+) -> ZooEntry:
     if not isinstance(t, dict):
         raise ConfigError(f"{where}: {full} must be an object")
     missing = [k for k in ("repo_id", "revision", "fingerprint") if not t.get(k)]
@@ -147,30 +161,46 @@ def _entry(full: str, model: str, tag: str, t: Any, is_default: bool, base: Path
         raise ConfigError(f"{where}: {full} lacks {', '.join(missing)}")
     ref = parse_hub_ref(str(t["repo_id"]))
     if ref.revision is not None:
-        raise ConfigError(f"{where}: {full} repo_id {t['repo_id']!r} must not contain '@'; use the revision field")
+        raise ConfigError(
+            f"{where}: {full} repo_id {t['repo_id']!r} must not contain '@'; use the revision field"
+        )
     fingerprint = t["fingerprint"]
     if not isinstance(fingerprint, dict):
         raise ConfigError(f"{where}: {full} fingerprint must be an object")
     try:
         ModelFingerprint.from_dict(fingerprint)
     except TypeError as e:
-        raise ConfigError(f"{where}: {full} fingerprint is incomplete ({e}); it needs model_id, block_size, "
-                          "threshold") from e
+        raise ConfigError(
+            f"{where}: {full} fingerprint is incomplete ({e}); it needs model_id, block_size, "
+            "threshold"
+        ) from e
     local = t.get("local_path")
     local_path = None
     if local is not None:
         p = PurePosixPath(str(local))
         if p.is_absolute() or ".." in p.parts:
-            raise ConfigError(f"{where}: {full} local_path {local!r} must be relative to the index folder")
+            raise ConfigError(
+                f"{where}: {full} local_path {local!r} must be relative to the index folder"
+            )
         local_path = base / p
-    return ZooEntry(name=full, model=model, tag=tag, repo_id=ref.repo_id, revision=str(t["revision"]),
-                    fingerprint=dict(fingerprint), is_default=is_default, description=str(t.get("description", "")),
-                    local_path=local_path)
+    return ZooEntry(
+        name=full,
+        model=model,
+        tag=tag,
+        repo_id=ref.repo_id,
+        revision=str(t["revision"]),
+        fingerprint=dict(fingerprint),
+        is_default=is_default,
+        description=str(t.get("description", "")),
+        local_path=local_path,
+    )
 
 
 def _check_name(name: Any, where: str) -> None:
     if not isinstance(name, str) or not name or "." in name or "/" in name or name != name.strip():
-        raise ConfigError(f"{where}: {name!r} is not a valid zoo model or tag name (no '.', '/' or spaces)")
+        raise ConfigError(
+            f"{where}: {name!r} is not a valid zoo model or tag name (no '.', '/' or spaces)"
+        )
 
 
 def _get(d: Any, key: str) -> Any:

@@ -14,5 +14,17 @@ from .record import record_evaluation
 from .resolve import resolve_bundle_path
 from .update import BundleDraft, update_bundle
 
-__all__ = ["FORMAT_VERSION", "LIBRARY_REQUIREMENT", "Bundle", "BundleDraft", "load_bundle", "read_manifest",
-           "record_evaluation", "render_card", "resolve_bundle_path", "save_bundle", "update_bundle", "verify_files"]
+__all__ = [
+    "FORMAT_VERSION",
+    "LIBRARY_REQUIREMENT",
+    "Bundle",
+    "BundleDraft",
+    "load_bundle",
+    "read_manifest",
+    "record_evaluation",
+    "render_card",
+    "resolve_bundle_path",
+    "save_bundle",
+    "update_bundle",
+    "verify_files",
+]

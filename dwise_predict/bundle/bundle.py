@@ -61,8 +61,10 @@ class Bundle:
         """Like :meth:`module`, but refuses (naming the fix) when the bundle has none."""
         found = self.module(cls)
         if found is None:
-            raise BundleError(f"bundle '{self.name}' has no {cls.kind} predictor; train one with "
-                              f"`dwise-predict train --only {cls.kind}`")
+            raise BundleError(
+                f"bundle '{self.name}' has no {cls.kind} predictor; train one with "
+                f"`dwise-predict train --only {cls.kind}`"
+            )
         return found
 
     @property
@@ -88,9 +90,11 @@ class Bundle:
         untouched: ``dwise-predict profile --bundle`` writes a new revision). Refuses a profile
         of another dLLM, block size or decoder unless ``allow_mismatch``."""
         if not isinstance(profile, CostProfile):
-            raise BundleError(f"with_cost_profile needs a CostProfile, got "
-                              f"{type(profile).__name__}; load one with "
-                              "dwise_predict.cost.load_cost_profile")
+            raise BundleError(
+                f"with_cost_profile needs a CostProfile, got "
+                f"{type(profile).__name__}; load one with "
+                "dwise_predict.cost.load_cost_profile"
+            )
         if not allow_mismatch:
             profile.check_compatible(self.fingerprint)
         return dataclasses.replace(self, modules={**self.modules, profile.kind: profile})
@@ -105,8 +109,9 @@ class Bundle:
         counts."""
         return self.need(AdmissionModel).predict_features(X)
 
-    def predict_refined(self, hidden: Any, prompt_tokens: Any, output_budget: Any, *,
-                        raw: bool = False) -> np.ndarray:
+    def predict_refined(
+        self, hidden: Any, prompt_tokens: Any, output_budget: Any, *, raw: bool = False
+    ) -> np.ndarray:
         """Estimated rounds still to go after the first denoising round, one per hidden row.
 
         ``raw=True`` gives the ensemble's uncalibrated restricted mean.
@@ -124,8 +129,10 @@ class Bundle:
         if prompt_tokens is None:
             featurizer = self.admission.featurizer if self.admission is not None else None
             if featurizer is None:
-                raise BundleError(f"bundle '{self.name}' has no tokenizer of the served model to "
-                                  "count prompt blocks; pass prompt_tokens=")
+                raise BundleError(
+                    f"bundle '{self.name}' has no tokenizer of the served model to "
+                    "count prompt blocks; pass prompt_tokens="
+                )
             tokens = featurizer(texts)[:, 2]
         else:
             tokens = np.asarray(prompt_tokens, dtype=np.float64).reshape(-1)
@@ -138,9 +145,11 @@ class Bundle:
         by ``alpha*m + beta*E[n] + sum D*(K + delta*m)`` (see :mod:`dwise_predict.cost`)."""
         profile = self.cost_profile
         if profile is None:
-            raise BundleError(f"bundle '{self.name}' has no cost profile; profile the deployment "
-                              "(`dwise-predict profile --bundle ...`) or use "
-                              "bundle.with_cost_profile(load_cost_profile(...))")
+            raise BundleError(
+                f"bundle '{self.name}' has no cost profile; profile the deployment "
+                "(`dwise-predict profile --bundle ...`) or use "
+                "bundle.with_cost_profile(load_cost_profile(...))"
+            )
         m = self.prompt_blocks(prompts, prompt_tokens)
         return profile.expected_cost(self.predict_surface(prompts), m)
 
@@ -154,10 +163,13 @@ class Bundle:
         diff = self.fingerprint.mismatches(fingerprint)
         if not diff:
             return []
-        details = ", ".join(f"{k}: {getattr(self.fingerprint, k)!r} vs {getattr(fingerprint, k)!r}"
-                            for k in diff)
-        msg = (f"bundle '{self.name}' was trained for {self.fingerprint.short()} but the server runs "
-               f"{fingerprint.short()} ({details}): retrain, or pass allow_mismatch=True")
+        details = ", ".join(
+            f"{k}: {getattr(self.fingerprint, k)!r} vs {getattr(fingerprint, k)!r}" for k in diff
+        )
+        msg = (
+            f"bundle '{self.name}' was trained for {self.fingerprint.short()} but the server runs "
+            f"{fingerprint.short()} ({details}): retrain, or pass allow_mismatch=True"
+        )
         if not allow_mismatch:
             raise FingerprintMismatchError(msg)
         warnings.warn(msg, stacklevel=2)
@@ -167,10 +179,17 @@ class Bundle:
         return f"Bundle({self.name!r}, {self.fingerprint.short()}, modules={list(self.modules)})"
 
 
-def save_bundle(out: str | Path, modules: Iterable[BundleModule], *, fingerprint: ModelFingerprint,
-                training: dict[str, Any] | None = None, metrics: dict[str, Any] | None = None,
-                name: str | None = None, requires: str = LIBRARY_REQUIREMENT,
-                overwrite: bool = False) -> Path:
+def save_bundle(
+    out: str | Path,
+    modules: Iterable[BundleModule],
+    *,
+    fingerprint: ModelFingerprint,
+    training: dict[str, Any] | None = None,
+    metrics: dict[str, Any] | None = None,
+    name: str | None = None,
+    requires: str = LIBRARY_REQUIREMENT,
+    overwrite: bool = False,
+) -> Path:
     """Write a bundle folder of ``modules`` atomically (built in a hidden sibling, then swapped in).
 
     Each module saves its own files and gives its manifest entry, stored under its kind; the
@@ -184,10 +203,13 @@ def save_bundle(out: str | Path, modules: Iterable[BundleModule], *, fingerprint
         raise BundleError(f"a bundle needs at least one predictor (one of {sorted(registered())})")
     kinds = [module_class(m.kind, "save_bundle").kind for m in parts]
     if len(set(kinds)) != len(kinds):
-        raise BundleError(f"a bundle holds one predictor per kind, got {kinds}; "
-                          "pass each kind once")
+        raise BundleError(
+            f"a bundle holds one predictor per kind, got {kinds}; pass each kind once"
+        )
     if out.exists() and not overwrite:
-        raise BundleError(f"{out} already exists; choose another --out or pass overwrite=True (--force)")
+        raise BundleError(
+            f"{out} already exists; choose another --out or pass overwrite=True (--force)"
+        )
     if out.exists() and not (out / MANIFEST).is_file():
         raise BundleError(f"{out} exists and is not a bundle; refusing to replace it")
     with staged_folder(out) as tmp:
@@ -206,8 +228,11 @@ def save_bundle(out: str | Path, modules: Iterable[BundleModule], *, fingerprint
             "metrics": metrics or {},
         }
         write_text(tmp / CARD_FILE, render_card(manifest))
-        manifest["files"] = {p.relative_to(tmp).as_posix(): file_record(p)
-                             for p in sorted(tmp.rglob("*")) if p.is_file()}
+        manifest["files"] = {
+            p.relative_to(tmp).as_posix(): file_record(p)
+            for p in sorted(tmp.rglob("*"))
+            if p.is_file()
+        }
         write_json(tmp / MANIFEST, manifest)
     return out
 
@@ -219,7 +244,9 @@ def read_manifest(ref: str | Path) -> dict[str, Any]:
     try:
         manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
-        raise BundleIntegrityError(f"{path}/{MANIFEST} is not valid JSON ({e}); the bundle is corrupt") from e
+        raise BundleIntegrityError(
+            f"{path}/{MANIFEST} is not valid JSON ({e}); the bundle is corrupt"
+        ) from e
     if not isinstance(manifest, dict):
         raise BundleIntegrityError(f"{path}/{MANIFEST} is not a JSON object; the bundle is corrupt")
     check_format(manifest, str(path))
@@ -237,7 +264,9 @@ def load_bundle(ref: str | Path) -> Bundle:
     try:
         fingerprint = ModelFingerprint.from_dict(manifest["fingerprint"])
     except (KeyError, TypeError) as e:
-        raise BundleIntegrityError(f"{path}/{MANIFEST} has no valid fingerprint ({e}); re-save the bundle") from e
+        raise BundleIntegrityError(
+            f"{path}/{MANIFEST} has no valid fingerprint ({e}); re-save the bundle"
+        ) from e
     modules: dict[str, BundleModule] = {}
     for kind, entry in declared(manifest):
         cls = module_class(kind, str(path))
@@ -246,15 +275,17 @@ def load_bundle(ref: str | Path) -> Bundle:
         try:
             module = cls.load(folder, entry)
         except PredictorError as e:
-            raise BundleIntegrityError(f"{path}: the {kind} predictor is corrupt ({e}); "
-                                       "re-save the bundle") from e
+            raise BundleIntegrityError(
+                f"{path}: the {kind} predictor is corrupt ({e}); re-save the bundle"
+            ) from e
         module.check_fingerprint(fingerprint, str(path))
         modules[kind] = module
     if resolved.expected_fingerprint is not None:
         wrong = resolved.expected_fingerprint.mismatches(fingerprint)
         if wrong:
             raise BundleIntegrityError(
-                f"zoo entry {str(ref)!r} promises {resolved.expected_fingerprint.short()} but the bundle at {path} is "
-                f"for {fingerprint.short()} (differs in {', '.join(wrong)}); the zoo index and bundle are out of step: "
-                "reinstall dwise-predict")
+                f"zoo entry {str(ref)!r} promises {resolved.expected_fingerprint.short()} but the "
+                f"bundle at {path} is for {fingerprint.short()} (differs in {', '.join(wrong)}); "
+                "the zoo index and bundle are out of step: reinstall dwise-predict"
+            )
     return Bundle(path=path, manifest=manifest, fingerprint=fingerprint, modules=modules)

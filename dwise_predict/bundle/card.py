@@ -1,4 +1,5 @@
-"""The bundle's model card: ``README.md`` with Hugging Face Hub metadata, rendered from the manifest.
+"""The bundle's model card: ``README.md`` with Hugging Face Hub metadata, rendered from the
+manifest.
 
 Why render it from the manifest (never edit it by hand): the card is what a person reads on the
 Hub before trusting a bundle with their scheduler, so it must say exactly what the manifest
@@ -32,7 +33,8 @@ NOT_EVALUATED = "Not evaluated yet."
 
 
 def render_card(manifest: Mapping[str, Any], plots: Sequence[str] = ()) -> str:
-    """The model card for a bundle ``manifest``; ``plots`` are bundle-relative image paths (``plots/x.png``)."""
+    """The model card for a bundle ``manifest``; ``plots`` are bundle-relative image paths
+    (``plots/x.png``)."""
     manifest = migrate(dict(manifest))
     name = str(manifest.get("name") or "bundle")
     fp = dict(manifest.get("fingerprint") or {})
@@ -57,7 +59,8 @@ def evaluated_estimates(metrics: Mapping[str, Any]) -> list[str]:
 
 # -- front matter ---------------------------------------------------------------------------
 def _yaml(value: Any) -> str:
-    """One YAML scalar: JSON quoting for strings (valid YAML), plain numbers, null for non-finite."""
+    """One YAML scalar: JSON quoting for strings (valid YAML), plain numbers, null for
+    non-finite."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "null"
     if isinstance(value, bool):
@@ -77,13 +80,24 @@ def _front_matter(name: str, fp: Mapping[str, Any], metrics: Mapping[str, Any]) 
     if results:
         traces = str(metrics.get("traces") or "evaluation traces")
         dataset_name = f"{fp.get('model_id', 'dLLM')} traces: {traces}"
-        lines += ["model-index:", f"- name: {_yaml(name)}", "  results:", "  - task:",
-                  f"      type: {_yaml(TASK_TYPE)}", f"      name: {_yaml(TASK_NAME)}",
-                  "    dataset:", f"      type: {_yaml(traces)}",
-                  f"      name: {_yaml(dataset_name)}",
-                  "    metrics:"]
+        lines += [
+            "model-index:",
+            f"- name: {_yaml(name)}",
+            "  results:",
+            "  - task:",
+            f"      type: {_yaml(TASK_TYPE)}",
+            f"      name: {_yaml(TASK_NAME)}",
+            "    dataset:",
+            f"      type: {_yaml(traces)}",
+            f"      name: {_yaml(dataset_name)}",
+            "    metrics:",
+        ]
         for mtype, value, label in results:
-            lines += [f"    - type: {_yaml(mtype)}", f"      value: {_yaml(value)}", f"      name: {_yaml(label)}"]
+            lines += [
+                f"    - type: {_yaml(mtype)}",
+                f"      value: {_yaml(value)}",
+                f"      name: {_yaml(label)}",
+            ]
     lines.append("---")
     return "\n".join(lines) + "\n"
 
@@ -104,23 +118,31 @@ def _model_index_metrics(metrics: Mapping[str, Any]) -> list[tuple[str, float, s
 def _intro(name: str, fp: Mapping[str, Any], manifest: Mapping[str, Any]) -> str:
     lib = manifest.get("library") or {}
     model = fp.get("model_id", "an unknown dLLM")
-    return (f"# {_md(name)}: remaining-work predictors for `{_md(model)}`\n\n"
-            f"A [dwise-predict](https://github.com/dwise-predict/dwise-predict) bundle (format "
-            f"v{manifest.get('format_version', '?')}, written by dwise-predict {lib.get('version', '?')}, "
-            f"readable by dwise-predict{lib.get('requires', '')}). It estimates how much work each request to a "
-            "block-diffusion LLM still has, so a scheduler can run shortest-remaining-work-first (DWISE): "
-            "remaining work R = prompt blocks P + estimated denoising rounds r̂.\n\n"
-            + "".join(f"- **{_md(kind)}** estimate: {_md(entry.get('estimate', '?'))};\n"
-                      for kind, entry in declared(manifest))
-            + "\nThe predictors are valid only for the dLLM and decoding setting below: "
-            "another model, block size "
-            "or confidence threshold denoises differently, and a bundle loaded into the wrong server would "
-            "silently mis-rank every request. Loading checks this (see *Refusal* below).\n")
+    return (
+        f"# {_md(name)}: remaining-work predictors for `{_md(model)}`\n\n"
+        f"A [dwise-predict](https://github.com/dwise-predict/dwise-predict) bundle (format "
+        f"v{manifest.get('format_version', '?')}, written by dwise-predict "
+        f"{lib.get('version', '?')}, readable by dwise-predict{lib.get('requires', '')}). It "
+        "estimates how much work each request to a block-diffusion LLM still has, so a scheduler "
+        "can run shortest-remaining-work-first (DWISE): remaining work R = prompt blocks P + "
+        "estimated denoising rounds r̂.\n\n"
+        + "".join(
+            f"- **{_md(kind)}** estimate: {_md(entry.get('estimate', '?'))};\n"
+            for kind, entry in declared(manifest)
+        )
+        + "\nThe predictors are valid only for the dLLM and decoding setting below: "
+        "another model, block size "
+        "or confidence threshold denoises differently, and a bundle loaded into the wrong server "
+        "would silently mis-rank every request. Loading checks this (see *Refusal* below).\n"
+    )
 
 
 def _fingerprint_section(fp: Mapping[str, Any]) -> str:
-    rows = [[f"`{k}`", _md(json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v)]
-            for k, v in fp.items() if v not in (None, {}, [])]
+    rows = [
+        [f"`{k}`", _md(json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v)]
+        for k, v in fp.items()
+        if v not in (None, {}, [])
+    ]
     return "## The dLLM it belongs to\n\n" + _table(["field", "value"], rows)
 
 
@@ -128,10 +150,14 @@ def _predictors_section(manifest: Mapping[str, Any]) -> str:
     rows = []
     for kind, entry in declared(manifest):
         known = registered().get(kind)
-        summary = (known.card_summary(entry, manifest) if known is not None
-                   else "a kind this dwise-predict does not know (written by a newer version)")
-        rows.append([_md(kind), summary, _md(entry.get("estimate", "")),
-                     ", ".join(entry.get("files", []))])
+        summary = (
+            known.card_summary(entry, manifest)
+            if known is not None
+            else "a kind this dwise-predict does not know (written by a newer version)"
+        )
+        rows.append(
+            [_md(kind), summary, _md(entry.get("estimate", "")), ", ".join(entry.get("files", []))]
+        )
     if not rows:
         return ""
     return "## Predictors\n\n" + _table(["predictor", "model", "estimate", "files"], rows)
@@ -149,9 +175,15 @@ def _training_section(training: Mapping[str, Any]) -> str:
         facts.append(f"seed {training['seed']}")
     rounds = training.get("total_rounds") or {}
     if rounds:
-        facts.append(f"total rounds min {rounds.get('min')} / median {rounds.get('median')} / max {rounds.get('max')}")
+        facts.append(
+            f"total rounds min {rounds.get('min')} / median "
+            f"{rounds.get('median')} / max {rounds.get('max')}"
+        )
     if training.get("hit_budget_fraction") is not None:
-        facts.append(f"{100 * float(training['hit_budget_fraction']):.1f}% cut by the output budget (censored)")
+        facts.append(
+            f"{100 * float(training['hit_budget_fraction']):.1f}% "
+            "cut by the output budget (censored)"
+        )
     out = "## Training data\n\n" + ("; ".join(facts) + ".\n" if facts else "")
     cats = training.get("categories") or {}
     if cats:
@@ -162,38 +194,83 @@ def _training_section(training: Mapping[str, Any]) -> str:
 def _evaluation_section(metrics: Mapping[str, Any], plots: Sequence[str]) -> str:
     names = evaluated_estimates(metrics)
     if not names:
-        return ("## Evaluation\n\n" + NOT_EVALUATED + " Record one on traces disjoint from the training traces "
-                "with `dwise-predict eval --bundle THIS_FOLDER --traces EVAL_TRACES --out metrics.json --record`.\n")
+        return (
+            "## Evaluation\n\n"
+            + NOT_EVALUATED
+            + " Record one on traces disjoint from the training traces "
+            "with `dwise-predict eval --bundle THIS_FOLDER --traces EVAL_TRACES "
+            "--out metrics.json --record`.\n"
+        )
     where = f" on `{_md(metrics['traces'])}`" if metrics.get("traces") else ""
-    out = (f"## Evaluation\n\n{metrics.get('n_requests', '?')} requests{where}. Spearman ρ ranks predicted against "
-           "actual work (overall and within each category); the median ratio is the median of predicted / "
-           "actual (1.0 = on scale).\n\n")
-    out += _table(["estimate", "compared with", "ρ overall", "ρ within category (mean)", "median ratio", "n"],
-                  [[n, all_estimates()[n], _num(metrics[n].get("spearman")),
-                    _num(metrics[n].get("within_category_mean_spearman")), _num(metrics[n].get("median_ratio")),
-                    metrics[n].get("n", "")] for n in names])
+    out = (
+        "## Evaluation\n\n"
+        f"{metrics.get('n_requests', '?')} requests{where}. Spearman ρ ranks predicted against "
+        "actual work (overall and within each category); the median ratio is the median of "
+        "predicted / actual (1.0 = on scale).\n\n"
+    )
+    out += _table(
+        ["estimate", "compared with", "ρ overall", "ρ within category (mean)", "median ratio", "n"],
+        [
+            [
+                n,
+                all_estimates()[n],
+                _num(metrics[n].get("spearman")),
+                _num(metrics[n].get("within_category_mean_spearman")),
+                _num(metrics[n].get("median_ratio")),
+                metrics[n].get("n", ""),
+            ]
+            for n in names
+        ],
+    )
     cats = sorted({c for n in names for c in (metrics[n].get("per_category") or {})})
     if cats:
         counts = metrics.get("categories") or {}
         rows = []
         for c in cats:
             per = [(metrics[n].get("per_category") or {}).get(c) or {} for n in names]
-            rows.append([_md(c), counts.get(c, next((p.get("n") for p in per if p.get("n") is not None), "")),
-                         *(_num(p.get("spearman")) for p in per), *(_num(p.get("median_ratio")) for p in per)])
+            rows.append(
+                [
+                    _md(c),
+                    counts.get(c, next((p.get("n") for p in per if p.get("n") is not None), "")),
+                    *(_num(p.get("spearman")) for p in per),
+                    *(_num(p.get("median_ratio")) for p in per),
+                ]
+            )
         out += "\n### Per category\n\n" + _table(
-            ["category", "n", *(f"ρ {n}" for n in names), *(f"median ratio {n}" for n in names)], rows)
+            ["category", "n", *(f"ρ {n}" for n in names), *(f"median ratio {n}" for n in names)],
+            rows,
+        )
     held = metrics.get("holdout")
     if isinstance(held, Mapping) and held.get("category") is not None:
         hn = [n for n in names if isinstance(held.get(n), Mapping)]
-        out += (f"\n### Held-out category `{_md(held['category'])}`\n\nRetrained without it "
-                f"({held.get('n_train_without', '?')} training requests), evaluated on its "
-                f"{held.get('n_eval', '?')} requests (DWISE Table 7).\n\n")
-        out += _table(["estimate", "ρ in training", "ρ held out", "ρ overall (held out)", "median ratio held out"],
-                      [[n, _num(held[n].get("in_training")), _num(held[n].get("held_out")),
-                        _num(held[n].get("overall_held_out")), _num(held[n].get("median_ratio_held_out"))]
-                       for n in hn])
+        out += (
+            f"\n### Held-out category `{_md(held['category'])}`\n\nRetrained without it "
+            f"({held.get('n_train_without', '?')} training requests), evaluated on its "
+            f"{held.get('n_eval', '?')} requests (DWISE Table 7).\n\n"
+        )
+        out += _table(
+            [
+                "estimate",
+                "ρ in training",
+                "ρ held out",
+                "ρ overall (held out)",
+                "median ratio held out",
+            ],
+            [
+                [
+                    n,
+                    _num(held[n].get("in_training")),
+                    _num(held[n].get("held_out")),
+                    _num(held[n].get("overall_held_out")),
+                    _num(held[n].get("median_ratio_held_out")),
+                ]
+                for n in hn
+            ],
+        )
     if plots:
-        out += "\n### Plots\n\n" + "\n\n".join(f"![{_md(_plot_title(p))}]({p})" for p in plots) + "\n"
+        out += (
+            "\n### Plots\n\n" + "\n\n".join(f"![{_md(_plot_title(p))}]({p})" for p in plots) + "\n"
+        )
     return out
 
 
@@ -203,12 +280,22 @@ def _exports_section(exports: Mapping[str, Any]) -> str:
     rows = []
     for name, rec in sorted(exports.items()):
         parity = rec.get("parity") or {}
-        rows.append([f"`{_md(name)}`", rec.get("predictor", ""), rec.get("precision", ""),
-                     "yes" if rec.get("kept") else "no", _num(parity.get("max_abs_error"), ".2e"),
-                     _md(rec.get("reason", ""))])
-    return ("## Exported files\n\nEach exported file is gated on parity with the native predictor; refused "
-            "files are recorded with the reason.\n\n"
-            + _table(["file", "predictor", "precision", "kept", "max abs error", "reason"], rows))
+        rows.append(
+            [
+                f"`{_md(name)}`",
+                rec.get("predictor", ""),
+                rec.get("precision", ""),
+                "yes" if rec.get("kept") else "no",
+                _num(parity.get("max_abs_error"), ".2e"),
+                _md(rec.get("reason", "")),
+            ]
+        )
+    return (
+        "## Exported files\n\n"
+        "Each exported file is gated on parity with the native predictor; refused files are "
+        "recorded with the reason.\n\n"
+        + _table(["file", "predictor", "precision", "kept", "max abs error", "reason"], rows)
+    )
 
 
 def _usage_section(fp: Mapping[str, Any]) -> str:
@@ -228,13 +315,16 @@ left = bundle.predict_refined(hidden, prompt_tokens, output_budget)    # rounds 
 
 ## Refusal
 
-- `load_bundle` reads `manifest.json` first and refuses a newer bundle format or a dwise-predict version
-  outside `library.requires` before opening anything else; then it checks the size and sha256 of every
+- `load_bundle` reads `manifest.json` first and refuses a newer bundle format or a \
+dwise-predict version
+  outside `library.requires` before opening anything else; then it checks the size and \
+sha256 of every
   file listed in the manifest (this card and the plots included) and names the file that is missing,
   truncated or modified. Nothing in a bundle is ever unpickled.
 - `bundle.check(fingerprint)` raises `FingerprintMismatchError` naming both sides when the server's
   model id, block size, decoding algorithm, threshold, mask id or hidden size differ from this
-  bundle's (`{_md(model)}`, block {block}, threshold {thr}); `allow_mismatch=True` turns the refusal into a
+  bundle's (`{_md(model)}`, block {block}, threshold {thr}); `allow_mismatch=True` turns the \
+refusal into a
   warning, for experts who know the difference is harmless.
 """
 

@@ -47,28 +47,40 @@ def check_format(manifest: dict[str, Any], where: str) -> None:
     from packaging.version import Version
 
     if manifest.get("format") != FORMAT_NAME:
-        raise BundleError(f"{where} is not a dwise-predict bundle (format={manifest.get('format')!r}); "
-                          "create one with `dwise-predict train`")
+        raise BundleError(
+            f"{where} is not a dwise-predict bundle (format={manifest.get('format')!r}); "
+            "create one with `dwise-predict train`"
+        )
     version = manifest.get("format_version")
     if not isinstance(version, int) or version < 1:
-        raise BundleIntegrityError(f"{where} has an invalid format_version {version!r}; the manifest is corrupt")
+        raise BundleIntegrityError(
+            f"{where} has an invalid format_version {version!r}; the manifest is corrupt"
+        )
     if version > FORMAT_VERSION:
-        raise BundleVersionError(f"{where} uses bundle format v{version} but dwise-predict {__version__} reads up to "
-                                 f"v{FORMAT_VERSION}; upgrade dwise-predict (pip install -U dwise-predict)")
+        raise BundleVersionError(
+            f"{where} uses bundle format v{version} but dwise-predict {__version__} reads up to "
+            f"v{FORMAT_VERSION}; upgrade dwise-predict (pip install -U dwise-predict)"
+        )
     requires = (manifest.get("library") or {}).get("requires", "")
     try:
         spec = SpecifierSet(requires)
     except InvalidSpecifier as e:
-        raise BundleIntegrityError(f"{where} has an invalid library requirement {requires!r}") from e
+        raise BundleIntegrityError(
+            f"{where} has an invalid library requirement {requires!r}"
+        ) from e
     if not spec.contains(Version(__version__), prereleases=True):
-        raise BundleVersionError(f"{where} requires dwise-predict{requires} but {__version__} is installed; "
-                                 f"install a matching version (pip install 'dwise-predict{requires}')")
+        raise BundleVersionError(
+            f"{where} requires dwise-predict{requires} but {__version__} is installed; "
+            f"install a matching version (pip install 'dwise-predict{requires}')"
+        )
 
 
 def safe_name(name: str, where: str) -> str:
     p = PurePosixPath(name)
     if not name or p.is_absolute() or ".." in p.parts or "\\" in name:
-        raise BundleIntegrityError(f"{where} lists an unsafe file name {name!r}; the manifest is corrupt or hostile")
+        raise BundleIntegrityError(
+            f"{where} lists an unsafe file name {name!r}; the manifest is corrupt or hostile"
+        )
     return name
 
 
@@ -76,18 +88,26 @@ def verify_files(folder: Path, manifest: dict[str, Any], where: str) -> None:
     """Every file the manifest lists exists, has its recorded size and sha256."""
     files = manifest.get("files")
     if not isinstance(files, dict):
-        raise BundleIntegrityError(f"{where}/{MANIFEST} has no 'files' table; the manifest is corrupt")
+        raise BundleIntegrityError(
+            f"{where}/{MANIFEST} has no 'files' table; the manifest is corrupt"
+        )
     for name, rec in sorted(files.items()):
         path = folder / safe_name(name, where)
         if not path.is_file():
-            raise BundleIntegrityError(f"{where} is missing {name}; re-download or re-save the bundle")
+            raise BundleIntegrityError(
+                f"{where} is missing {name}; re-download or re-save the bundle"
+            )
         size = path.stat().st_size
         if size != rec.get("bytes"):
-            raise BundleIntegrityError(f"{where}/{name} has {size} bytes but the manifest records {rec.get('bytes')} "
-                                       "(truncated or modified); re-download or re-save the bundle")
+            raise BundleIntegrityError(
+                f"{where}/{name} has {size} bytes but the manifest records {rec.get('bytes')} "
+                "(truncated or modified); re-download or re-save the bundle"
+            )
         if sha256_file(path) != rec.get("sha256"):
-            raise BundleIntegrityError(f"{where}/{name} does not match its sha256 in the manifest (tampered or "
-                                       "corrupted); re-download or re-save the bundle")
+            raise BundleIntegrityError(
+                f"{where}/{name} does not match its sha256 in the manifest (tampered or "
+                "corrupted); re-download or re-save the bundle"
+            )
 
 
 def migrate(manifest: dict[str, Any]) -> dict[str, Any]:

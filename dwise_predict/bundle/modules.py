@@ -50,8 +50,9 @@ class BundleFolder:
     def path(self, name: str) -> Path:
         """The path of listed file ``name``; refused when the manifest does not list it."""
         if name not in self.listed:
-            raise BundleIntegrityError(f"{self.root}: {name} has no sha256 in the manifest; "
-                                       "re-save the bundle")
+            raise BundleIntegrityError(
+                f"{self.root}: {name} has no sha256 in the manifest; re-save the bundle"
+            )
         return self.root / name
 
     def has(self, name: str) -> bool:
@@ -61,19 +62,22 @@ class BundleFolder:
         try:
             return self.path(name).read_text(encoding="utf-8")
         except UnicodeDecodeError as e:
-            raise BundleIntegrityError(f"{self.root}/{name} is not UTF-8 text ({e}); "
-                                       "re-save the bundle") from e
+            raise BundleIntegrityError(
+                f"{self.root}/{name} is not UTF-8 text ({e}); re-save the bundle"
+            ) from e
 
     def read_json(self, name: str) -> dict[str, Any]:
         """A listed JSON object file, refused with the fix when it is not one."""
         try:
             data = json.loads(self.read_text(name))
         except ValueError as e:
-            raise BundleIntegrityError(f"{self.root}/{name} is not valid JSON ({e}); "
-                                       "re-save the bundle") from e
+            raise BundleIntegrityError(
+                f"{self.root}/{name} is not valid JSON ({e}); re-save the bundle"
+            ) from e
         if not isinstance(data, dict):
-            raise BundleIntegrityError(f"{self.root}/{name} is not a JSON object; "
-                                       "re-save the bundle")
+            raise BundleIntegrityError(
+                f"{self.root}/{name} is not a JSON object; re-save the bundle"
+            )
         return data
 
 
@@ -119,8 +123,10 @@ def register(cls: type[M]) -> type[M]:
         raise ConfigError(f"{cls.__name__} has no `kind` string; give the module class a kind")
     taken = _REGISTRY.get(kind)
     if taken is not None and taken is not cls:
-        raise ConfigError(f"bundle module kind {kind!r} is already registered by {taken.__name__}; "
-                          "choose another kind")
+        raise ConfigError(
+            f"bundle module kind {kind!r} is already registered by {taken.__name__}; "
+            "choose another kind"
+        )
     _REGISTRY[kind] = cls
     return cls
 
@@ -142,7 +148,8 @@ def module_class(kind: str, where: str = "this bundle") -> type[BundleModule]:
         raise BundleVersionError(
             f"{where} holds a predictor of kind {kind!r}, which this dwise-predict does not know "
             f"(it knows {sorted(_REGISTRY)}); a newer dwise-predict wrote it: upgrade "
-            "(pip install -U dwise-predict)")
+            "(pip install -U dwise-predict)"
+        )
     return cls
 
 
@@ -166,10 +173,12 @@ def declared(manifest: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, An
     """``(kind, entry)`` of every part the manifest declares, in manifest order."""
     parts = manifest.get("predictors") or {}
     if not isinstance(parts, Mapping):
-        raise BundleIntegrityError("the manifest's 'predictors' is not a table; "
-                                   "the bundle is corrupt")
+        raise BundleIntegrityError(
+            "the manifest's 'predictors' is not a table; the bundle is corrupt"
+        )
     for kind, entry in parts.items():
         if not isinstance(entry, Mapping):
-            raise BundleIntegrityError(f"the manifest entry of {kind!r} is not a table; the bundle "
-                                       "is corrupt")
+            raise BundleIntegrityError(
+                f"the manifest entry of {kind!r} is not a table; the bundle is corrupt"
+            )
         yield kind, entry

@@ -48,7 +48,9 @@ def resolve_bundle(ref: str | Path) -> ResolvedBundle:
                 from ..hub import pull_bundle
 
                 local = pull_bundle(entry.hub_ref)
-            return ResolvedBundle(_check_folder(Path(local), ref), entry.model_fingerprint(), source="zoo")
+            return ResolvedBundle(
+                _check_folder(Path(local), ref), entry.model_fingerprint(), source="zoo"
+            )
     return ResolvedBundle(_check_folder(path, ref))
 
 
@@ -73,8 +75,8 @@ def _zoo_entry(name: str):  # type: ignore[no-untyped-def]
 def _check_folder(path: Path, ref: str | Path) -> Path:
     if not path.exists():
         raise BundleError(
-            f"bundle {str(ref)!r} does not exist; pass the folder `dwise-predict train --out` wrote, "
-            "a zoo name (see docs/zoo.md) or hf://ORG/NAME@REVISION"
+            f"bundle {str(ref)!r} does not exist; pass the folder `dwise-predict train --out` "
+            "wrote, a zoo name (see docs/zoo.md) or hf://ORG/NAME@REVISION"
         )
     if not path.is_dir():
         raise BundleError(f"bundle {str(ref)!r} is a file; a bundle is a folder with {MANIFEST}")

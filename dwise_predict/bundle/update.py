@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 class BundleDraft:
     """A bundle being edited in a temporary folder (``folder``) that will replace ``destination``.
 
-    Edit ``manifest`` directly; write files through :meth:`path` / :meth:`add_file` so they are hashed.
+    Edit ``manifest`` directly; write files through :meth:`path` / :meth:`add_file` so they are
+    hashed.
     """
 
     source: Bundle
@@ -48,7 +49,8 @@ class BundleDraft:
     touched: set[str] = field(default_factory=set)
 
     def path(self, name: str) -> Path:
-        """Where to write file ``name`` (a relative POSIX path) in the draft; it will be hashed at the end."""
+        """Where to write file ``name`` (a relative POSIX path) in the draft; it will be hashed at
+        the end."""
         safe_name(name, str(self.folder))
         target = self.folder / name
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -75,24 +77,34 @@ class BundleDraft:
 
 @contextmanager
 def update_bundle(ref: str | Path, *, out: str | Path | None = None) -> Iterator[BundleDraft]:
-    """Edit a copy of bundle ``ref``; on a clean exit the new version replaces it (or is written to ``out``).
+    """Edit a copy of bundle ``ref``; on a clean exit the new version replaces it (or is written to
+    ``out``).
 
-    ``ref`` must be a local folder when ``out`` is None (a Hub or zoo bundle is read-only: pass ``out``).
+    ``ref`` must be a local folder when ``out`` is None (a Hub or zoo bundle is read-only: pass
+    ``out``).
     """
     from .bundle import load_bundle
     from .resolve import resolve_bundle
 
     if out is None and resolve_bundle(ref).source != "local":
-        raise BundleError(f"bundle {str(ref)!r} is a Hub or zoo copy (a read-only cache); pull it into a folder of "
-                          "your own first (`dwise-predict pull ORG/NAME@REV --out DIR`), or pass out=DIR")
+        raise BundleError(
+            f"bundle {str(ref)!r} is a Hub or zoo copy (a read-only cache); pull it into a folder "
+            "of your own first (`dwise-predict pull ORG/NAME@REV --out DIR`), or pass out=DIR"
+        )
     bundle = load_bundle(ref)  # verified before anything is copied
     dst = Path(out).expanduser() if out is not None else bundle.path
     if out is not None and dst.exists():
-        raise BundleError(f"{dst} already exists; pass a new folder (or omit it to update the bundle in place)")
+        raise BundleError(
+            f"{dst} already exists; pass a new folder (or omit it to update the bundle in place)"
+        )
     with staged_folder(dst) as tmp:
         _copy_tree(bundle.path, tmp, listed=set(bundle.manifest["files"]))
-        draft = BundleDraft(source=bundle, folder=tmp, destination=dst,
-                            manifest=json.loads(json.dumps(bundle.manifest)))
+        draft = BundleDraft(
+            source=bundle,
+            folder=tmp,
+            destination=dst,
+            manifest=json.loads(json.dumps(bundle.manifest)),
+        )
         yield draft
         finish_draft(draft)
         load_bundle(tmp)  # the new version verifies before it replaces anything
@@ -104,7 +116,9 @@ def finish_draft(draft: BundleDraft) -> None:
     for name in sorted(draft.touched):
         path = draft.folder / name
         if not path.is_file():
-            raise BundleError(f"the update declared {name} but did not write it; nothing was changed")
+            raise BundleError(
+                f"the update declared {name} but did not write it; nothing was changed"
+            )
         files[name] = file_record(path)
     plots = [n for n in sorted(files) if n.startswith("plots/")]
     write_text(draft.folder / CARD_FILE, render_card(draft.manifest, plots=plots))
@@ -113,13 +127,13 @@ def finish_draft(draft: BundleDraft) -> None:
 
 
 def _copy_tree(src: Path, dst: Path, listed: set[str]) -> None:
-    """Copy the bundle's files: every listed file (a Hugging Face cache snapshot holds them as symlinks
-    to blobs: their content is copied), and unlisted regular files (notes travel along). An unlisted
-    symlink is not followed: it could point anywhere, and nothing vouches for what it holds."""
+    """Copy the bundle's files: every listed file (a Hugging Face cache snapshot holds them as
+    symlinks to blobs: their content is copied), and unlisted regular files (notes travel along). An
+    unlisted symlink is not followed: it could point anywhere, and nothing vouches for what it
+    holds."""
     for path in sorted(src.rglob("*")):
         rel = path.relative_to(src).as_posix()
         if path.is_file() and (rel in listed or not path.is_symlink()):
             target = dst / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, target)
-

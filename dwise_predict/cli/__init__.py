@@ -37,13 +37,18 @@ SUBCOMMANDS: dict[str, str] = {
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dwise-predict",
-        description="Trace diffusion LLMs, train remaining-work predictors, publish them, and schedule with them.",
+        description="Trace diffusion LLMs, train remaining-work "
+        "predictors, publish them, and schedule with them.",
     )
     parser.add_argument("--version", action="version", version=f"dwise-predict {__version__}")
     common = argparse.ArgumentParser(add_help=False)
     g = common.add_argument_group("common options")
-    g.add_argument("--seed", type=int, default=0, help="random seed (default: 0); same seed, same output")
-    g.add_argument("-q", "--quiet", action="store_true", help="print only results and errors, no progress bars")
+    g.add_argument(
+        "--seed", type=int, default=0, help="random seed (default: 0); same seed, same output"
+    )
+    g.add_argument(
+        "-q", "--quiet", action="store_true", help="print only results and errors, no progress bars"
+    )
     g.add_argument("-v", "--verbose", action="store_true", help="print debug logging")
     g.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -57,8 +62,12 @@ def _configure_logging(args: argparse.Namespace) -> None:
     """Our messages at INFO (DEBUG with -v, WARNING with -q); other libraries' only from WARNING
     (or DEBUG with -v), so exporter and trainer chatter does not drown the results."""
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(message)s",
-                        stream=sys.stderr, force=True)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
     logging.getLogger("dwise_predict").setLevel(level)
 
 

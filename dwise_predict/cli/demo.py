@@ -31,19 +31,52 @@ MARKER = ".dwise-demo"
 
 def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> None:
     p = subparsers.add_parser(
-        name, parents=[common], help="Run the whole pipeline on the embedded defaults (offline)",
-        description="Build a workload, trace it with the bundled tiny-bd model, train, evaluate and export the "
-                    "predictors, and compare scheduling policies — offline, in a few minutes on a CPU.")
-    p.add_argument("--out", default="demo-output", metavar="DIR", help="output folder, recreated (default: demo-output)")
-    p.add_argument("--model", default="tiny-bd", metavar="NAME_OR_PATH", help="dLLM to trace (default: tiny-bd)")
-    p.add_argument("--train-size", type=int, default=160, metavar="N", help="train requests (default: 160)")
-    p.add_argument("--eval-size", type=int, default=80, metavar="N", help="eval requests (default: 80)")
-    p.add_argument("--batch-size", type=int, default=16, metavar="N", help="tracing batch size (default: 16)")
-    p.add_argument("--slots", type=int, default=16, metavar="B",
-                   help="simulated slots per round; small, so a few hundred requests form a backlog (default: 16)")
-    p.add_argument("--policies", default="fcfs,mlfq,sjf,dwise,oracle", help="policies to compare in the simulator")
-    p.add_argument("--stop-after", choices=["workload", "trace", "train", "eval", "export", "simulate"],
-                   help="stop after this stage")
+        name,
+        parents=[common],
+        help="Run the whole pipeline on the embedded defaults (offline)",
+        description="Build a workload, trace it with the bundled tiny-bd model, train, evaluate "
+        "and export the predictors, and compare scheduling policies — offline, in a few minutes on "
+        "a CPU.",
+    )
+    p.add_argument(
+        "--out",
+        default="demo-output",
+        metavar="DIR",
+        help="output folder, recreated (default: demo-output)",
+    )
+    p.add_argument(
+        "--model",
+        default="tiny-bd",
+        metavar="NAME_OR_PATH",
+        help="dLLM to trace (default: tiny-bd)",
+    )
+    p.add_argument(
+        "--train-size", type=int, default=160, metavar="N", help="train requests (default: 160)"
+    )
+    p.add_argument(
+        "--eval-size", type=int, default=80, metavar="N", help="eval requests (default: 80)"
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=16, metavar="N", help="tracing batch size (default: 16)"
+    )
+    p.add_argument(
+        "--slots",
+        type=int,
+        default=16,
+        metavar="B",
+        help="simulated slots per round; small, so a few "
+        "hundred requests form a backlog (default: 16)",
+    )
+    p.add_argument(
+        "--policies",
+        default="fcfs,mlfq,sjf,dwise,oracle",
+        help="policies to compare in the simulator",
+    )
+    p.add_argument(
+        "--stop-after",
+        choices=["workload", "trace", "train", "eval", "export", "simulate"],
+        help="stop after this stage",
+    )
     p.set_defaults(func=run)
 
 
@@ -51,11 +84,15 @@ def _prepare(out: Path) -> None:
     if out.exists():
         if not (out / MARKER).exists():
             if any(out.iterdir()):
-                raise ConfigError(f"{out} exists and was not made by the demo; pass another --out or remove it")
+                raise ConfigError(
+                    f"{out} exists and was not made by the demo; pass another --out or remove it"
+                )
         else:
             shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    write_text(out / MARKER, "made by `dwise-predict demo`; the next demo run replaces this folder\n")
+    write_text(
+        out / MARKER, "made by `dwise-predict demo`; the next demo run replaces this folder\n"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,23 +102,87 @@ def run(args: argparse.Namespace) -> int:
     _prepare(out)
     common = ["--seed", str(args.seed)] + (["--quiet"] if args.quiet else [])
     w, tr, te, b = out / "workload", out / "traces-train", out / "traces-eval", out / "bundle"
-    trace = ["--model", args.model, "--workload", str(w), "--max-new-tokens", "256",
-             "--batch-size", str(args.batch_size)]
+    trace = [
+        "--model",
+        args.model,
+        "--workload",
+        str(w),
+        "--max-new-tokens",
+        "256",
+        "--batch-size",
+        str(args.batch_size),
+    ]
     stages: list[tuple[str, str, list[list[str]]]] = [
-        ("workload", "prompts by category from the bundled sources",
-         [["workload", "--out", str(w), "--train-size", str(args.train_size), "--eval-size", str(args.eval_size)]]),
-        ("trace", f"{args.model} decodes both splits (LowConfidence, threshold 0.95, 256-token budget)",
-         [["trace", *trace, "--split", "train", "--out", str(tr)],
-          ["trace", *trace, "--split", "eval", "--out", str(te)]]),
-        ("train", "admission LightGBM + survival-MLP ensemble with isotonic calibration",
-         [["train", "--traces", str(tr), "--out", str(b), "--model", args.model]]),
-        ("eval", "each estimate against the truth on the eval split",
-         [["eval", "--bundle", str(b), "--traces", str(te), "--out", str(out / "eval" / "metrics.json"), "--record"]]),
-        ("export", "ONNX and INT8 files, kept only where parity holds",
-         [["export", str(b), "--int8", "--repeats", "10", "--report", str(out / "export.json")]]),
-        ("simulate", "scheduling policies on the eval traces, with the bundle's estimates",
-         [["simulate", "--traces", str(te), "--bundle", str(b), "--policies", args.policies, "--arrival", "burst",
-           "--slots", str(args.slots), "--out", str(out / "simulate")]]),
+        (
+            "workload",
+            "prompts by category from the bundled sources",
+            [
+                [
+                    "workload",
+                    "--out",
+                    str(w),
+                    "--train-size",
+                    str(args.train_size),
+                    "--eval-size",
+                    str(args.eval_size),
+                ]
+            ],
+        ),
+        (
+            "trace",
+            f"{args.model} decodes both splits (LowConfidence, threshold 0.95, 256-token budget)",
+            [
+                ["trace", *trace, "--split", "train", "--out", str(tr)],
+                ["trace", *trace, "--split", "eval", "--out", str(te)],
+            ],
+        ),
+        (
+            "train",
+            "admission LightGBM + survival-MLP ensemble with isotonic calibration",
+            [["train", "--traces", str(tr), "--out", str(b), "--model", args.model]],
+        ),
+        (
+            "eval",
+            "each estimate against the truth on the eval split",
+            [
+                [
+                    "eval",
+                    "--bundle",
+                    str(b),
+                    "--traces",
+                    str(te),
+                    "--out",
+                    str(out / "eval" / "metrics.json"),
+                    "--record",
+                ]
+            ],
+        ),
+        (
+            "export",
+            "ONNX and INT8 files, kept only where parity holds",
+            [["export", str(b), "--int8", "--repeats", "10", "--report", str(out / "export.json")]],
+        ),
+        (
+            "simulate",
+            "scheduling policies on the eval traces, with the bundle's estimates",
+            [
+                [
+                    "simulate",
+                    "--traces",
+                    str(te),
+                    "--bundle",
+                    str(b),
+                    "--policies",
+                    args.policies,
+                    "--arrival",
+                    "burst",
+                    "--slots",
+                    str(args.slots),
+                    "--out",
+                    str(out / "simulate"),
+                ]
+            ],
+        ),
     ]
     t_all = time.perf_counter()
     for i, (name, title, commands) in enumerate(stages, 1):
@@ -91,7 +192,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"$ dwise-predict {shlex.join(argv)}", flush=True)
             rc = main([*argv, *common])
             if rc != 0:
-                raise DwisePredictError(f"demo stage {name!r} failed (exit {rc}); the error is printed above")
+                raise DwisePredictError(
+                    f"demo stage {name!r} failed (exit {rc}); the error is printed above"
+                )
         print(f"    ({time.perf_counter() - t0:.1f} s)", flush=True)
         if name == args.stop_after:
             break

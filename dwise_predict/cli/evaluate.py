@@ -14,21 +14,39 @@ from ._common import format_table
 
 
 def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> None:
-    p = subparsers.add_parser(name, parents=[common], help="Evaluate a bundle's predictors on traces",
-                              description="Spearman ρ (overall and per category) and median predicted/actual of the "
-                                          "admission (vs total rounds) and refined (vs rounds after the first "
-                                          "round) estimates; writes metrics JSON and plots next to it.")
+    p = subparsers.add_parser(
+        name,
+        parents=[common],
+        help="Evaluate a bundle's predictors on traces",
+        description="Spearman ρ (overall and per category) and median predicted/actual of the "
+        "admission (vs total rounds) and refined (vs rounds after the first "
+        "round) estimates; writes metrics JSON and plots next to it.",
+    )
     p.add_argument("--bundle", required=True, help="bundle folder (`dwise-predict train --out`)")
-    p.add_argument("--traces", required=True, help="evaluation traces (disjoint from the training traces)")
+    p.add_argument(
+        "--traces", required=True, help="evaluation traces (disjoint from the training traces)"
+    )
     p.add_argument("--out", required=True, help="metrics JSON to write; plots go next to it")
-    p.add_argument("--holdout-category", help="also retrain without this category and evaluate on it (DWISE Table 7)")
-    p.add_argument("--train-traces", help="training traces for --holdout-category (the bundle's training data)")
+    p.add_argument(
+        "--holdout-category",
+        help="also retrain without this category and evaluate on it (DWISE Table 7)",
+    )
+    p.add_argument(
+        "--train-traces", help="training traces for --holdout-category (the bundle's training data)"
+    )
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    p.add_argument("--streaming", action="store_true",
-                   help="read the traces in record batches (traces larger than memory, or a URI "
-                        "such as s3://bucket/traces/); the same metrics as reading them whole")
-    p.add_argument("--record", action="store_true",
-                   help="also store the metrics and plots in the bundle (manifest, plots/, README.md card), atomically")
+    p.add_argument(
+        "--streaming",
+        action="store_true",
+        help="read the traces in record batches (traces larger than memory, or a URI "
+        "such as s3://bucket/traces/); the same metrics as reading them whole",
+    )
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="also store the metrics and plots in the bundle "
+        "(manifest, plots/, README.md card), atomically",
+    )
     p.set_defaults(func=run)
 
 
@@ -51,7 +69,10 @@ def run(args: argparse.Namespace) -> int:
     from dwise_predict.trainers.streaming import ParquetSource
 
     if args.holdout_category and not args.train_traces:
-        raise ConfigError("--holdout-category retrains without that category: pass the training traces with --train-traces")
+        raise ConfigError(
+            "--holdout-category retrains without that category: "
+            "pass the training traces with --train-traces"
+        )
     bundle = load_bundle(args.bundle)
     if args.streaming:
         metrics, preds = evaluate_source(bundle, ParquetSource(args.traces))
@@ -63,21 +84,61 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     names = [n for n in ESTIMATES if n in metrics]
-    print(format_table(["estimate", "spearman", "within-cat mean", "median ratio"],
-                       [[n, _fmt(metrics[n]["spearman"]), _fmt(metrics[n]["within_category_mean_spearman"]),
-                         _fmt(metrics[n]["median_ratio"])] for n in names]))
+    print(
+        format_table(
+            ["estimate", "spearman", "within-cat mean", "median ratio"],
+            [
+                [
+                    n,
+                    _fmt(metrics[n]["spearman"]),
+                    _fmt(metrics[n]["within_category_mean_spearman"]),
+                    _fmt(metrics[n]["median_ratio"]),
+                ]
+                for n in names
+            ],
+        )
+    )
     cats = sorted(metrics["categories"])
     print()
-    print(format_table(["category", "n", *(f"ρ {n}" for n in names)],
-                       [[c, metrics["categories"][c], *(_fmt(metrics[n]["per_category"][c]["spearman"]) for n in names)]
-                        for c in cats]))
+    print(
+        format_table(
+            ["category", "n", *(f"ρ {n}" for n in names)],
+            [
+                [
+                    c,
+                    metrics["categories"][c],
+                    *(_fmt(metrics[n]["per_category"][c]["spearman"]) for n in names),
+                ]
+                for c in cats
+            ],
+        )
+    )
     if args.holdout_category:
-        h = holdout_evaluation(bundle, args.train_traces, args.traces, args.holdout_category, seed=args.seed)
+        h = holdout_evaluation(
+            bundle, args.train_traces, args.traces, args.holdout_category, seed=args.seed
+        )
         metrics["holdout"] = h
         print()
-        print(format_table([f"held out: {args.holdout_category}", "ρ in training", "ρ held out", "ρ overall (held)"],
-                           [[n, _fmt(h[n]["in_training"]), _fmt(h[n]["held_out"]), _fmt(h[n]["overall_held_out"])]
-                            for n in names if n in h]))
+        print(
+            format_table(
+                [
+                    f"held out: {args.holdout_category}",
+                    "ρ in training",
+                    "ρ held out",
+                    "ρ overall (held)",
+                ],
+                [
+                    [
+                        n,
+                        _fmt(h[n]["in_training"]),
+                        _fmt(h[n]["held_out"]),
+                        _fmt(h[n]["overall_held_out"]),
+                    ]
+                    for n in names
+                    if n in h
+                ],
+            )
+        )
     plots = [] if args.no_plots else write_plots(preds, out.parent, stem=out.stem)
     if bundle.dws is not None:
         plots += _evaluate_dws(bundle, args, metrics, out)
@@ -91,8 +152,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _evaluate_dws(bundle: Any, args: argparse.Namespace, metrics: dict[str, Any],
-                  out: Path) -> list[Path]:
+def _evaluate_dws(
+    bundle: Any, args: argparse.Namespace, metrics: dict[str, Any], out: Path
+) -> list[Path]:
     """metrics["dws"] under each profile, a table of it, and the surface heatmaps."""
     from dwise_predict.trainers.dws_data import dws_arrays
     from dwise_predict.trainers.dws_eval import evaluate_dws, write_surface_plot
@@ -105,11 +167,28 @@ def _evaluate_dws(bundle: Any, args: argparse.Namespace, metrics: dict[str, Any]
     for name, m in dws["profiles"].items():
         base = m.get("baselines") or {}
         kinds = ("output_length", "total_steps", "direct_cost")
-        rows.append([name, m["cost_mae"], m["cost_mape"],
-                     *(_fmt((base.get(k) or {}).get("cost_mae")) for k in kinds)])
+        rows.append(
+            [
+                name,
+                m["cost_mae"],
+                m["cost_mape"],
+                *(_fmt((base.get(k) or {}).get("cost_mae")) for k in kinds),
+            ]
+        )
     print()
-    print(format_table(["DWS cost profile", "cost MAE ms", "MAPE", "output-length MAE",
-                        "total-steps MAE", "direct-cost MAE"], rows))
+    print(
+        format_table(
+            [
+                "DWS cost profile",
+                "cost MAE ms",
+                "MAPE",
+                "output-length MAE",
+                "total-steps MAE",
+                "direct-cost MAE",
+            ],
+            rows,
+        )
+    )
     print(f"DWS Brier {dws['brier']:.3f}, total-steps MAE {dws['total_steps_mae']:.2f}")
     if args.no_plots:
         return []

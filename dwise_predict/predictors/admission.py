@@ -37,7 +37,10 @@ TOKENIZER_FILE = "tokenizer.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 ONNX_FILE = "admission.onnx"
 #: what the estimate means, recorded in files and manifests
-ESTIMATE = "total denoising rounds of the request (exp of the log-rounds regression; prefill blocks excluded)"
+ESTIMATE = (
+    "total denoising rounds of the request (exp of the "
+    "log-rounds regression; prefill blocks excluded)"
+)
 
 
 class AdmissionModel:
@@ -48,17 +51,23 @@ class AdmissionModel:
     features; without it only :meth:`predict_features` works.
     """
 
-    def __init__(self, model_text: str, feature_names: Sequence[str] = FEATURE_NAMES, *,
-                 featurizer: PromptFeaturizer | None = None, info: dict[str, Any] | None = None,
-                 grid_limit: int = DEFAULT_GRID_LIMIT) -> None:
+    def __init__(
+        self,
+        model_text: str,
+        feature_names: Sequence[str] = FEATURE_NAMES,
+        *,
+        featurizer: PromptFeaturizer | None = None,
+        info: dict[str, Any] | None = None,
+        grid_limit: int = DEFAULT_GRID_LIMIT,
+    ) -> None:
         self.model_text = model_text
         self.feature_names = tuple(feature_names)
         header, trees = parse_lightgbm_text(model_text)
         n_model = int(header["max_feature_idx"]) + 1
         if n_model != len(self.feature_names):
             raise PredictorError(
-                f"the LightGBM model has {n_model} features but {len(self.feature_names)} names were given "
-                f"({list(self.feature_names)}); retrain with `dwise-predict train`"
+                f"the LightGBM model has {n_model} features but {len(self.feature_names)} names "
+                f"were given ({list(self.feature_names)}); retrain with `dwise-predict train`"
             )
         self.forest = CompiledForest(trees, n_model, grid_limit=grid_limit)
         self.featurizer = featurizer
@@ -66,7 +75,8 @@ class AdmissionModel:
 
     # -- inference --------------------------------------------------------------------------
     def raw_score(self, X: np.ndarray) -> np.ndarray:
-        """The regression output, log(total rounds), for ``(n, n_features)`` features (NaN = missing)."""
+        """The regression output, log(total rounds), for ``(n, n_features)`` features (NaN =
+        missing)."""
         return self.forest.predict_raw(np.asarray(X, dtype=np.float64))
 
     def predict_features(self, X: np.ndarray) -> np.ndarray:
@@ -77,22 +87,31 @@ class AdmissionModel:
     def predict_one(self, x: Sequence[float]) -> float:
         """One request's estimate from its feature row: the per-arrival fast path (~1 µs)."""
         if len(x) != len(self.feature_names):
-            raise PredictorInputError(f"expected {len(self.feature_names)} features {list(self.feature_names)}, got {len(x)}")
+            raise PredictorInputError(
+                f"expected {len(self.feature_names)} features "
+                f"{list(self.feature_names)}, got {len(x)}"
+            )
         for v in x:
             if not (-math.inf < float(v) < math.inf) or v < 0:
-                raise PredictorInputError(f"feature row {list(x)} has a negative or non-finite count; features are counts")
+                raise PredictorInputError(
+                    f"feature row {list(x)} has a negative or non-finite count; features are counts"
+                )
         return math.exp(self.forest.predict_raw_one(x))
 
     def predict(self, prompts: str | Sequence[str]) -> np.ndarray:
-        """Estimated total denoising rounds for raw prompts (tokenized with the served model's template)."""
+        """Estimated total denoising rounds for raw prompts (tokenized with the served model's
+        template)."""
         if self.featurizer is None:
-            raise PredictorInputError("this admission model has no tokenizer/chat template; use predict_features, or "
-                              "retrain with `dwise-predict train --tokenizer FILE --chat-template FILE`")
+            raise PredictorInputError(
+                "this admission model has no tokenizer/chat template; use predict_features, or "
+                "retrain with `dwise-predict train --tokenizer FILE --chat-template FILE`"
+            )
         return self.predict_features(self.featurizer(prompts))
 
     # -- reference path ---------------------------------------------------------------------
     def booster(self) -> Any:
-        """The model as a ``lightgbm.Booster`` (for parity checks and export; not used to predict)."""
+        """The model as a ``lightgbm.Booster`` (for parity checks and export; not used to
+        predict)."""
         import lightgbm as lgb
 
         return lgb.Booster(model_str=self.model_text)
@@ -111,11 +130,16 @@ class AdmissionModel:
 
     def entry(self) -> dict[str, Any]:
         """The manifest's record of this predictor: everything but the trees themselves."""
-        return {"estimate": ESTIMATE, "model": "lightgbm",
-                "feature_names": list(self.feature_names),
-                "target": "log(total_rounds)", "n_trees": self.forest.n_trees,
-                "max_leaves": self.forest.max_leaves,
-                "featurizer": featurizer_spec(self.featurizer), "info": self.info}
+        return {
+            "estimate": ESTIMATE,
+            "model": "lightgbm",
+            "feature_names": list(self.feature_names),
+            "target": "log(total_rounds)",
+            "n_trees": self.forest.n_trees,
+            "max_leaves": self.forest.max_leaves,
+            "featurizer": featurizer_spec(self.featurizer),
+            "info": self.info,
+        }
 
     @classmethod
     def load(cls, folder: BundleFolder, entry: Mapping[str, Any]) -> AdmissionModel:
@@ -126,17 +150,24 @@ class AdmissionModel:
         try:
             names = config["feature_names"]
         except KeyError as e:
-            raise BundleIntegrityError(f"{folder.root}: the admission record lacks {e}; "
-                                       "re-save the bundle") from e
-        return cls(text, names, featurizer=load_featurizer(folder, config.get("featurizer")),
-                   info=config.get("info"))
+            raise BundleIntegrityError(
+                f"{folder.root}: the admission record lacks {e}; re-save the bundle"
+            ) from e
+        return cls(
+            text,
+            names,
+            featurizer=load_featurizer(folder, config.get("featurizer")),
+            info=config.get("info"),
+        )
 
     @classmethod
     def card_summary(cls, entry: Mapping[str, Any], manifest: Mapping[str, Any]) -> str:
         names = ", ".join(entry.get("feature_names") or entry.get("names") or [])
-        return (f"LightGBM regressor: {entry.get('n_trees', '?')} trees, "
-                f"≤ {entry.get('max_leaves', '?')} leaves; features ({names}); "
-                "target log(total rounds)")
+        return (
+            f"LightGBM regressor: {entry.get('n_trees', '?')} trees, "
+            f"≤ {entry.get('max_leaves', '?')} leaves; features ({names}); "
+            "target log(total rounds)"
+        )
 
     def check_fingerprint(self, fingerprint: ModelFingerprint, where: str) -> None:
         """Nothing to cross-check: the features are prompt counts, not model internals."""
@@ -145,7 +176,9 @@ class AdmissionModel:
         return f"AdmissionModel(trees={self.forest.n_trees}, features={list(self.feature_names)})"
 
 
-def check_features(X: Any, n_features: int, names: Sequence[str] = (), *, float32: bool = False) -> np.ndarray:
+def check_features(
+    X: Any, n_features: int, names: Sequence[str] = (), *, float32: bool = False
+) -> np.ndarray:
     """Admission feature rows as float64 ``(n, n_features)``: counts, finite and >= 0.
 
     ``float32=True`` also refuses values an ONNX (float32) model cannot represent.
@@ -154,16 +187,24 @@ def check_features(X: Any, n_features: int, names: Sequence[str] = (), *, float3
     try:
         X = np.asarray(X, dtype=np.float64)
     except (TypeError, ValueError) as e:
-        raise PredictorInputError(f"admission features{which} must be numbers, got {type(X).__name__}: {e}") from e
+        raise PredictorInputError(
+            f"admission features{which} must be numbers, got {type(X).__name__}: {e}"
+        ) from e
     if X.ndim == 1 and X.shape[0] == n_features:
         X = X[None, :]
     if X.ndim != 2 or X.shape[1] != n_features:
-        raise PredictorInputError(f"admission features must have shape (n, {n_features}){which}, got {X.shape}")
+        raise PredictorInputError(
+            f"admission features must have shape (n, {n_features}){which}, got {X.shape}"
+        )
     if X.size and (not np.all(np.isfinite(X)) or np.any(X < 0)):
         bad = int(np.flatnonzero(~np.isfinite(X).all(axis=1) | (X < 0).any(axis=1))[0])
-        raise PredictorInputError(f"admission feature row {bad} is {X[bad].tolist()}: counts must be finite and >= 0")
+        raise PredictorInputError(
+            f"admission feature row {bad} is {X[bad].tolist()}: counts must be finite and >= 0"
+        )
     if float32 and (np.finfo(np.float32).max < X).any():
-        raise PredictorInputError("admission features exceed float32 range; counts that large are not prompts")
+        raise PredictorInputError(
+            "admission features exceed float32 range; counts that large are not prompts"
+        )
     return X
 
 
@@ -171,10 +212,13 @@ def featurizer_spec(featurizer: PromptFeaturizer | None) -> dict[str, Any] | Non
     """How the featurizer is stored: file names and hashes (None without a featurizer)."""
     if featurizer is None:
         return None
-    spec: dict[str, Any] = {"tokenizer": TOKENIZER_FILE,
-                            "tokenizer_hash": featurizer.tokenizer_hash,
-                            "add_special_tokens": featurizer.add_special_tokens,
-                            "template_kwargs": featurizer.template_kwargs, "chat_template": None}
+    spec: dict[str, Any] = {
+        "tokenizer": TOKENIZER_FILE,
+        "tokenizer_hash": featurizer.tokenizer_hash,
+        "add_special_tokens": featurizer.add_special_tokens,
+        "template_kwargs": featurizer.template_kwargs,
+        "chat_template": None,
+    }
     if featurizer.chat_template is not None:
         spec["chat_template"] = CHAT_TEMPLATE_FILE
         spec["chat_template_hash"] = featurizer.chat_template_hash
@@ -192,8 +236,9 @@ def save_featurizer(featurizer: PromptFeaturizer | None, folder: Path) -> list[s
     return [TOKENIZER_FILE, CHAT_TEMPLATE_FILE]
 
 
-def load_featurizer(folder: BundleFolder,
-                    spec: Mapping[str, Any] | None) -> PromptFeaturizer | None:
+def load_featurizer(
+    folder: BundleFolder, spec: Mapping[str, Any] | None
+) -> PromptFeaturizer | None:
     """The featurizer a bundle stored (``spec`` from :func:`featurizer_spec`), or None."""
     if not spec:
         return None
@@ -202,16 +247,20 @@ def load_featurizer(folder: BundleFolder,
     tok_name = spec.get("tokenizer")
     tpl_name = spec.get("chat_template")
     if not isinstance(tok_name, str):
-        raise BundleIntegrityError(f"{folder.root}: the featurizer names no tokenizer file; "
-                                   "re-save the bundle")
+        raise BundleIntegrityError(
+            f"{folder.root}: the featurizer names no tokenizer file; re-save the bundle"
+        )
     tok_path = folder.path(tok_name)
     template = folder.read_text(tpl_name) if tpl_name else None
     try:
         tokenizer = Tokenizer.from_file(str(tok_path))
     except Exception as e:  # tokenizers raises a bare Exception
-        raise BundleIntegrityError(f"{tok_path} is not a valid tokenizer ({e}); "
-                                   "re-save the bundle") from e
-    return PromptFeaturizer(tokenizer, template,
-                            add_special_tokens=bool(spec.get("add_special_tokens", False)),
-                            template_kwargs=spec.get("template_kwargs") or {})
-
+        raise BundleIntegrityError(
+            f"{tok_path} is not a valid tokenizer ({e}); re-save the bundle"
+        ) from e
+    return PromptFeaturizer(
+        tokenizer,
+        template,
+        add_special_tokens=bool(spec.get("add_special_tokens", False)),
+        template_kwargs=spec.get("template_kwargs") or {},
+    )

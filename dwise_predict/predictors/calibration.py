@@ -31,7 +31,9 @@ DEFAULT_TRANSFORM = "identity"
 
 #: transform -> its inverse, applied after interpolation (numpy; the torch path mirrors it)
 INVERSES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "identity": lambda y: y, "log": np.exp, "log1p": np.expm1,
+    "identity": lambda y: y,
+    "log": np.exp,
+    "log1p": np.expm1,
 }
 
 
@@ -47,13 +49,20 @@ class IsotonicMap:
         x = np.asarray(self.x_thresholds, dtype=np.float64)
         y = np.asarray(self.y_thresholds, dtype=np.float64)
         if x.ndim != 1 or x.shape != y.shape or len(x) == 0:
-            raise PredictorError(f"isotonic map needs two equal-length non-empty arrays, got {x.shape} and {y.shape}")
+            raise PredictorError(
+                f"isotonic map needs two equal-length non-empty arrays, got {x.shape} and {y.shape}"
+            )
         if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
             raise PredictorError("isotonic map holds NaN/inf; refit it with `dwise-predict train`")
         if np.any(np.diff(x) < 0) or np.any(np.diff(y) < 0):
-            raise PredictorError("isotonic map thresholds are not non-decreasing; the file is corrupt or edited")
+            raise PredictorError(
+                "isotonic map thresholds are not non-decreasing; the file is corrupt or edited"
+            )
         if self.target_transform not in TRANSFORMS:
-            raise PredictorError(f"unknown isotonic target_transform {self.target_transform!r}; expected one of {TRANSFORMS}")
+            raise PredictorError(
+                "unknown isotonic target_transform "
+                f"{self.target_transform!r}; expected one of {TRANSFORMS}"
+            )
         object.__setattr__(self, "x_thresholds", x)
         object.__setattr__(self, "y_thresholds", y)
 
@@ -62,13 +71,22 @@ class IsotonicMap:
         return np.maximum(INVERSES[self.target_transform](y), 0.0)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"x_thresholds": self.x_thresholds.tolist(), "y_thresholds": self.y_thresholds.tolist(),
-                "target_transform": self.target_transform, "interpolation": "linear, clipped (numpy.interp)"}
+        return {
+            "x_thresholds": self.x_thresholds.tolist(),
+            "y_thresholds": self.y_thresholds.tolist(),
+            "target_transform": self.target_transform,
+            "interpolation": "linear, clipped (numpy.interp)",
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> IsotonicMap:
         try:
-            return cls(np.asarray(d["x_thresholds"], dtype=np.float64), np.asarray(d["y_thresholds"], dtype=np.float64),
-                       d.get("target_transform", DEFAULT_TRANSFORM))
+            return cls(
+                np.asarray(d["x_thresholds"], dtype=np.float64),
+                np.asarray(d["y_thresholds"], dtype=np.float64),
+                d.get("target_transform", DEFAULT_TRANSFORM),
+            )
         except (KeyError, TypeError, ValueError) as e:
-            raise PredictorError(f"malformed isotonic map ({e}); refit it with `dwise-predict train`") from e
+            raise PredictorError(
+                f"malformed isotonic map ({e}); refit it with `dwise-predict train`"
+            ) from e

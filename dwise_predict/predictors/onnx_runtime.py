@@ -42,33 +42,48 @@ REFINEMENT_INPUTS = ("hidden", "prompt_tokens", "output_budget")
 REFINEMENT_OUTPUTS = ("survival", "mean")
 
 
-def open_session(path: str | Path, expected: str, *, threads: int = 1) -> tuple[Any, dict[str, str]]:
-    """An onnxruntime session for ``path`` and its ``dwise.*`` metadata, refusing other predictors' files."""
+def open_session(
+    path: str | Path, expected: str, *, threads: int = 1
+) -> tuple[Any, dict[str, str]]:
+    """An onnxruntime session for ``path`` and its ``dwise.*`` metadata, refusing other predictors'
+    files."""
     import onnxruntime as ort
 
     path = Path(path)
     if not path.is_file():
-        raise BundleError(f"ONNX file {path} does not exist; export it with `dwise-predict export BUNDLE`")
+        raise BundleError(
+            f"ONNX file {path} does not exist; export it with `dwise-predict export BUNDLE`"
+        )
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = max(1, int(threads))
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
     try:
-        session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(
+            str(path), sess_options=opts, providers=["CPUExecutionProvider"]
+        )
     except Exception as e:  # onnxruntime raises its own Fail/InvalidProtobuf types
-        raise BundleIntegrityError(f"{path} is not a loadable ONNX model ({str(e).splitlines()[0]}); "
-                                   "re-export it with `dwise-predict export BUNDLE`") from e
+        raise BundleIntegrityError(
+            f"{path} is not a loadable ONNX model ({str(e).splitlines()[0]}); "
+            "re-export it with `dwise-predict export BUNDLE`"
+        ) from e
     meta = dict(session.get_modelmeta().custom_metadata_map)
     if meta.get("dwise.format") != FORMAT:
-        raise BundleError(f"{path} was not written by dwise-predict's exporter (no dwise.format metadata); "
-                          "re-export it with `dwise-predict export BUNDLE`")
+        raise BundleError(
+            f"{path} was not written by dwise-predict's exporter (no dwise.format metadata); "
+            "re-export it with `dwise-predict export BUNDLE`"
+        )
     version = int(meta.get("dwise.format_version", "0"))
     if version > FORMAT_VERSION:
-        raise BundleError(f"{path} uses dwise ONNX format v{version}; this dwise-predict reads up to "
-                          f"v{FORMAT_VERSION}: upgrade dwise-predict")
+        raise BundleError(
+            f"{path} uses dwise ONNX format v{version}; this dwise-predict reads up to "
+            f"v{FORMAT_VERSION}: upgrade dwise-predict"
+        )
     kind = meta.get("dwise.predictor")
     if kind != expected:
-        raise BundleError(f"{path} holds the {kind!r} predictor, not {expected!r}; pass the {expected} ONNX file")
+        raise BundleError(
+            f"{path} holds the {kind!r} predictor, not {expected!r}; pass the {expected} ONNX file"
+        )
     return session, meta
 
 
@@ -78,7 +93,9 @@ class OnnxAdmission:
     def __init__(self, path: str | Path, *, threads: int = 1) -> None:
         self.path = Path(path)
         self.session, self.meta = open_session(self.path, _adm.AdmissionModel.kind, threads=threads)
-        self.feature_names: tuple[str, ...] = tuple(json.loads(self.meta.get("dwise.feature_names", "[]")))
+        self.feature_names: tuple[str, ...] = tuple(
+            json.loads(self.meta.get("dwise.feature_names", "[]"))
+        )
         self.precision = self.meta.get("dwise.precision", "fp32")
         if not self.feature_names:
             raise BundleError(f"{self.path} lacks dwise.feature_names metadata; re-export it")
@@ -99,26 +116,37 @@ class OnnxAdmission:
         return float(self.predict_features([list(x)])[0])
 
     def __repr__(self) -> str:
-        return f"OnnxAdmission({self.path.name}, features={list(self.feature_names)}, {self.precision})"
+        return (
+            f"OnnxAdmission({self.path.name}, "
+            f"features={list(self.feature_names)}, {self.precision})"
+        )
 
 
 class OnnxRefinement:
-    """Refinement ensemble from ``refinement.onnx`` (+ optional isotonic map) -> remaining rounds."""
+    """Refinement ensemble from ``refinement.onnx`` (+ optional isotonic map) -> remaining
+    rounds."""
 
-    def __init__(self, path: str | Path, calibration: IsotonicMap | None = None, *, threads: int = 1) -> None:
+    def __init__(
+        self, path: str | Path, calibration: IsotonicMap | None = None, *, threads: int = 1
+    ) -> None:
         self.path = Path(path)
-        self.session, self.meta = open_session(self.path, _ref.RefinementEnsemble.kind,
-                                               threads=threads)
+        self.session, self.meta = open_session(
+            self.path, _ref.RefinementEnsemble.kind, threads=threads
+        )
         try:
             self.hidden_size = int(self.meta["dwise.hidden_size"])
             self.K = int(self.meta["dwise.K"])  # noqa: N815 - the name in docs/concepts.md
         except (KeyError, ValueError) as e:
-            raise BundleError(f"{self.path} lacks dwise.hidden_size/dwise.K metadata; re-export it") from e
+            raise BundleError(
+                f"{self.path} lacks dwise.hidden_size/dwise.K metadata; re-export it"
+            ) from e
         self.precision = self.meta.get("dwise.precision", "fp32")
         self.outputs = tuple(o.name for o in self.session.get_outputs())
         self.calibration = calibration
 
-    def _run(self, names: list[str], hidden: Any, prompt_tokens: Any, output_budget: Any) -> list[np.ndarray]:
+    def _run(
+        self, names: list[str], hidden: Any, prompt_tokens: Any, output_budget: Any
+    ) -> list[np.ndarray]:
         h = check_hidden(hidden, self.hidden_size, owner="the exported model")
         n = h.shape[0]
         p = per_row(prompt_tokens, n, "prompt_tokens").astype(np.float32)
@@ -130,37 +158,54 @@ class OnnxRefinement:
     def survival(self, hidden: Any, prompt_tokens: Any, output_budget: Any) -> np.ndarray:
         """Averaged survival curves ``(n, K)``: column k-1 is P(remaining rounds >= k)."""
         if "survival" not in self.outputs:
-            raise BundleError(f"{self.path} was exported without the survival output; re-export with it")
-        return np.asarray(self._run(["survival"], hidden, prompt_tokens, output_budget)[0], dtype=np.float64)
+            raise BundleError(
+                f"{self.path} was exported without the survival output; re-export with it"
+            )
+        return np.asarray(
+            self._run(["survival"], hidden, prompt_tokens, output_budget)[0], dtype=np.float64
+        )
 
-    def predict(self, hidden: Any, prompt_tokens: Any, output_budget: Any, *, raw: bool = False) -> np.ndarray:
-        """Estimated rounds still to go after the first denoising round (calibrated unless ``raw``)."""
-        mean = np.asarray(self._run(["mean"], hidden, prompt_tokens, output_budget)[0], dtype=np.float64)
+    def predict(
+        self, hidden: Any, prompt_tokens: Any, output_budget: Any, *, raw: bool = False
+    ) -> np.ndarray:
+        """Estimated rounds still to go after the first denoising round (calibrated unless
+        ``raw``)."""
+        mean = np.asarray(
+            self._run(["mean"], hidden, prompt_tokens, output_budget)[0], dtype=np.float64
+        )
         if raw or self.calibration is None:
             return mean
         return self.calibration(mean)
 
     @classmethod
-    def from_files(cls, onnx_path: str | Path, calibration_json: str | Path | None = None, *,
-                   threads: int = 1) -> OnnxRefinement:
+    def from_files(
+        cls, onnx_path: str | Path, calibration_json: str | Path | None = None, *, threads: int = 1
+    ) -> OnnxRefinement:
         """Load with the isotonic map stored as JSON arrays (``calibration.json`` of a bundle)."""
         cal = None
         if calibration_json is not None:
             try:
-                cal = IsotonicMap.from_dict(json.loads(Path(calibration_json).read_text(encoding="utf-8")))
+                cal = IsotonicMap.from_dict(
+                    json.loads(Path(calibration_json).read_text(encoding="utf-8"))
+                )
             except FileNotFoundError as e:
                 raise BundleError(f"calibration file {calibration_json} does not exist") from e
             except ValueError as e:
-                raise BundleIntegrityError(f"calibration file {calibration_json} is not valid JSON ({e})") from e
+                raise BundleIntegrityError(
+                    f"calibration file {calibration_json} is not valid JSON ({e})"
+                ) from e
         return cls(onnx_path, cal, threads=threads)
 
     def __repr__(self) -> str:
-        return (f"OnnxRefinement({self.path.name}, hidden_size={self.hidden_size}, K={self.K}, {self.precision}, "
-                f"calibrated={self.calibration is not None})")
+        return (
+            f"OnnxRefinement({self.path.name}, hidden_size={self.hidden_size}, K={self.K}, "
+            f"{self.precision}, calibrated={self.calibration is not None})"
+        )
 
 
-def onnx_predictors(bundle: Any, *, int8: bool = True,
-                    threads: int = 1) -> tuple[OnnxAdmission | None, OnnxRefinement | None]:
+def onnx_predictors(
+    bundle: Any, *, int8: bool = True, threads: int = 1
+) -> tuple[OnnxAdmission | None, OnnxRefinement | None]:
     """The ONNX predictors a loaded, verified bundle carries (``dwise-predict export`` kept them).
 
     ``bundle`` is a :class:`dwise_predict.bundle.Bundle` (its files' sha256 were checked on load).
@@ -184,9 +229,12 @@ def onnx_predictors(bundle: Any, *, int8: bool = True,
     refinement = None
     if ref_name is not None:
         cal = bundle.path / CALIBRATION_FILE
-        refinement = OnnxRefinement.from_files(bundle.path / ref_name, cal if CALIBRATION_FILE in files else None,
-                                               threads=threads)
+        refinement = OnnxRefinement.from_files(
+            bundle.path / ref_name, cal if CALIBRATION_FILE in files else None, threads=threads
+        )
     if admission is None and refinement is None:
-        raise BundleError(f"bundle '{bundle.path}' carries no ONNX predictor; run `dwise-predict export "
-                          f"{bundle.path}` first")
+        raise BundleError(
+            f"bundle '{bundle.path}' carries no ONNX predictor; run `dwise-predict export "
+            f"{bundle.path}` first"
+        )
     return admission, refinement

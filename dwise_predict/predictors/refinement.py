@@ -1,9 +1,9 @@
 """The refinement predictor: rounds STILL TO GO after the first denoising round, in numpy.
 
-Input (docs/concepts.md, "The predictors"): the first-round hidden vector (final layer, mean-pooled; ``(n, H)``), the
-prompt token count and the output budget, the last two normalized by the training maxima
-(``prompt_tokens_scale``, ``output_budget_scale``); the hidden vector is standardized with the
-training mean and standard deviation. Model: a discrete-time survival ensemble: each of the
+Input (docs/concepts.md, "The predictors"): the first-round hidden vector (final layer, mean-pooled;
+``(n, H)``), the prompt token count and the output budget, the last two normalized by the training
+maxima (``prompt_tokens_scale``, ``output_budget_scale``); the hidden vector is standardized with
+the training mean and standard deviation. Model: a discrete-time survival ensemble: each of the
 members is a 2-layer MLP ``Linear(H+2, 256) -> GELU(tanh) -> Linear(256, K)`` emitting hazard
 logits ``z_k``, ``k = 1..K``, where ``h_k = sigmoid(z_k)`` is the probability that the request
 needs no k-th remaining round given that it needed k-1, so
@@ -83,11 +83,18 @@ class RefinementEnsemble:
         d_in, k = self.hidden_size + 2, self.K
         for i, m in enumerate(self.members):
             if m.w1.shape[0] != d_in or m.w2.shape[1] != k or m.w1.shape[1] != m.w2.shape[0]:
-                raise PredictorError(f"refinement member {i} has shapes {m.w1.shape}/{m.w2.shape}, expected ({d_in}, w)/(w, {k})")
+                raise PredictorError(
+                    f"refinement member {i} has shapes "
+                    f"{m.w1.shape}/{m.w2.shape}, expected ({d_in}, w)/(w, {k})"
+                )
         if self.prompt_tokens_scale <= 0 or self.output_budget_scale <= 0:
-            raise PredictorError("normalization scales must be > 0; retrain with `dwise-predict train`")
+            raise PredictorError(
+                "normalization scales must be > 0; retrain with `dwise-predict train`"
+            )
         # one matmul for all members' first layers: (H+2, members*width)
-        self._w1 = np.ascontiguousarray(np.concatenate([m.w1 for m in self.members], axis=1), dtype=np.float32)
+        self._w1 = np.ascontiguousarray(
+            np.concatenate([m.w1 for m in self.members], axis=1), dtype=np.float32
+        )
         self._b1 = np.concatenate([m.b1 for m in self.members]).astype(np.float32)
         self._width = self.members[0].w1.shape[1]
         self._inv_std = (1.0 / self.hidden_std).astype(np.float32)
@@ -111,14 +118,21 @@ class RefinementEnsemble:
         n = h.shape[0]
         p = per_row(prompt_tokens, n, "prompt_tokens")
         b = per_row(output_budget, n, "output_budget")
-        return normalized_inputs(h, p, b, self.hidden_mean, self._inv_std, self.prompt_tokens_scale,
-                                 self.output_budget_scale)
+        return normalized_inputs(
+            h,
+            p,
+            b,
+            self.hidden_mean,
+            self._inv_std,
+            self.prompt_tokens_scale,
+            self.output_budget_scale,
+        )
 
     # -- inference --------------------------------------------------------------------------
     def member_logits(self, x: np.ndarray) -> list[np.ndarray]:
         a = gelu_tanh(x @ self._w1 + self._b1)
         w = self._width
-        return [a[:, i * w:(i + 1) * w] @ m.w2 + m.b2 for i, m in enumerate(self.members)]
+        return [a[:, i * w : (i + 1) * w] @ m.w2 + m.b2 for i, m in enumerate(self.members)]
 
     def survival_from_inputs(self, x: np.ndarray) -> np.ndarray:
         """Averaged survival curves ``(n, K)``: column k-1 is P(remaining rounds >= k)."""
@@ -130,7 +144,9 @@ class RefinementEnsemble:
     def survival(self, hidden: Any, prompt_tokens: Any, output_budget: Any) -> np.ndarray:
         return self.survival_from_inputs(self.inputs(hidden, prompt_tokens, output_budget))
 
-    def predict(self, hidden: Any, prompt_tokens: Any, output_budget: Any, *, raw: bool = False) -> np.ndarray:
+    def predict(
+        self, hidden: Any, prompt_tokens: Any, output_budget: Any, *, raw: bool = False
+    ) -> np.ndarray:
         """Estimated remaining rounds after the first denoising round, one per row.
 
         ``raw=True`` returns the ensemble's restricted mean; otherwise the isotonic map is applied
@@ -153,7 +169,7 @@ class RefinementEnsemble:
     kind: ClassVar[str] = "refinement"
     estimates: ClassVar[Mapping[str, str]] = {
         "refined_raw": "rounds still to go after the first denoising round "
-                       "(uncalibrated restricted mean)",
+        "(uncalibrated restricted mean)",
         "refined": "rounds still to go after the first denoising round (isotonic-calibrated)",
     }
     onnx_exporter: ClassVar[str | None] = "dwise_predict.export.onnx_refinement:EXPORTER"
@@ -161,16 +177,25 @@ class RefinementEnsemble:
     def entry(self) -> dict[str, Any]:
         """The ensemble's description and input normalization: the one place they are stored."""
         return {
-            "estimate": ESTIMATE, "model": "survival_mlp_ensemble",
+            "estimate": ESTIMATE,
+            "model": "survival_mlp_ensemble",
             "hidden": "first-round final-layer hidden rows of the first output block, mean-pooled",
-            "hidden_size": self.hidden_size, "K": self.K, "members": len(self.members),
-            "width": self._width, "activation": "gelu_tanh",
-            "inputs": ["(hidden - hidden_mean) / hidden_std", "prompt_tokens / prompt_tokens_scale",
-                       "output_budget / output_budget_scale"],
+            "hidden_size": self.hidden_size,
+            "K": self.K,
+            "members": len(self.members),
+            "width": self._width,
+            "activation": "gelu_tanh",
+            "inputs": [
+                "(hidden - hidden_mean) / hidden_std",
+                "prompt_tokens / prompt_tokens_scale",
+                "output_budget / output_budget_scale",
+            ],
             "prompt_tokens_scale": float(self.prompt_tokens_scale),
             "output_budget_scale": float(self.output_budget_scale),
-            "survival": "S(k) = prod_{j<=k} (1 - sigmoid(z_j)); members' S averaged; raw = sum_k S(k)",
-            "n_params": int(self.n_params), "calibrated": self.calibration is not None,
+            "survival": "S(k) = prod_{j<=k} (1 - sigmoid(z_j)); "
+            "members' S averaged; raw = sum_k S(k)",
+            "n_params": int(self.n_params),
+            "calibrated": self.calibration is not None,
             "info": self.info,
         }
 
@@ -180,7 +205,9 @@ class RefinementEnsemble:
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        write_bytes(folder / WEIGHTS_FILE, save(self.tensors(), metadata={"format": "dwise-refinement-v1"}))
+        write_bytes(
+            folder / WEIGHTS_FILE, save(self.tensors(), metadata={"format": "dwise-refinement-v1"})
+        )
         if self.calibration is None:
             return [WEIGHTS_FILE]
         write_json(folder / CALIBRATION_FILE, self.calibration.to_dict())
@@ -197,29 +224,42 @@ class RefinementEnsemble:
         try:
             t = load_file(str(folder.path(WEIGHTS_FILE)))
         except (ValueError, SafetensorError) as e:
-            raise BundleIntegrityError(f"{folder.root}/{WEIGHTS_FILE} is corrupt ({e}); "
-                                       "re-save the bundle") from e
+            raise BundleIntegrityError(
+                f"{folder.root}/{WEIGHTS_FILE} is corrupt ({e}); re-save the bundle"
+            ) from e
         calibration = None
         if folder.has(CALIBRATION_FILE):
             calibration = IsotonicMap.from_dict(folder.read_json(CALIBRATION_FILE))
         try:
-            members = [MLPWeights(*(t[f"member{i}.{n}"] for n in ("w1", "b1", "w2", "b2")))
-                       for i in range(config["members"])]
-            return cls(members, t["input.hidden_mean"], t["input.hidden_std"],
-                       config["prompt_tokens_scale"], config["output_budget_scale"], calibration,
-                       config.get("info", {}))
+            members = [
+                MLPWeights(*(t[f"member{i}.{n}"] for n in ("w1", "b1", "w2", "b2")))
+                for i in range(config["members"])
+            ]
+            return cls(
+                members,
+                t["input.hidden_mean"],
+                t["input.hidden_std"],
+                config["prompt_tokens_scale"],
+                config["output_budget_scale"],
+                calibration,
+                config.get("info", {}),
+            )
         except KeyError as e:
-            raise BundleIntegrityError(f"{folder.root}: the refinement weights or record lack {e}; "
-                                       "the bundle is from another format or truncated") from e
+            raise BundleIntegrityError(
+                f"{folder.root}: the refinement weights or record lack {e}; "
+                "the bundle is from another format or truncated"
+            ) from e
 
     @classmethod
     def card_summary(cls, entry: Mapping[str, Any], manifest: Mapping[str, Any]) -> str:
         params = entry.get("n_params")
-        return (f"survival-MLP ensemble: {entry.get('members', '?')} × [(H+2 = "
-                f"{entry.get('hidden_size', '?')}+2) → {entry.get('width', '?')} GELU → "
-                f"K = {entry.get('K', '?')} hazard logits]"
-                + (f", {params:,} parameters" if isinstance(params, int) else "")
-                + ("; isotonic calibration" if entry.get("calibrated") else "; uncalibrated"))
+        return (
+            f"survival-MLP ensemble: {entry.get('members', '?')} × [(H+2 = "
+            f"{entry.get('hidden_size', '?')}+2) → {entry.get('width', '?')} GELU → "
+            f"K = {entry.get('K', '?')} hazard logits]"
+            + (f", {params:,} parameters" if isinstance(params, int) else "")
+            + ("; isotonic calibration" if entry.get("calibrated") else "; uncalibrated")
+        )
 
     def check_fingerprint(self, fingerprint: ModelFingerprint, where: str) -> None:
         """The hidden vectors come from the fingerprinted dLLM: their sizes must agree."""
@@ -228,17 +268,27 @@ class RefinementEnsemble:
             raise BundleIntegrityError(
                 f"{where}: refinement hidden size {self.hidden_size} differs from the "
                 "fingerprint's "
-                f"{fp_h}; the bundle is inconsistent, retrain it")
+                f"{fp_h}; the bundle is inconsistent, retrain it"
+            )
 
     def __repr__(self) -> str:
-        return (f"RefinementEnsemble(members={len(self.members)}, hidden_size={self.hidden_size}, K={self.K}, "
-                f"calibrated={self.calibration is not None})")
+        return (
+            f"RefinementEnsemble(members={len(self.members)}, hidden_size={self.hidden_size}, "
+            f"K={self.K}, calibrated={self.calibration is not None})"
+        )
 
 
-def normalized_inputs(hidden: np.ndarray, prompt_tokens: np.ndarray, output_budget: np.ndarray,
-                      hidden_mean: np.ndarray, inv_std: np.ndarray, prompt_tokens_scale: float,
-                      output_budget_scale: float) -> np.ndarray:
-    """The model input ``(n, H+2)`` float32; the trainer uses this very function, so train = serve."""
+def normalized_inputs(
+    hidden: np.ndarray,
+    prompt_tokens: np.ndarray,
+    output_budget: np.ndarray,
+    hidden_mean: np.ndarray,
+    inv_std: np.ndarray,
+    prompt_tokens_scale: float,
+    output_budget_scale: float,
+) -> np.ndarray:
+    """The model input ``(n, H+2)`` float32; the trainer uses this very function, so train =
+    serve."""
     n, h = hidden.shape
     x = np.empty((n, h + 2), dtype=np.float32)
     np.multiply(hidden.astype(np.float32, copy=False) - hidden_mean, inv_std, out=x[:, :h])
@@ -248,7 +298,8 @@ def normalized_inputs(hidden: np.ndarray, prompt_tokens: np.ndarray, output_budg
 
 
 def check_hidden(hidden: Any, hidden_size: int, owner: str = "the bundle") -> np.ndarray:
-    """First-round hidden vectors as ``(n, hidden_size)`` float32, refused with the fix when malformed."""
+    """First-round hidden vectors as ``(n, hidden_size)`` float32, refused with the fix when
+    malformed."""
     try:
         h = np.asarray(hidden, dtype=np.float32)
     except (TypeError, ValueError) as e:
@@ -256,7 +307,9 @@ def check_hidden(hidden: Any, hidden_size: int, owner: str = "the bundle") -> np
     if h.ndim == 1:
         h = h[None, :]
     if h.ndim != 2:
-        raise PredictorInputError(f"hidden must be (n, hidden_size) or (hidden_size,), got shape {h.shape}")
+        raise PredictorInputError(
+            f"hidden must be (n, hidden_size) or (hidden_size,), got shape {h.shape}"
+        )
     if h.shape[1] != hidden_size:
         raise PredictorInputError(
             f"hidden size {h.shape[1]} does not match {owner}'s hidden size {hidden_size}: "
@@ -264,13 +317,16 @@ def check_hidden(hidden: Any, hidden_size: int, owner: str = "the bundle") -> np
         )
     finite = np.isfinite(h).all(axis=1)
     if not finite.all():
-        raise PredictorInputError(f"hidden row {int(np.flatnonzero(~finite)[0])} holds NaN/inf (or overflows "
-                                  "float32); run the dLLM in float32/bf16 without overflow")
+        raise PredictorInputError(
+            f"hidden row {int(np.flatnonzero(~finite)[0])} holds NaN/inf (or overflows "
+            "float32); run the dLLM in float32/bf16 without overflow"
+        )
     return np.ascontiguousarray(h)
 
 
 def per_row(v: Any, n: int, name: str) -> np.ndarray:
-    """A scalar or one value per hidden row, as float64 ``(n,)``; finite, >= 0 and within float32."""
+    """A scalar or one value per hidden row, as float64 ``(n,)``; finite, >= 0 and within
+    float32."""
     try:
         a = np.asarray(v, dtype=np.float64)
     except (TypeError, ValueError) as e:
@@ -278,8 +334,12 @@ def per_row(v: Any, n: int, name: str) -> np.ndarray:
     if a.ndim == 0:
         a = np.full(n, float(a))
     if a.shape != (n,):
-        raise PredictorInputError(f"{name} must be a scalar or have one value per hidden row ({n}), got shape {a.shape}")
+        raise PredictorInputError(
+            f"{name} must be a scalar or have one value per hidden row ({n}), got shape {a.shape}"
+        )
     bad = ~np.isfinite(a) | (a < 0) | (a > np.finfo(np.float32).max)
     if bad.any():
-        raise PredictorInputError(f"{name} must be finite and >= 0 (within float32), got {a[bad][:3].tolist()}")
+        raise PredictorInputError(
+            f"{name} must be finite and >= 0 (within float32), got {a[bad][:3].tolist()}"
+        )
     return a

@@ -42,7 +42,15 @@ from ..errors import PredictorError, PredictorInputError
 ZERO_THRESHOLD = 1e-35
 MISSING_NONE, MISSING_ZERO, MISSING_NAN = 0, 1, 2
 #: objectives whose raw score is the prediction (no exp/sigmoid transform)
-IDENTITY_OBJECTIVES = ("regression", "regression_l2", "regression_l1", "huber", "fair", "quantile", "mape")
+IDENTITY_OBJECTIVES = (
+    "regression",
+    "regression_l2",
+    "regression_l1",
+    "huber",
+    "fair",
+    "quantile",
+    "mape",
+)
 #: the whole-forest table is precomputed when it has at most this many cells (8 bytes each)
 DEFAULT_GRID_LIMIT = 1 << 20
 
@@ -69,7 +77,9 @@ class Tree:
             mt = self.missing_type[node]
             if v != v and mt != MISSING_NAN:
                 v = 0.0
-            if (mt == MISSING_ZERO and -ZERO_THRESHOLD <= v <= ZERO_THRESHOLD) or (mt == MISSING_NAN and v != v):
+            if (mt == MISSING_ZERO and -ZERO_THRESHOLD <= v <= ZERO_THRESHOLD) or (
+                mt == MISSING_NAN and v != v
+            ):
                 left = bool(self.default_left[node])
             else:
                 left = v <= self.threshold[node]
@@ -96,14 +106,25 @@ def parse_lightgbm_text(text: str) -> tuple[dict[str, str], list[Tree]]:
             k, v = line.split("=", 1)
             current[k] = v
     if header.get("version") is None or "max_feature_idx" not in header:
-        raise PredictorError("not a LightGBM text model (no version/max_feature_idx header); save it with Booster.save_model")
+        raise PredictorError(
+            "not a LightGBM text model (no version/max_feature_idx "
+            "header); save it with Booster.save_model"
+        )
     objective = header.get("objective", "").split(" ")[0]
     if objective not in IDENTITY_OBJECTIVES:
-        raise PredictorError(f"LightGBM objective {objective!r} has an output transform; only {IDENTITY_OBJECTIVES} compile")
+        raise PredictorError(
+            f"LightGBM objective {objective!r} has an output "
+            f"transform; only {IDENTITY_OBJECTIVES} compile"
+        )
     if "average_output" in header:
-        raise PredictorError("LightGBM random-forest mode (average_output) is not supported; train with boosting=gbdt")
+        raise PredictorError(
+            "LightGBM random-forest mode (average_output) "
+            "is not supported; train with boosting=gbdt"
+        )
     if int(header.get("num_tree_per_iteration", "1")) != 1:
-        raise PredictorError("multi-output LightGBM models are not supported; the admission model is one regressor")
+        raise PredictorError(
+            "multi-output LightGBM models are not supported; the admission model is one regressor"
+        )
     if not blocks:
         raise PredictorError("the LightGBM model has no trees")
     trees = [_parse_tree(i, b) for i, b in enumerate(blocks)]
@@ -119,7 +140,10 @@ def _parse_tree(i: int, b: dict[str, str]) -> Tree:
     try:
         n_leaves = int(b["num_leaves"])
         if int(b.get("num_cat", "0")) != 0:
-            raise PredictorError(f"tree {i} has categorical splits; the admission model compiles numerical splits only")
+            raise PredictorError(
+                f"tree {i} has categorical splits; the "
+                "admission model compiles numerical splits only"
+            )
         if int(b.get("is_linear", "0")) != 0:
             raise PredictorError(f"tree {i} is a linear tree; train without linear_tree")
         leaf_value = arr("leaf_value", np.float64)
@@ -137,26 +161,43 @@ def _parse_tree(i: int, b: dict[str, str]) -> Tree:
             leaf_value=leaf_value,
         )
     except (KeyError, ValueError) as e:
-        raise PredictorError(f"LightGBM tree {i} is malformed ({e}); the model text is truncated or edited") from e
+        raise PredictorError(
+            f"LightGBM tree {i} is malformed ({e}); the model text is truncated or edited"
+        ) from e
     if np.any(decision & 1):
-        raise PredictorError(f"tree {i} has categorical splits; the admission model compiles numerical splits only")
+        raise PredictorError(
+            f"tree {i} has categorical splits; the admission model compiles numerical splits only"
+        )
     n_int = n_leaves - 1
-    if any(len(a) != n_int for a in (tree.split_feature, tree.threshold, tree.left_child, tree.right_child)) or len(
-        leaf_value
-    ) != n_leaves:
-        raise PredictorError(f"LightGBM tree {i} has inconsistent array lengths; the model text is truncated or edited")
+    if (
+        any(
+            len(a) != n_int
+            for a in (tree.split_feature, tree.threshold, tree.left_child, tree.right_child)
+        )
+        or len(leaf_value) != n_leaves
+    ):
+        raise PredictorError(
+            f"LightGBM tree {i} has inconsistent array "
+            "lengths; the model text is truncated or edited"
+        )
     return tree
 
 
 class CompiledForest:
-    """The forest as binned lookup tables. ``predict_raw`` equals ``Booster.predict(raw_score=True)``."""
+    """The forest as binned lookup tables. ``predict_raw`` equals
+    ``Booster.predict(raw_score=True)``."""
 
-    def __init__(self, trees: Sequence[Tree], n_features: int, *, grid_limit: int = DEFAULT_GRID_LIMIT) -> None:
+    def __init__(
+        self, trees: Sequence[Tree], n_features: int, *, grid_limit: int = DEFAULT_GRID_LIMIT
+    ) -> None:
         self.trees = list(trees)
         self.n_features = int(n_features)
         for t in self.trees:
             if len(t.split_feature) and int(t.split_feature.max()) >= self.n_features:
-                raise PredictorError(f"a tree splits on feature {int(t.split_feature.max())} but the model has {n_features}")
+                raise PredictorError(
+                    f"a tree splits on feature {int(t.split_feature.max())} "
+                    f"but the model has {n_features}"
+                )
         #: per feature: the sorted unique thresholds of the whole forest
         self.cuts: list[np.ndarray] = []
         for f in range(self.n_features):
@@ -165,7 +206,12 @@ class CompiledForest:
         self._cut_lists = [c.tolist() for c in self.cuts]
         #: features where a value near zero needs the exact walk (missing type Zero)
         self._zero_features = sorted(
-            {int(f) for t in self.trees for f, m in zip(t.split_feature, t.missing_type) if m == MISSING_ZERO}
+            {
+                int(f)
+                for t in self.trees
+                for f, m in zip(t.split_feature, t.missing_type)
+                if m == MISSING_ZERO
+            }
         )
         self._build_tables()
         n_cells = int(np.prod([len(c) + 1 for c in self.cuts], dtype=np.float64))
@@ -180,18 +226,30 @@ class CompiledForest:
         values: list[np.ndarray] = []
         base = 0
         for ti, t in enumerate(self.trees):
-            local_cuts = [np.unique(t.threshold[t.split_feature == f]) for f in range(self.n_features)]
+            local_cuts = [
+                np.unique(t.threshold[t.split_feature == f]) for f in range(self.n_features)
+            ]
             shape = [len(c) + 1 for c in local_cuts]
             strides = np.cumprod([1, *shape[::-1]])[:-1][::-1]  # C order
             # the local index of each internal node's threshold within its feature's local cuts
             node_local = np.array(
-                [int(np.searchsorted(local_cuts[f], thr)) for f, thr in zip(t.split_feature, t.threshold)], dtype=np.int64
+                [
+                    int(np.searchsorted(local_cuts[f], thr))
+                    for f, thr in zip(t.split_feature, t.threshold)
+                ],
+                dtype=np.int64,
             )
-            cells = np.indices(shape).reshape(self.n_features, -1).T  # every combination of local bins
-            table = np.array([t.leaf_value[self._walk_bins(t, node_local, c)] for c in cells], dtype=np.float64)
+            cells = (
+                np.indices(shape).reshape(self.n_features, -1).T
+            )  # every combination of local bins
+            table = np.array(
+                [t.leaf_value[self._walk_bins(t, node_local, c)] for c in cells], dtype=np.float64
+            )
             values.append(table)
             for f in range(self.n_features):
-                g_of_local = np.searchsorted(self.cuts[f], local_cuts[f])  # global index of each local cut
+                g_of_local = np.searchsorted(
+                    self.cuts[f], local_cuts[f]
+                )  # global index of each local cut
                 # a value in global bin g exceeds exactly the local cuts whose global index is < g
                 local_bin = np.searchsorted(g_of_local, np.arange(n_bins[f]), side="left")
                 offsets[f][:, ti] = local_bin * strides[f] + (base if f == 0 else 0)
@@ -234,7 +292,9 @@ class CompiledForest:
         """Raw scores for a batch ``(n, n_features)`` (float64)."""
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2 or X.shape[1] != self.n_features:
-            raise PredictorInputError(f"expected features of shape (n, {self.n_features}), got {X.shape}")
+            raise PredictorInputError(
+                f"expected features of shape (n, {self.n_features}), got {X.shape}"
+            )
         out = np.empty(len(X), dtype=np.float64)
         if len(X) == 0:
             return out
@@ -242,7 +302,9 @@ class CompiledForest:
         fast = ~walk
         if fast.any():
             Xf = X[fast]
-            bins = [np.searchsorted(self.cuts[f], Xf[:, f], side="left") for f in range(self.n_features)]
+            bins = [
+                np.searchsorted(self.cuts[f], Xf[:, f], side="left") for f in range(self.n_features)
+            ]
             if self.grid is not None:
                 out[fast] = self.grid[tuple(bins)]
             else:
@@ -270,7 +332,9 @@ class CompiledForest:
         for f in range(1, self.n_features):
             idx = idx + self._offsets[f][bins[f]]
         total = 0.0
-        for v in self._values[idx].tolist():  # tree order from 0.0, like LightGBM (not sum(): it compensates)
+        for v in self._values[
+            idx
+        ].tolist():  # tree order from 0.0, like LightGBM (not sum(): it compensates)
             total += v
         return total
 

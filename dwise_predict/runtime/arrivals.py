@@ -29,9 +29,13 @@ class ArrivalSpec:
             raise ConfigError(f"arrival kind {self.kind!r} is not one of {KINDS}")
         if self.kind == "burst":
             if self.rate is not None:
-                raise ConfigError("burst arrivals take no rate; use poisson:RATE or burst+poisson:RATE")
+                raise ConfigError(
+                    "burst arrivals take no rate; use poisson:RATE or burst+poisson:RATE"
+                )
         elif self.rate is None or not math.isfinite(self.rate) or self.rate <= 0:
-            raise ConfigError(f"{self.kind} arrivals need a positive finite rate in requests/s, got {self.rate!r}")
+            raise ConfigError(
+                f"{self.kind} arrivals need a positive finite rate in requests/s, got {self.rate!r}"
+            )
 
     @classmethod
     def parse(cls, text: str) -> ArrivalSpec:
@@ -45,7 +49,9 @@ class ArrivalSpec:
         try:
             r = float(rate)
         except ValueError:
-            raise ConfigError(f"arrival rate {rate!r} in {text!r} is not a number; write e.g. poisson:8") from None
+            raise ConfigError(
+                f"arrival rate {rate!r} in {text!r} is not a number; write e.g. poisson:8"
+            ) from None
         return cls(kind, r)
 
     def __str__(self) -> str:

@@ -77,7 +77,15 @@ class ProfileRoundTime:
 
     def to_dict(self) -> dict[str, Any]:
         p = self.profile
-        return {"kind": "cost_profile", "profile": self.name, "batch_share": self.batch_share,
-                "alpha_ms": p.alpha_ms, "alpha2_ms": p.alpha2_ms, "beta_ms": p.beta_ms,
-                "delta_ms": p.delta_ms, "K_ms_min": float(p.K_ms.min()),
-                "K_ms_max": float(p.K_ms.max()), "hardware": p.hardware}
+        return {
+            "kind": "cost_profile",
+            "profile": self.name,
+            "batch_share": self.batch_share,
+            "alpha_ms": p.alpha_ms,
+            "alpha2_ms": p.alpha2_ms,
+            "beta_ms": p.beta_ms,
+            "delta_ms": p.delta_ms,
+            "K_ms_min": float(p.K_ms.min()),
+            "K_ms_max": float(p.K_ms.max()),
+            "hardware": p.hardware,
+        }

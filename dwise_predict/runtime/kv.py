@@ -15,7 +15,8 @@ from ..errors import ConfigError, SchedulerError
 
 @dataclass
 class KVPool:
-    """Token-counted KV pool. ``limit_tokens`` = ``limit_frac`` · ``pool_tokens`` is what residents may reserve."""
+    """Token-counted KV pool. ``limit_tokens`` = ``limit_frac`` · ``pool_tokens`` is what residents
+    may reserve."""
 
     pool_tokens: int
     limit_frac: float = 0.9
@@ -24,9 +25,14 @@ class KVPool:
 
     def __post_init__(self) -> None:
         if not isinstance(self.pool_tokens, (int,)) or self.pool_tokens < 1:
-            raise ConfigError(f"kv pool_tokens={self.pool_tokens!r} must be a positive integer (tokens the KV cache holds)")
+            raise ConfigError(
+                f"kv pool_tokens={self.pool_tokens!r} must be "
+                "a positive integer (tokens the KV cache holds)"
+            )
         if not 0.0 < self.limit_frac <= 1.0:
-            raise ConfigError(f"kv limit_frac={self.limit_frac} must lie in (0, 1]; the paper uses 0.9")
+            raise ConfigError(
+                f"kv limit_frac={self.limit_frac} must lie in (0, 1]; the paper uses 0.9"
+            )
         if self.slack_blocks < 0:
             raise ConfigError(f"kv slack_blocks={self.slack_blocks} must be >= 0; the paper uses 2")
 
@@ -46,8 +52,9 @@ class KVPool:
         """Refuse at arrival a request that could never be admitted (it would wait forever)."""
         if tokens > self.limit_tokens:
             raise SchedulerError(
-                f"{where} needs {tokens} KV tokens worst case but the pool admits at most {self.limit_tokens} "
-                f"({self.limit_frac:.0%} of {self.pool_tokens}); raise kv_pool_tokens or shorten the prompt/output budget"
+                f"{where} needs {tokens} KV tokens worst case but the pool admits at most "
+                f"{self.limit_tokens} ({self.limit_frac:.0%} of {self.pool_tokens}); raise "
+                "kv_pool_tokens or shorten the prompt/output budget"
             )
 
     def fits(self, tokens: int) -> bool:
@@ -55,10 +62,15 @@ class KVPool:
 
     def reserve(self, tokens: int) -> None:
         if not self.fits(tokens):
-            raise SchedulerError(f"KV over-commit: reserving {tokens} with {self.reserved}/{self.limit_tokens} reserved")
+            raise SchedulerError(
+                f"KV over-commit: reserving {tokens} with "
+                f"{self.reserved}/{self.limit_tokens} reserved"
+            )
         self.reserved += int(tokens)
 
     def release(self, tokens: int) -> None:
         self.reserved -= int(tokens)
         if self.reserved < 0:
-            raise SchedulerError("KV released more than reserved; a finished request was reported twice")
+            raise SchedulerError(
+                "KV released more than reserved; a finished request was reported twice"
+            )

@@ -1,4 +1,5 @@
-"""Per-policy figures from a :class:`~.simulator.SimulationRun` (metrics as defined in docs/concepts.md).
+"""Per-policy figures from a :class:`~.simulator.SimulationRun` (metrics as defined in
+docs/concepts.md).
 
 Latency = finish − arrival; TTFT = time the first output block is committed − arrival (the
 paper's dLLM definition: prefill alone yields no token); throughput = requests / makespan,
@@ -34,10 +35,16 @@ def summarize(run: SimulationRun) -> dict[str, float]:
         "makespan": makespan,
         "rounds": float(rounds),
         "prefill_only_round_frac": float(prefill_only.mean()) if rounds else 0.0,
-        "prefill_only_time_frac": float(run.round_ms[prefill_only].sum() / total_ms) if total_ms else 0.0,
+        "prefill_only_time_frac": float(run.round_ms[prefill_only].sum() / total_ms)
+        if total_ms
+        else 0.0,
         "filled_slots_per_round": float(run.round_filled.mean()) if rounds else 0.0,
-        "filled_slots_per_prefill_only_round": float(run.round_filled[prefill_only].mean()) if prefill_only.any() else 0.0,
-        "idle_slots_pct": float(100.0 * (1.0 - run.round_filled.mean() / run.slots)) if rounds else 100.0,
+        "filled_slots_per_prefill_only_round": float(run.round_filled[prefill_only].mean())
+        if prefill_only.any()
+        else 0.0,
+        "idle_slots_pct": float(100.0 * (1.0 - run.round_filled.mean() / run.slots))
+        if rounds
+        else 100.0,
         "median_round_ms": float(np.median(run.round_ms)) if rounds else 0.0,
         "preemptions_per_request": float(run.preemptions / n),
         "refinements_per_request": float(run.refinements / n),
@@ -53,6 +60,10 @@ def per_category(run: SimulationRun) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for c in sorted(set(run.categories.tolist())):
         m = run.categories == c
-        out[str(c)] = {"requests": float(m.sum()), "mean_latency": float(lat[m].mean()),
-                       "p99_latency": float(np.percentile(lat[m], 99)), "max_latency": float(lat[m].max())}
+        out[str(c)] = {
+            "requests": float(m.sum()),
+            "mean_latency": float(lat[m].mean()),
+            "p99_latency": float(np.percentile(lat[m], 99)),
+            "max_latency": float(lat[m].max()),
+        }
     return out

@@ -38,7 +38,11 @@ def latency_cdf(runs: Mapping[str, SimulationRun], path: str | Path, title: str 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for name, run in runs.items():
         lat = np.sort(run.finish_time - run.arrival_time)
-        ax.plot(np.maximum(lat, 1e-3), np.arange(1, lat.size + 1) / lat.size, label=f"{name} (mean {lat.mean():.0f} s)")
+        ax.plot(
+            np.maximum(lat, 1e-3),
+            np.arange(1, lat.size + 1) / lat.size,
+            label=f"{name} (mean {lat.mean():.0f} s)",
+        )
     ax.set_xscale("log")
     ax.set_xlabel("end-to-end latency (s)")
     ax.set_ylabel("fraction of requests")
@@ -66,7 +70,9 @@ def round_composition(runs: Mapping[str, SimulationRun], path: str | Path, title
             for n in names:
                 r = runs[n]
                 p, f = r.round_prompt, r.round_filled
-                mask = {"prefill-only": p == f, "mixed": (p > 0) & (p < f), "denoise-only": p == 0}[kind]
+                mask = {"prefill-only": p == f, "mixed": (p > 0) & (p < f), "denoise-only": p == 0}[
+                    kind
+                ]
                 w = np.ones_like(r.round_ms) if weight == "rounds" else r.round_ms
                 vals.append(100.0 * w[mask].sum() / max(w.sum(), 1e-12))
             ax.bar(names, vals, bottom=bottom, color=color, label=kind)

@@ -81,7 +81,9 @@ class DWISE:
     def __post_init__(self) -> None:
         _check_former(self.batch_former)
         if not np.isfinite(self.aging) or self.aging < 0:
-            raise ConfigError(f"aging={self.aging} must be a finite number >= 0 (0 turns aging off)")
+            raise ConfigError(
+                f"aging={self.aging} must be a finite number >= 0 (0 turns aging off)"
+            )
 
     def key(self, table: RequestTable, rows: np.ndarray, round_index: int) -> np.ndarray:
         k = table.prompt_blocks[rows] + table.r_hat[rows]

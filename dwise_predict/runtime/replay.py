@@ -66,11 +66,16 @@ class ArrivalFeed:
         while self.next < self.n and times[self.next] <= now:
             i = int(self.arrivals.order[self.next])
             row = sched.add_request(
-                w.request_ids[i], int(w.prompt_blocks[i]), None if adm is None else float(adm[i]),
-                prompt_tokens=int(w.prompt_tokens[i]), output_budget=int(w.output_budget[i]),
-                block_size=int(w.block_size[i]), arrival_time=float(times[self.next]),
+                w.request_ids[i],
+                int(w.prompt_blocks[i]),
+                None if adm is None else float(adm[i]),
+                prompt_tokens=int(w.prompt_tokens[i]),
+                output_budget=int(w.output_budget[i]),
+                block_size=int(w.block_size[i]),
+                arrival_time=float(times[self.next]),
                 score=None if score is None else float(score[i]),
-                true_rounds=None if truth is None else float(truth[i]))
+                true_rounds=None if truth is None else float(truth[i]),
+            )
             self.request_of_row[row] = i
             self.next += 1
 
@@ -110,8 +115,11 @@ class RequestProgress:
         """Tokens each slot's block attends: the prompt so far, or the prompt and the outputs."""
         w = self.workload
         bs, ptok = w.block_size[req], w.prompt_tokens[req]
-        return np.where(is_prompt, np.minimum((self.prompt_done[req] + 1) * bs, ptok),
-                        ptok + (self.block[req] + 1) * bs)
+        return np.where(
+            is_prompt,
+            np.minimum((self.prompt_done[req] + 1) * bs, ptok),
+            ptok + (self.block[req] + 1) * bs,
+        )
 
     def round_slots(self, req: np.ndarray, is_prompt: np.ndarray) -> RoundSlots:
         """What each slot of this round does: the composition a round-time model prices."""
@@ -119,10 +127,14 @@ class RequestProgress:
         block = self.block[req]
         this_block = w.block_offsets[req] + np.minimum(block, w.output_blocks[req] - 1)
         return RoundSlots(
-            prompt=is_prompt, context=self.context_tokens(req, is_prompt),
-            prompt_blocks=w.prompt_blocks[req], prompt_index=self.prompt_done[req],
-            block=block, step=w.rounds_flat[this_block] - self.left[req],
-            commits=~is_prompt & (self.left[req] == 1))
+            prompt=is_prompt,
+            context=self.context_tokens(req, is_prompt),
+            prompt_blocks=w.prompt_blocks[req],
+            prompt_index=self.prompt_done[req],
+            block=block,
+            step=w.rounds_flat[this_block] - self.left[req],
+            commits=~is_prompt & (self.left[req] == 1),
+        )
 
     def advance(self, req: np.ndarray, is_prompt: np.ndarray, now: float) -> np.ndarray:
         """Run one block of each slot; returns, aligned with the slots, which requests finished.
@@ -182,9 +194,11 @@ class RoundLog:
 
     def check_room(self, unfinished: int) -> None:
         if self.rounds >= self.capacity:
-            raise SchedulerError(f"simulation exceeded {self.capacity} rounds with {unfinished} "
-                                 "requests unfinished; the policy starves requests or max_rounds "
-                                 "is too small")
+            raise SchedulerError(
+                f"simulation exceeded {self.capacity} rounds with {unfinished} "
+                "requests unfinished; the policy starves requests or max_rounds "
+                "is too small"
+            )
 
     def charge(self, slots: RoundSlots) -> float:
         """Advance the clock by the round-time model's time for this round; returns it (ms)."""
@@ -192,8 +206,9 @@ class RoundLog:
         self.now += dt_ms / 1000.0
         return dt_ms
 
-    def record(self, dt_ms: float, filled: int, prompt: int, context_tokens: float,
-               sched_s: float) -> None:
+    def record(
+        self, dt_ms: float, filled: int, prompt: int, context_tokens: float, sched_s: float
+    ) -> None:
         i = self.rounds
         self.ms[i], self.filled[i], self.prompt[i] = dt_ms, filled, prompt
         self.context[i], self.sched_s[i] = context_tokens, sched_s

@@ -26,12 +26,21 @@ from .workload import Workload, as_workload
 
 #: The DWISE paper's LLaDA2.1-mini figures (Tables 2, 3, 10 and §6.3) the report compares against.
 PAPER_LLADA21 = {
-    "fcfs_mean_latency_burst": 545.5, "dwise_mean_latency_burst": 76.9,
-    "fcfs_mean_latency_burst_poisson": 535.9, "dwise_mean_latency_burst_poisson": 48.5,
-    "gain_burst": 7.1, "gain_burst_poisson": 10.7,
-    "fcfs_makespan": 1050.0, "dwise_makespan": 510.0, "dwise_median_round_ms": 95.0,
-    "fcfs_rounds": 63926, "fcfs_prefill_only_round_frac": 0.946, "fcfs_filled_slots_per_round": 5.0,
-    "dwise_rounds": 2819, "dwise_prefill_only_round_frac": 0.030, "dwise_filled_slots_per_round": 113.2,
+    "fcfs_mean_latency_burst": 545.5,
+    "dwise_mean_latency_burst": 76.9,
+    "fcfs_mean_latency_burst_poisson": 535.9,
+    "dwise_mean_latency_burst_poisson": 48.5,
+    "gain_burst": 7.1,
+    "gain_burst_poisson": 10.7,
+    "fcfs_makespan": 1050.0,
+    "dwise_makespan": 510.0,
+    "dwise_median_round_ms": 95.0,
+    "fcfs_rounds": 63926,
+    "fcfs_prefill_only_round_frac": 0.946,
+    "fcfs_filled_slots_per_round": 5.0,
+    "dwise_rounds": 2819,
+    "dwise_prefill_only_round_frac": 0.030,
+    "dwise_filled_slots_per_round": 113.2,
     "dwise_preemptions_per_request": 0.34,
 }
 
@@ -41,8 +50,14 @@ POLICY_NAMES = ("fcfs", "fcfs-mixed", "mlfq", "sjf", "srpt", "dwise", "oracle", 
 def make_policy(name: str) -> Policy:
     """A policy by its CLI name (see ``POLICY_NAMES``)."""
     table: dict[str, Any] = {
-        "fcfs": FCFS, "fcfs-mixed": lambda: FCFS(batch_former="mixed", name="fcfs-mixed"), "mlfq": MLFQ,
-        "sjf": ScoreSJF, "srpt": SRPT, "dwise": DWISE, "oracle": OracleSRPT, "dws-sjf": DWSSJF,
+        "fcfs": FCFS,
+        "fcfs-mixed": lambda: FCFS(batch_former="mixed", name="fcfs-mixed"),
+        "mlfq": MLFQ,
+        "sjf": ScoreSJF,
+        "srpt": SRPT,
+        "dwise": DWISE,
+        "oracle": OracleSRPT,
+        "dws-sjf": DWSSJF,
     }
     key = name.strip().lower()
     if key not in table:
@@ -80,31 +95,65 @@ class SimulationReport:
         from ..cli._common import format_table
 
         base = self.summary.get("fcfs")
-        headers = ["policy", "mean_s", "p50_s", "p99_s", "ttft_s", "req/s", "makespan_s", "rounds",
-                   "prefill_only_%", "slots/round", "idle_%", "preempt/req", "sched_us/round", "vs_fcfs"]
+        headers = [
+            "policy",
+            "mean_s",
+            "p50_s",
+            "p99_s",
+            "ttft_s",
+            "req/s",
+            "makespan_s",
+            "rounds",
+            "prefill_only_%",
+            "slots/round",
+            "idle_%",
+            "preempt/req",
+            "sched_us/round",
+            "vs_fcfs",
+        ]
         rows = []
         for name, s in self.summary.items():
-            rows.append([name, f"{s['mean_latency']:.1f}", f"{s['p50_latency']:.1f}", f"{s['p99_latency']:.1f}",
-                         f"{s['mean_ttft']:.1f}", f"{s['throughput']:.2f}", f"{s['makespan']:.1f}", int(s["rounds"]),
-                         f"{100 * s['prefill_only_round_frac']:.1f}", f"{s['filled_slots_per_round']:.1f}",
-                         f"{s['idle_slots_pct']:.1f}", f"{s['preemptions_per_request']:.2f}",
-                         f"{s['scheduler_us_per_round_mean']:.1f}",
-                         f"{base['mean_latency'] / s['mean_latency']:.2f}x" if base else "-"])
+            rows.append(
+                [
+                    name,
+                    f"{s['mean_latency']:.1f}",
+                    f"{s['p50_latency']:.1f}",
+                    f"{s['p99_latency']:.1f}",
+                    f"{s['mean_ttft']:.1f}",
+                    f"{s['throughput']:.2f}",
+                    f"{s['makespan']:.1f}",
+                    int(s["rounds"]),
+                    f"{100 * s['prefill_only_round_frac']:.1f}",
+                    f"{s['filled_slots_per_round']:.1f}",
+                    f"{s['idle_slots_pct']:.1f}",
+                    f"{s['preemptions_per_request']:.2f}",
+                    f"{s['scheduler_us_per_round_mean']:.1f}",
+                    f"{base['mean_latency'] / s['mean_latency']:.2f}x" if base else "-",
+                ]
+            )
         out = format_table(headers, rows)
         g = self.gain()
         if not math.isnan(g):
-            out += (f"\nDWISE mean-latency gain over FCFS: {g:.2f}x under {self.arrival} "
-                    f"(paper, LLaDA2.1-mini: {PAPER_LLADA21['gain_burst']}x burst, "
-                    f"{PAPER_LLADA21['gain_burst_poisson']}x burst+Poisson)")
+            out += (
+                f"\nDWISE mean-latency gain over FCFS: {g:.2f}x under {self.arrival} "
+                f"(paper, LLaDA2.1-mini: {PAPER_LLADA21['gain_burst']}x burst, "
+                f"{PAPER_LLADA21['gain_burst_poisson']}x burst+Poisson)"
+            )
         return out
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "arrival": self.arrival, "slots": self.slots, "k": self.k, "seed": self.seed,
-            "round_time": self.round_time.to_dict(), "workload": self.workload,
+            "arrival": self.arrival,
+            "slots": self.slots,
+            "k": self.k,
+            "seed": self.seed,
+            "round_time": self.round_time.to_dict(),
+            "workload": self.workload,
             "policies": self.summary,
             "per_category": {n: per_category(r) for n, r in self.runs.items()},
-            "gain_vs_fcfs": {n: self.gain("fcfs", n) for n in self.summary} if "fcfs" in self.summary else {},
+            "gain_vs_fcfs": {n: self.gain("fcfs", n) for n in self.summary}
+            if "fcfs" in self.summary
+            else {},
             "paper_llada2.1_mini": PAPER_LLADA21,
         }
 
@@ -121,15 +170,26 @@ class SimulationReport:
         d = Path(out_dir)
         d.mkdir(parents=True, exist_ok=True)
         sub = f"{self.arrival}, B={self.slots}, k={self.k}"
-        return [plots.latency_cdf(self.runs, d / "latency_cdf.png", f"Latency CDF ({sub})"),
-                plots.round_composition(self.runs, d / "round_composition.png", f"Round composition ({sub})")]
+        return [
+            plots.latency_cdf(self.runs, d / "latency_cdf.png", f"Latency CDF ({sub})"),
+            plots.round_composition(
+                self.runs, d / "round_composition.png", f"Round composition ({sub})"
+            ),
+        ]
 
 
-def compare_policies(requests: Workload | Sequence[SimRequest], policies: str | Sequence[str | Policy] = "fcfs,dwise,oracle",
-                     arrival: str | ArrivalSpec = "burst", slots: int = 128, k: int = 8, seed: int = 0, *,
-                     kv_pool_tokens: int = DEFAULT_KV_POOL_TOKENS,
-                     round_time: RoundTimeModel | ProfileRoundTime | None = None,
-                     progress: Any = None) -> SimulationReport:
+def compare_policies(
+    requests: Workload | Sequence[SimRequest],
+    policies: str | Sequence[str | Policy] = "fcfs,dwise,oracle",
+    arrival: str | ArrivalSpec = "burst",
+    slots: int = 128,
+    k: int = 8,
+    seed: int = 0,
+    *,
+    kv_pool_tokens: int = DEFAULT_KV_POOL_TOKENS,
+    round_time: RoundTimeModel | ProfileRoundTime | None = None,
+    progress: Any = None,
+) -> SimulationReport:
     """Replay ``requests`` under each policy with the identical arrival trace; returns a report."""
     from .synthetic import describe
 
@@ -142,7 +202,16 @@ def compare_policies(requests: Workload | Sequence[SimRequest], policies: str | 
         name = p.name if p.name not in runs else f"{p.name}[{p.batch_former}]"
         if name in runs:
             raise ConfigError(f"policy {name!r} is listed twice")
-        runs[name] = simulate(w, p, arrivals=spec, slots=slots, k=k, kv_pool_tokens=kv_pool_tokens, round_time=rt, seed=seed)
+        runs[name] = simulate(
+            w,
+            p,
+            arrivals=spec,
+            slots=slots,
+            k=k,
+            kv_pool_tokens=kv_pool_tokens,
+            round_time=rt,
+            seed=seed,
+        )
         if progress is not None:
             progress(name)
     summary = {n: summarize(r) for n, r in runs.items()}

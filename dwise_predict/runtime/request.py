@@ -52,7 +52,8 @@ class RoundPlan:
 
     @property
     def paused(self) -> np.ndarray:
-        """Residents that hold KV but run no block this round (computed on demand: it is not hot)."""
+        """Residents that hold KV but run no block this round (computed on demand: it is not
+        hot)."""
         return np.setdiff1d(self.resident_rows, self.rows, assume_unique=True)
 
     @property
@@ -114,15 +115,23 @@ class SimRequest(RoundsPerBlock):
         if self.prompt_tokens < 1:
             raise SchedulerError(f"{where}: prompt_tokens={self.prompt_tokens} must be >= 1")
         if not self.rounds_per_block:
-            raise SchedulerError(f"{where}: rounds_per_block is empty; a request denoises at least one output block")
+            raise SchedulerError(
+                f"{where}: rounds_per_block is empty; a request denoises at least one output block"
+            )
         if min(self.rounds_per_block) < 1:
-            raise SchedulerError(f"{where}: rounds_per_block={list(self.rounds_per_block)} has a block with < 1 round; every block takes >= 1 round")
+            raise SchedulerError(
+                f"{where}: rounds_per_block={list(self.rounds_per_block)} "
+                "has a block with < 1 round; every block takes >= 1 round"
+            )
         if self.output_budget < 1:
             raise SchedulerError(f"{where}: output_budget={self.output_budget} must be >= 1")
         for name in ("admission_estimate", "refined_estimate", "cost", "score"):
             v = getattr(self, name)
             if v is not None and (not math.isfinite(v) or v < 0):
-                raise SchedulerError(f"{where}: {name}={v} must be a finite number >= 0; drop the request or re-run the predictor")
+                raise SchedulerError(
+                    f"{where}: {name}={v} must be a finite number "
+                    ">= 0; drop the request or re-run the predictor"
+                )
 
     @property
     def work(self) -> int:

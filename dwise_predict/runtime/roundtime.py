@@ -13,9 +13,9 @@
 Defaults (10.0 ms, 0.427 ms, 0.925 ms per 1K tokens) solve the three equations the DWISE
 paper's LLaDA2.1-mini figures give on the paper-matched synthetic workload: SGLang's ≈1,050 s
 makespan, DWISE's ≈510 s and its ≈95 ms median round (docs/simulator.md gives the arithmetic;
-the first guess of 8 / 0.75 / 1.0 gives 1,065 s / 633 s / 137 ms there). :meth:`RoundTimeModel.fit` re-fits the three
-numbers by least squares from measured rounds (e.g. the ``round_wall_ms`` column of traces
-together with each round's composition).
+the first guess of 8 / 0.75 / 1.0 gives 1,065 s / 633 s / 137 ms there). :meth:`RoundTimeModel.fit`
+re-fits the three numbers by least squares from measured rounds (e.g. the ``round_wall_ms`` column
+of traces together with each round's composition).
 """
 
 from __future__ import annotations
@@ -42,11 +42,21 @@ class RoundTimeModel:
             if not np.isfinite(v) or v < 0:
                 raise ConfigError(f"round-time model {name}={v} must be finite and >= 0")
         if self.overhead_ms == 0 and self.per_slot_ms == 0 and self.per_slot_per_1k_context_ms == 0:
-            raise ConfigError("a round-time model with all-zero costs makes every round free; give at least one positive cost")
+            raise ConfigError(
+                "a round-time model with all-zero costs makes "
+                "every round free; give at least one positive cost"
+            )
 
-    def round_ms(self, filled: int | np.ndarray, context_tokens: float | np.ndarray) -> float | np.ndarray:
-        """Wall time of a round (ms) with ``filled`` slots attending ``context_tokens`` tokens in total."""
-        return self.overhead_ms + self.per_slot_ms * filled + self.per_slot_per_1k_context_ms * (np.asarray(context_tokens) / 1000.0)
+    def round_ms(
+        self, filled: int | np.ndarray, context_tokens: float | np.ndarray
+    ) -> float | np.ndarray:
+        """Wall time of a round (ms) with ``filled`` slots attending ``context_tokens`` tokens in
+        total."""
+        return (
+            self.overhead_ms
+            + self.per_slot_ms * filled
+            + self.per_slot_per_1k_context_ms * (np.asarray(context_tokens) / 1000.0)
+        )
 
     def time_round(self, slots: RoundSlots) -> float:
         """The round's time (ms) from its composition (the simulator's entry point)."""
@@ -59,11 +69,16 @@ class RoundTimeModel:
     def from_dict(cls, d: dict[str, float]) -> RoundTimeModel:
         unknown = set(d) - set(cls.__dataclass_fields__)
         if unknown:
-            raise ConfigError(f"unknown round-time model fields {sorted(unknown)}; expected {sorted(cls.__dataclass_fields__)}")
+            raise ConfigError(
+                f"unknown round-time model fields {sorted(unknown)}; "
+                f"expected {sorted(cls.__dataclass_fields__)}"
+            )
         return cls(**{k: float(v) for k, v in d.items()})
 
     @classmethod
-    def fit(cls, filled: np.ndarray, context_tokens: np.ndarray, wall_ms: np.ndarray) -> RoundTimeModel:
+    def fit(
+        cls, filled: np.ndarray, context_tokens: np.ndarray, wall_ms: np.ndarray
+    ) -> RoundTimeModel:
         """Least-squares fit from measured rounds: ``filled[i]`` slots, ``context_tokens[i]`` summed
         context, ``wall_ms[i]`` measured time. Coefficients are solved by non-negative least
         squares on the three columns [1, filled, context/1000] (an active-set solve: a negative

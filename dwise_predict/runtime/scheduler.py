@@ -10,9 +10,9 @@ Round protocol (paper Algorithm 1 for preemptive policies; see :mod:`.policies` 
     ... run one forward pass over plan.rows (prompt block if plan.prompt[j]) ...
     sched.update(RoundResult(plan.rows, finished, refined))
 
-``update`` applies the DWISE update (docs/concepts.md): prompt block done → P −= 1; first denoising round done → r̂ := the
-refined estimate if the driver gave one (once, never again), else r̂ := max(r̂ − 1, 0);
-finished requests free their KV and their row.
+``update`` applies the DWISE update (docs/concepts.md): prompt block done → P −= 1; first denoising
+round done → r̂ := the refined estimate if the driver gave one (once, never again), else r̂ :=
+max(r̂ − 1, 0); finished requests free their KV and their row.
 """
 
 from __future__ import annotations
@@ -38,7 +38,10 @@ def _finite_nonneg(value: float | None, name: str, where: str) -> float:
         raise SchedulerError(f"{where}: {name} is required by this policy; pass it to add_request")
     v = float(value)
     if not math.isfinite(v) or v < 0:
-        raise SchedulerError(f"{where}: {name}={value} must be a finite number >= 0 (NaN means the predictor failed: re-run it)")
+        raise SchedulerError(
+            f"{where}: {name}={value} must be a finite number "
+            ">= 0 (NaN means the predictor failed: re-run it)"
+        )
     return v
 
 
@@ -51,14 +54,31 @@ class Scheduler:
     reservation rule.
     """
 
-    def __init__(self, policy: Policy, *, slots: int = 128, k: int = 8, kv_pool_tokens: int = 1 << 21,
-                 kv_limit_frac: float = 0.9, slack_blocks: int = 2, capacity: int = 1024) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        slots: int = 128,
+        k: int = 8,
+        kv_pool_tokens: int = 1 << 21,
+        kv_limit_frac: float = 0.9,
+        slack_blocks: int = 2,
+        capacity: int = 1024,
+    ) -> None:
         if not isinstance(policy, Policy):
-            raise ConfigError(f"policy {policy!r} does not implement the Policy protocol (name, preemptive, batch_former, needs, key)")
+            raise ConfigError(
+                f"policy {policy!r} does not implement the Policy "
+                "protocol (name, preemptive, batch_former, needs, key)"
+            )
         if not isinstance(slots, (int, np.integer)) or slots < 1:
-            raise ConfigError(f"slots={slots!r} must be a positive integer (block slots B per round; the paper uses 128)")
+            raise ConfigError(
+                f"slots={slots!r} must be a positive integer "
+                "(block slots B per round; the paper uses 128)"
+            )
         if not isinstance(k, (int, np.integer)) or k < 1:
-            raise ConfigError(f"k={k!r} must be a positive integer (resident-set multiplier; the paper uses 8)")
+            raise ConfigError(
+                f"k={k!r} must be a positive integer (resident-set multiplier; the paper uses 8)"
+            )
         self.policy = policy
         self.slots = int(slots)
         self.k = int(k)
@@ -75,10 +95,20 @@ class Scheduler:
         self.finished = 0
 
     # -- arrivals ---------------------------------------------------------------------------
-    def add_request(self, request_id: Hashable, prompt_blocks: int, admission_estimate: float | None = None, *,
-                    prompt_tokens: int, output_budget: int, block_size: int, arrival_time: float = 0.0,
-                    score: float | None = None, true_rounds: float | None = None,
-                    kv_tokens_worst_case: int | None = None) -> int:
+    def add_request(
+        self,
+        request_id: Hashable,
+        prompt_blocks: int,
+        admission_estimate: float | None = None,
+        *,
+        prompt_tokens: int,
+        output_budget: int,
+        block_size: int,
+        arrival_time: float = 0.0,
+        score: float | None = None,
+        true_rounds: float | None = None,
+        kv_tokens_worst_case: int | None = None,
+    ) -> int:
         """Queue a request; returns its row (valid until it finishes).
 
         ``admission_estimate`` = estimated TOTAL denoising rounds (DWISE); ``true_rounds`` = the
@@ -87,25 +117,46 @@ class Scheduler:
         """
         where = f"request {request_id!r}"
         if request_id in self._row_of:
-            raise SchedulerError(f"{where} is already queued or running; request ids must be unique among live requests")
+            raise SchedulerError(
+                f"{where} is already queued or running; "
+                "request ids must be unique among live requests"
+            )
         if int(prompt_blocks) < 0:
             # 0 is legal: SGLang runs no prefill round for a prompt shorter than one block
             # (its tail shares the first output block), so such a request starts decoding.
             raise SchedulerError(f"{where}: prompt_blocks={prompt_blocks} must be >= 0")
         if int(block_size) < 1 or int(output_budget) < 1 or int(prompt_tokens) < 1:
-            raise SchedulerError(f"{where}: prompt_tokens, output_budget and block_size must be >= 1 "
-                                 f"(got {prompt_tokens}, {output_budget}, {block_size})")
+            raise SchedulerError(
+                f"{where}: prompt_tokens, output_budget and block_size must be >= 1 "
+                f"(got {prompt_tokens}, {output_budget}, {block_size})"
+            )
         needs = self.policy.needs
-        est = _finite_nonneg(admission_estimate, "admission_estimate", where) if "estimate" in needs else (
-            _finite_nonneg(admission_estimate, "admission_estimate", where) if admission_estimate is not None else 0.0)
-        truth = _finite_nonneg(true_rounds, "true_rounds", where) if "true_rounds" in needs else math.nan
+        est = (
+            _finite_nonneg(admission_estimate, "admission_estimate", where)
+            if "estimate" in needs
+            else (
+                _finite_nonneg(admission_estimate, "admission_estimate", where)
+                if admission_estimate is not None
+                else 0.0
+            )
+        )
+        truth = (
+            _finite_nonneg(true_rounds, "true_rounds", where)
+            if "true_rounds" in needs
+            else math.nan
+        )
         sc = _finite_nonneg(score, "score", where) if "score" in needs else 0.0
         if "true_rounds" in needs and truth < 1:
-            raise SchedulerError(f"{where}: true_rounds={true_rounds} must be >= 1 (every request denoises a block)")
+            raise SchedulerError(
+                f"{where}: true_rounds={true_rounds} must be >= 1 (every request denoises a block)"
+            )
         if not math.isfinite(float(arrival_time)):
             raise SchedulerError(f"{where}: arrival_time={arrival_time} must be finite")
-        kv_tokens = int(kv_tokens_worst_case) if kv_tokens_worst_case is not None else self.kv.worst_case(
-            prompt_tokens, output_budget, block_size)
+        kv_tokens = (
+            int(kv_tokens_worst_case)
+            if kv_tokens_worst_case is not None
+            else self.kv.worst_case(prompt_tokens, output_budget, block_size)
+        )
         self.kv.check_admissible(kv_tokens, where)
         t = self.table
         row = t.allocate()
@@ -133,7 +184,9 @@ class Scheduler:
         try:
             return self._row_of[request_id]
         except KeyError:
-            raise SchedulerError(f"unknown request id {request_id!r}; it finished or was never added") from None
+            raise SchedulerError(
+                f"unknown request id {request_id!r}; it finished or was never added"
+            ) from None
 
     def set_scores(self, rows: np.ndarray, scores: np.ndarray) -> None:
         """Replace SJF/SRPT scores (a re-estimating driver calls this between rounds)."""
@@ -189,7 +242,10 @@ class Scheduler:
     def plan_round(self) -> RoundPlan:
         """Admit, rank and choose the blocks of the next round (see the module docstring)."""
         if self._plan is not None:
-            raise SchedulerError("plan_round() called twice without update(); report the previous round's result first")
+            raise SchedulerError(
+                "plan_round() called twice without update(); "
+                "report the previous round's result first"
+            )
         t0 = time.perf_counter()
         t, pol, B, ri = self.table, self.policy, self.slots, self.round_index
         waiting, resident = t.waiting, t.resident
@@ -214,7 +270,11 @@ class Scheduler:
                     pool = np.concatenate((top_s, admitted)) if admitted.size else top_s
                     rows = pool[smallest(pol.key(t, pool, ri), t.seq[pool], B)]
             else:
-                cand = waiting[smallest(pol.key(t, waiting, ri), t.seq[waiting], self.max_residents - resident.size)]
+                cand = waiting[
+                    smallest(
+                        pol.key(t, waiting, ri), t.seq[waiting], self.max_residents - resident.size
+                    )
+                ]
                 admitted = self._admit(cand)
             if admitted.size:
                 resident = t.resident
@@ -248,8 +308,17 @@ class Scheduler:
                 self.preemptions += int(preempted.size)
         prompt = t.prompt_blocks[rows] > 0
         first = ~prompt & (t.done_rounds[rows] == 0)
-        plan = RoundPlan(ri, rows, prompt, first, admitted, preempted, resident, t.ids[rows],
-                         time.perf_counter() - t0)
+        plan = RoundPlan(
+            ri,
+            rows,
+            prompt,
+            first,
+            admitted,
+            preempted,
+            resident,
+            t.ids[rows],
+            time.perf_counter() - t0,
+        )
         self._plan = plan
         return plan
 
@@ -262,17 +331,27 @@ class Scheduler:
         if plan is None:
             raise SchedulerError("update() called without a plan; call plan_round() first")
         rows = np.asarray(result.rows)
-        if rows is not plan.rows and (rows.shape != plan.rows.shape or not np.array_equal(rows, plan.rows)):
-            raise SchedulerError("RoundResult.rows differ from the planned rows; report exactly the rows of the last plan")
+        if rows is not plan.rows and (
+            rows.shape != plan.rows.shape or not np.array_equal(rows, plan.rows)
+        ):
+            raise SchedulerError(
+                "RoundResult.rows differ from the planned "
+                "rows; report exactly the rows of the last plan"
+            )
         finished = np.asarray(result.finished, dtype=bool)
         if finished.shape != rows.shape:
-            raise SchedulerError(f"RoundResult.finished has shape {finished.shape}, expected {rows.shape} (one flag per planned row)")
+            raise SchedulerError(
+                f"RoundResult.finished has shape {finished.shape}, "
+                f"expected {rows.shape} (one flag per planned row)"
+            )
         t = self.table
         prompt = plan.prompt
         if prompt.any():
             if finished[prompt].any():
-                raise SchedulerError("a request reported finished in a round that advanced its prompt block; "
-                                     "a request finishes only when its last output block is committed")
+                raise SchedulerError(
+                    "a request reported finished in a round that advanced its prompt block; "
+                    "a request finishes only when its last output block is committed"
+                )
             t.prompt_blocks[rows[prompt]] -= 1
         dec = rows[~prompt]
         if dec.size:
@@ -280,15 +359,23 @@ class Scheduler:
             if result.refined is not None:
                 refined = np.asarray(result.refined, dtype=np.float64)
                 if refined.shape != rows.shape:
-                    raise SchedulerError(f"RoundResult.refined has shape {refined.shape}, expected {rows.shape} (NaN where none)")
+                    raise SchedulerError(
+                        f"RoundResult.refined has shape {refined.shape}, "
+                        f"expected {rows.shape} (NaN where none)"
+                    )
                 given = ~np.isnan(refined)
                 if given.any():
                     if np.any(given & ~plan.first_denoise):
-                        raise SchedulerError("a refined estimate was given for a request not in its first denoising round; "
-                                             "refinement is applied once, after the first denoising round (pass NaN elsewhere)")
+                        raise SchedulerError(
+                            "a refined estimate was given for a request not in its first denoising "
+                            "round; refinement is applied once, after the first denoising round "
+                            "(pass NaN elsewhere)"
+                        )
                     vals = refined[given]
                     if not np.all(np.isfinite(vals)) or np.any(vals < 0):
-                        raise SchedulerError("refined estimates must be finite and >= 0 (NaN means none)")
+                        raise SchedulerError(
+                            "refined estimates must be finite and >= 0 (NaN means none)"
+                        )
                     ref_rows = rows[given]
                     t.r_hat[ref_rows] = vals
                     t.refined_n[ref_rows] += 1
@@ -321,7 +408,10 @@ class Scheduler:
         res = t.resident
         if res.size > self.max_residents:
             raise SchedulerError(f"{res.size} residents exceed the cap {self.max_residents}")
-        if int(t.kv_tokens[res].sum()) != self.kv.reserved or self.kv.reserved > self.kv.limit_tokens:
+        if (
+            int(t.kv_tokens[res].sum()) != self.kv.reserved
+            or self.kv.reserved > self.kv.limit_tokens
+        ):
             raise SchedulerError("KV reservations out of balance or over the limit")
         if np.any(t.refined_n[: t.capacity] > 1):
             raise SchedulerError("a request was refined more than once")

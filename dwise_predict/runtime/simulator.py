@@ -35,7 +35,8 @@ DEFAULT_KV_POOL_TOKENS = 1 << 21
 
 @dataclass
 class SimulationRun:
-    """Raw outcome of replaying one workload under one policy (see :mod:`.metrics` for summaries)."""
+    """Raw outcome of replaying one workload under one policy (see :mod:`.metrics` for
+    summaries)."""
 
     policy: str
     arrival: str
@@ -60,44 +61,71 @@ def _check_plan(plan: RoundPlan, sched: Scheduler) -> None:
     """Per-round contract (property tests): <= B blocks, one per request, only residents run."""
     rows = plan.rows
     if rows.size > sched.slots:
-        raise SchedulerError(f"round {plan.round_index} carries {rows.size} blocks > B = {sched.slots}")
+        raise SchedulerError(
+            f"round {plan.round_index} carries {rows.size} blocks > B = {sched.slots}"
+        )
     if np.unique(rows).size != rows.size:
         raise SchedulerError(f"round {plan.round_index} carries two blocks of one request")
     if rows.size and np.any(sched.table.state[rows] != RESIDENT):
         raise SchedulerError(f"round {plan.round_index} runs a request that is not resident")
     if np.any(plan.prompt != (sched.table.prompt_blocks[rows] > 0)):
-        raise SchedulerError(f"round {plan.round_index} runs a denoising block before the prompt is done")
+        raise SchedulerError(
+            f"round {plan.round_index} runs a denoising block before the prompt is done"
+        )
 
 
 def policy_inputs(workload: Workload, policy: Policy) -> dict[str, np.ndarray | None]:
     """The per-request arrays ``policy`` reads, checked: estimates, truth or a score."""
-    out: dict[str, np.ndarray | None] = {"admission": None, "refined": None, "true_rounds": None, "score": None}
+    out: dict[str, np.ndarray | None] = {
+        "admission": None,
+        "refined": None,
+        "true_rounds": None,
+        "score": None,
+    }
     if "estimate" in policy.needs:
         if workload.admission is None:
-            raise ConfigError(f"policy {policy.name!r} needs admission estimates; give a bundle (--bundle) "
-                              "or use the synthetic workload, which carries noisy estimates")
+            raise ConfigError(
+                f"policy {policy.name!r} needs admission estimates; give a bundle (--bundle) "
+                "or use the synthetic workload, which carries noisy estimates"
+            )
         out["admission"], out["refined"] = workload.admission, workload.refined
     if "true_rounds" in policy.needs:
         out["true_rounds"] = workload.total_rounds.astype(np.float64)
     if "score" in policy.needs:
         if policy.name == "dws-sjf":
             if workload.cost is None:
-                raise ConfigError("policy 'dws-sjf' needs a predicted cost per request (Workload.cost, from a DWS predictor)")
+                raise ConfigError(
+                    "policy 'dws-sjf' needs a predicted cost per "
+                    "request (Workload.cost, from a DWS predictor)"
+                )
             out["score"] = workload.cost
         elif workload.score is not None:
             out["score"] = workload.score
         elif np.all(workload.output_tokens >= 0):
-            out["score"] = workload.output_tokens.astype(np.float64)  # an oracle output-length ranker
+            out["score"] = workload.output_tokens.astype(
+                np.float64
+            )  # an oracle output-length ranker
         else:
-            raise ConfigError(f"policy {policy.name!r} needs a score per request (Workload.score) or output token counts")
+            raise ConfigError(
+                f"policy {policy.name!r} needs a score per "
+                "request (Workload.score) or output token counts"
+            )
     return out
 
 
-def simulate(workload: Workload, policy: Policy, *, arrivals: Arrivals | ArrivalSpec | str = "burst",
-             slots: int = 128, k: int = 8, kv_pool_tokens: int = DEFAULT_KV_POOL_TOKENS,
-             round_time: RoundTimeModel | ProfileRoundTime | None = None, seed: int = 0,
-             max_rounds: int | None = None,
-             check_invariants: bool = False) -> SimulationRun:
+def simulate(
+    workload: Workload,
+    policy: Policy,
+    *,
+    arrivals: Arrivals | ArrivalSpec | str = "burst",
+    slots: int = 128,
+    k: int = 8,
+    kv_pool_tokens: int = DEFAULT_KV_POOL_TOKENS,
+    round_time: RoundTimeModel | ProfileRoundTime | None = None,
+    seed: int = 0,
+    max_rounds: int | None = None,
+    check_invariants: bool = False,
+) -> SimulationRun:
     """Replay ``workload`` under ``policy``; returns per-request and per-round records.
 
     Each round: admit the arrivals (:class:`~.replay.ArrivalFeed`), plan, advance the planned
@@ -109,7 +137,9 @@ def simulate(workload: Workload, policy: Policy, *, arrivals: Arrivals | Arrival
     if arr.order.size != n:
         raise ConfigError(f"arrivals cover {arr.order.size} requests but the workload has {n}")
     inputs = policy_inputs(workload, policy)
-    sched = Scheduler(policy, slots=slots, k=k, kv_pool_tokens=kv_pool_tokens, capacity=min(n, 4096))
+    sched = Scheduler(
+        policy, slots=slots, k=k, kv_pool_tokens=kv_pool_tokens, capacity=min(n, 4096)
+    )
     t_wall = time.perf_counter()
     feed = ArrivalFeed(workload, arr, inputs)
     progress = RequestProgress(workload)
@@ -132,17 +162,28 @@ def simulate(workload: Workload, policy: Policy, *, arrivals: Arrivals | Arrival
         upd_s = sched.update(RoundResult(plan.rows, finished, refined))
         if check_invariants:
             sched.check_invariants()
-        log.record(dt_ms, plan.rows.size, int(plan.prompt.sum()), context,
-                   plan.plan_seconds + upd_s)
+        log.record(
+            dt_ms, plan.rows.size, int(plan.prompt.sum()), context, plan.plan_seconds + upd_s
+        )
     return SimulationRun(
-        policy=policy.name, arrival=str(arrivals) if not isinstance(arrivals, Arrivals) else "custom",
-        slots=slots, k=k, arrival_time=feed.arrival_times(), finish_time=progress.finish_time,
-        first_block_time=progress.first_block_time, completion_order=progress.completion_order(),
-        round_ms=log.ms[:log.rounds], round_filled=log.filled[:log.rounds],
-        round_prompt=log.prompt[:log.rounds], round_context=log.context[:log.rounds],
-        round_sched_s=log.sched_s[:log.rounds], preemptions=sched.preemptions,
-        refinements=sched.refinements, wall_s=time.perf_counter() - t_wall,
-        categories=workload.category)
+        policy=policy.name,
+        arrival=str(arrivals) if not isinstance(arrivals, Arrivals) else "custom",
+        slots=slots,
+        k=k,
+        arrival_time=feed.arrival_times(),
+        finish_time=progress.finish_time,
+        first_block_time=progress.first_block_time,
+        completion_order=progress.completion_order(),
+        round_ms=log.ms[: log.rounds],
+        round_filled=log.filled[: log.rounds],
+        round_prompt=log.prompt[: log.rounds],
+        round_context=log.context[: log.rounds],
+        round_sched_s=log.sched_s[: log.rounds],
+        preemptions=sched.preemptions,
+        refinements=sched.refinements,
+        wall_s=time.perf_counter() - t_wall,
+        categories=workload.category,
+    )
 
 
 def _jump_when_idle(log: RoundLog, feed: ArrivalFeed, sched: Scheduler) -> None:
@@ -155,13 +196,16 @@ def _jump_when_idle(log: RoundLog, feed: ArrivalFeed, sched: Scheduler) -> None:
 def _check_nonempty(plan: RoundPlan, sched: Scheduler, unfinished: int) -> None:
     """An empty round cannot happen with live requests (a lone request always fits the pool)."""
     if plan.rows.size == 0:
-        raise SchedulerError(f"the scheduler planned an empty round with {unfinished} requests "
-                             f"unfinished ({sched.n_waiting} waiting, {sched.n_resident} "
-                             "resident); check the KV pool size")
+        raise SchedulerError(
+            f"the scheduler planned an empty round with {unfinished} requests "
+            f"unfinished ({sched.n_waiting} waiting, {sched.n_resident} "
+            "resident); check the KV pool size"
+        )
 
 
-def _refined_estimates(plan: RoundPlan, req: np.ndarray,
-                       refined: np.ndarray | None) -> np.ndarray | None:
+def _refined_estimates(
+    plan: RoundPlan, req: np.ndarray, refined: np.ndarray | None
+) -> np.ndarray | None:
     """The refined estimate of each slot that ran its first denoising round (NaN elsewhere)."""
     if refined is None or bool(plan.prompt.all()) or not plan.first_denoise.any():
         return None

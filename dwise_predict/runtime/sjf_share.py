@@ -39,9 +39,17 @@ class SJFRow:
         return dict(self.__dict__)
 
 
-def sjf_oracle_share(workload: Workload, scores: dict[str, np.ndarray], true_cost: np.ndarray, *,
-                     arrival: str = "burst", slots: int = 32, k: int = 8,
-                     round_time: Any = None, seed: int = 0) -> list[SJFRow]:
+def sjf_oracle_share(
+    workload: Workload,
+    scores: dict[str, np.ndarray],
+    true_cost: np.ndarray,
+    *,
+    arrival: str = "burst",
+    slots: int = 32,
+    k: int = 8,
+    round_time: Any = None,
+    seed: int = 0,
+) -> list[SJFRow]:
     """FCFS, one SJF per named score, and oracle-SJF by ``true_cost``, on one arrival pattern."""
     n = workload.n
     for name, s in {**scores, ORACLE: true_cost}.items():
@@ -50,8 +58,11 @@ def sjf_oracle_share(workload: Workload, scores: dict[str, np.ndarray], true_cos
             raise ConfigError(f"score {name!r} must hold {n} finite numbers, one per request")
 
     def run(w: Workload, policy: Any) -> dict[str, float]:
-        return summarize(simulate(w, policy, arrivals=arrival, slots=slots, k=k,
-                                  round_time=round_time, seed=seed))
+        return summarize(
+            simulate(
+                w, policy, arrivals=arrival, slots=slots, k=k, round_time=round_time, seed=seed
+            )
+        )
 
     lat = {"fcfs": run(workload, FCFS())}
     for name, s in {**scores, ORACLE: true_cost}.items():

@@ -64,8 +64,11 @@ SOURCES = (
 )
 
 
-def noisy_estimate(truth: np.ndarray, target_rho: float, rng: np.random.Generator, name: str) -> np.ndarray:
-    """``(truth + 1) · exp(σ z) − 1`` clipped at 0, with σ solved so Spearman ρ(estimate, truth) ≈ target."""
+def noisy_estimate(
+    truth: np.ndarray, target_rho: float, rng: np.random.Generator, name: str
+) -> np.ndarray:
+    """``(truth + 1) · exp(σ z) − 1`` clipped at 0, with σ solved so Spearman ρ(estimate, truth) ≈
+    target."""
     if not 0.0 < target_rho <= 1.0:
         raise ConfigError(f"{name} Spearman target {target_rho} must lie in (0, 1]")
     t = np.asarray(truth, dtype=np.float64)
@@ -121,13 +124,21 @@ def _split_rounds(total: int, blocks: int, rng: np.random.Generator) -> list[int
     return r.tolist()
 
 
-def synthetic_workload(preset: str = "paper-llada2.1-mini", *, n: int = 4096, seed: int = 0,
-                       spearman: float = 0.87, spearman_admission: float = 0.74) -> Workload:
+def synthetic_workload(
+    preset: str = "paper-llada2.1-mini",
+    *,
+    n: int = 4096,
+    seed: int = 0,
+    spearman: float = 0.87,
+    spearman_admission: float = 0.74,
+) -> Workload:
     """The paper-matched synthetic workload (see the module docstring); same seed, same workload."""
     if preset not in PRESETS:
         raise ConfigError(f"unknown synthetic preset {preset!r}; choose one of {PRESETS}")
     if n < len(SOURCES):
-        raise ConfigError(f"the synthetic workload needs n >= {len(SOURCES)} (one request per source), got {n}")
+        raise ConfigError(
+            f"the synthetic workload needs n >= {len(SOURCES)} (one request per source), got {n}"
+        )
     rng = np.random.default_rng(seed)
     counts = _counts(n)
     src_idx = np.repeat(np.arange(len(SOURCES)), counts)
@@ -151,10 +162,14 @@ def synthetic_workload(preset: str = "paper-llada2.1-mini", *, n: int = 4096, se
     blocks = np.where(full, max_blocks, rng.integers(1, max_blocks, size=n))
     is_mcq = np.isin(np.array([s.category for s in SOURCES])[src_idx], ("mcq", "hard_mcq"))
     blocks = np.where(is_mcq & ~full, 1, blocks)
-    blocks = np.maximum(blocks, np.minimum(max_blocks, -(-total // BLOCK_SIZE)))  # <= 32 rounds/block when possible
+    blocks = np.maximum(
+        blocks, np.minimum(max_blocks, -(-total // BLOCK_SIZE))
+    )  # <= 32 rounds/block when possible
     blocks = np.minimum(blocks, total)  # >= 1 round per block
     full = blocks == max_blocks
-    out_tok = np.where(full, OUTPUT_BUDGET, (blocks - 1) * BLOCK_SIZE + rng.integers(1, BLOCK_SIZE + 1, size=n))
+    out_tok = np.where(
+        full, OUTPUT_BUDGET, (blocks - 1) * BLOCK_SIZE + rng.integers(1, BLOCK_SIZE + 1, size=n)
+    )
     rounds: list[int] = []
     offsets = np.zeros(n + 1, dtype=np.int64)
     for i in range(n):
@@ -167,10 +182,17 @@ def synthetic_workload(preset: str = "paper-llada2.1-mini", *, n: int = 4096, se
     return Workload(
         request_ids=np.array([f"syn-{i:05d}" for i in range(n)], dtype=object),
         category=np.array([SOURCES[j].category for j in src_idx], dtype=object),
-        prompt_blocks=pblocks.astype(np.int64), prompt_tokens=ptok,
-        output_budget=np.full(n, OUTPUT_BUDGET, dtype=np.int64), block_size=np.full(n, BLOCK_SIZE, dtype=np.int64),
-        output_tokens=out_tok.astype(np.int64), rounds_flat=np.asarray(rounds, dtype=np.int64), block_offsets=offsets,
-        admission=admission, refined=refined, cost=cost)
+        prompt_blocks=pblocks.astype(np.int64),
+        prompt_tokens=ptok,
+        output_budget=np.full(n, OUTPUT_BUDGET, dtype=np.int64),
+        block_size=np.full(n, BLOCK_SIZE, dtype=np.int64),
+        output_tokens=out_tok.astype(np.int64),
+        rounds_flat=np.asarray(rounds, dtype=np.int64),
+        block_offsets=offsets,
+        admission=admission,
+        refined=refined,
+        cost=cost,
+    )
 
 
 def describe(w: Workload) -> dict[str, float | None]:
@@ -183,15 +205,22 @@ def describe(w: Workload) -> dict[str, float | None]:
     long_ = cat == "long_context"
     out: dict[str, float | None] = {
         "requests": float(w.n),
-        "rounds_p25": float(np.percentile(t, 25)), "rounds_p50": float(np.percentile(t, 50)),
-        "rounds_p90": float(np.percentile(t, 90)), "rounds_max": float(t.max()), "rounds_mean": float(t.mean()),
-        "mcq_request_frac": float(mcq.mean()), "mcq_work_frac": float(t[mcq].sum() / t.sum()),
+        "rounds_p25": float(np.percentile(t, 25)),
+        "rounds_p50": float(np.percentile(t, 50)),
+        "rounds_p90": float(np.percentile(t, 90)),
+        "rounds_max": float(t.max()),
+        "rounds_mean": float(t.mean()),
+        "mcq_request_frac": float(mcq.mean()),
+        "mcq_work_frac": float(t[mcq].sum() / t.sum()),
         "chat_instruction_mean_rounds": float(t[chat].mean()) if chat.any() else float("nan"),
         "code_math_mean_rounds": float(t[code].mean()) if code.any() else float("nan"),
         "full_budget_frac": float(np.mean(w.output_tokens == w.output_budget)),
         "long_context_requests": float(long_.sum()),
-        "long_context_mean_tokens": float(w.prompt_tokens[long_].mean()) if long_.any() else float("nan"),
-        "prompt_blocks_total": float(w.prompt_blocks.sum()), "denoising_rounds_total": float(t.sum()),
+        "long_context_mean_tokens": float(w.prompt_tokens[long_].mean())
+        if long_.any()
+        else float("nan"),
+        "prompt_blocks_total": float(w.prompt_blocks.sum()),
+        "denoising_rounds_total": float(t.sum()),
     }
     if w.admission is not None:
         out["admission_spearman"] = spearman(w.admission, t)

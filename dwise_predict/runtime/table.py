@@ -13,7 +13,16 @@ import numpy as np
 
 from .request import FREE, RESIDENT, WAITING
 
-_INT_FIELDS = ("prompt_blocks", "prompt_total", "seq", "kv_tokens", "done_rounds", "attained", "arrival_round", "refined_n")
+_INT_FIELDS = (
+    "prompt_blocks",
+    "prompt_total",
+    "seq",
+    "kv_tokens",
+    "done_rounds",
+    "attained",
+    "arrival_round",
+    "refined_n",
+)
 _FLOAT_FIELDS = ("r_hat", "r_true", "score", "arrival_time")
 
 
@@ -59,7 +68,11 @@ class RequestTable:
     # -- rows -------------------------------------------------------------------------------
     def _grow(self, new_capacity: int) -> None:
         def grown(a: np.ndarray) -> np.ndarray:
-            out = np.zeros(new_capacity, dtype=a.dtype) if a.dtype != object else np.empty(new_capacity, dtype=object)
+            out = (
+                np.zeros(new_capacity, dtype=a.dtype)
+                if a.dtype != object
+                else np.empty(new_capacity, dtype=object)
+            )
             out[: a.size] = a
             return out
 

@@ -19,8 +19,15 @@ from ..errors import SchedulerError, TraceError
 from .request import SimRequest
 
 #: trace columns the simulator replays
-SIM_COLUMNS = ("request_id", "category", "prompt_tokens", "prompt_blocks", "output_budget", "block_size",
-               "rounds_per_block")
+SIM_COLUMNS = (
+    "request_id",
+    "category",
+    "prompt_tokens",
+    "prompt_blocks",
+    "output_budget",
+    "block_size",
+    "rounds_per_block",
+)
 
 
 def _opt(values: Any, n: int, name: str) -> np.ndarray | None:
@@ -32,8 +39,10 @@ def _opt(values: Any, n: int, name: str) -> np.ndarray | None:
     bad = ~np.isfinite(a) | (a < 0)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise SchedulerError(f"{name}[{i}]={a[i]} must be finite and >= 0 ({int(bad.sum())} bad values); "
-                             "NaN means the predictor failed for that request: re-run it or drop the request")
+        raise SchedulerError(
+            f"{name}[{i}]={a[i]} must be finite and >= 0 ({int(bad.sum())} bad values); "
+            "NaN means the predictor failed for that request: re-run it or drop the request"
+        )
     return a
 
 
@@ -59,23 +68,49 @@ class Workload:
         n = self.request_ids.size
         if n == 0:
             raise SchedulerError("the workload holds no requests")
-        for name in ("category", "prompt_blocks", "prompt_tokens", "output_budget", "block_size", "output_tokens"):
+        for name in (
+            "category",
+            "prompt_blocks",
+            "prompt_tokens",
+            "output_budget",
+            "block_size",
+            "output_tokens",
+        ):
             if getattr(self, name).size != n:
-                raise SchedulerError(f"workload field {name} has {getattr(self, name).size} values for {n} requests")
-        if self.block_offsets.size != n + 1 or self.block_offsets[0] != 0 or self.block_offsets[-1] != self.rounds_flat.size:
+                raise SchedulerError(
+                    f"workload field {name} has {getattr(self, name).size} values for {n} requests"
+                )
+        if (
+            self.block_offsets.size != n + 1
+            or self.block_offsets[0] != 0
+            or self.block_offsets[-1] != self.rounds_flat.size
+        ):
             raise SchedulerError("workload block_offsets do not partition rounds_flat")
         if np.any(np.diff(self.block_offsets) < 1):
             i = int(np.flatnonzero(np.diff(self.block_offsets) < 1)[0])
-            raise SchedulerError(f"request {self.request_ids[i]!r} has no output blocks; each request denoises >= 1 block")
+            raise SchedulerError(
+                f"request {self.request_ids[i]!r} has no "
+                "output blocks; each request denoises >= 1 block"
+            )
         for name in ("prompt_blocks", "prompt_tokens", "output_budget", "block_size"):
             a = getattr(self, name)
             lo = 0 if name == "prompt_blocks" else 1  # 0: SGLang's floor(L / block) accounting
             if np.any(a < lo):
                 i = int(np.flatnonzero(a < lo)[0])
-                raise SchedulerError(f"request {self.request_ids[i]!r}: {name}={a[i]} must be >= {lo}")
+                raise SchedulerError(
+                    f"request {self.request_ids[i]!r}: {name}={a[i]} must be >= {lo}"
+                )
         if np.any(self.rounds_flat < 1):
-            i = int(np.searchsorted(self.block_offsets, np.flatnonzero(self.rounds_flat < 1)[0], side="right") - 1)
-            raise SchedulerError(f"request {self.request_ids[i]!r} has a block with zero or negative rounds; every block takes >= 1 round")
+            i = int(
+                np.searchsorted(
+                    self.block_offsets, np.flatnonzero(self.rounds_flat < 1)[0], side="right"
+                )
+                - 1
+            )
+            raise SchedulerError(
+                f"request {self.request_ids[i]!r} has a block with "
+                "zero or negative rounds; every block takes >= 1 round"
+            )
         for name in ("admission", "refined", "cost", "score"):
             object.__setattr__(self, name, _opt(getattr(self, name), n, name))
         if len(set(self.request_ids.tolist())) != n:
@@ -116,7 +151,10 @@ class Workload:
                 return None
             if any(v is None for v in vals):
                 missing = next(r.request_id for r in requests if getattr(r, name) is None)
-                raise SchedulerError(f"{name} is given for some requests but not for {missing!r}; give it for all or none")
+                raise SchedulerError(
+                    f"{name} is given for some requests but not "
+                    f"for {missing!r}; give it for all or none"
+                )
             return np.asarray(vals, dtype=np.float64)
 
         return cls(
@@ -126,10 +164,16 @@ class Workload:
             prompt_tokens=np.asarray([r.prompt_tokens for r in requests], dtype=np.int64),
             output_budget=np.asarray([r.output_budget for r in requests], dtype=np.int64),
             block_size=np.asarray([r.block_size for r in requests], dtype=np.int64),
-            output_tokens=np.asarray([-1 if r.output_tokens is None else r.output_tokens for r in requests], dtype=np.int64),
+            output_tokens=np.asarray(
+                [-1 if r.output_tokens is None else r.output_tokens for r in requests],
+                dtype=np.int64,
+            ),
             rounds_flat=np.asarray([x for b in rpb for x in b], dtype=np.int64),
             block_offsets=offsets,
-            admission=opt("admission_estimate"), refined=opt("refined_estimate"), cost=opt("cost"), score=opt("score"),
+            admission=opt("admission_estimate"),
+            refined=opt("refined_estimate"),
+            cost=opt("cost"),
+            score=opt("score"),
         )
 
     def requests(self) -> list[SimRequest]:
@@ -141,13 +185,22 @@ class Workload:
             def g(arr: np.ndarray | None, i: int = i) -> float | None:
                 return None if arr is None else float(arr[i])
 
-            out.append(SimRequest(
-                request_id=str(self.request_ids[i]), prompt_blocks=int(self.prompt_blocks[i]),
-                prompt_tokens=int(self.prompt_tokens[i]), rounds_per_block=tuple(int(x) for x in self.rounds_flat[a:b]),
-                output_budget=int(self.output_budget[i]), block_size=int(self.block_size[i]),
-                category=str(self.category[i]),
-                output_tokens=None if self.output_tokens[i] < 0 else int(self.output_tokens[i]),
-                admission_estimate=g(self.admission), refined_estimate=g(self.refined), cost=g(self.cost), score=g(self.score)))
+            out.append(
+                SimRequest(
+                    request_id=str(self.request_ids[i]),
+                    prompt_blocks=int(self.prompt_blocks[i]),
+                    prompt_tokens=int(self.prompt_tokens[i]),
+                    rounds_per_block=tuple(int(x) for x in self.rounds_flat[a:b]),
+                    output_budget=int(self.output_budget[i]),
+                    block_size=int(self.block_size[i]),
+                    category=str(self.category[i]),
+                    output_tokens=None if self.output_tokens[i] < 0 else int(self.output_tokens[i]),
+                    admission_estimate=g(self.admission),
+                    refined_estimate=g(self.refined),
+                    cost=g(self.cost),
+                    score=g(self.score),
+                )
+            )
         return out
 
 
@@ -155,7 +208,9 @@ def as_workload(requests: Workload | Sequence[SimRequest]) -> Workload:
     return requests if isinstance(requests, Workload) else Workload.from_requests(list(requests))
 
 
-def requests_from_traces(table: pa.Table, admission: Any = None, refined: Any = None) -> list[SimRequest]:
+def requests_from_traces(
+    table: pa.Table, admission: Any = None, refined: Any = None
+) -> list[SimRequest]:
     """Replayable requests from a trace table (see :func:`dwise_predict.traces.read_traces`).
 
     ``admission`` (estimated total denoising rounds) and ``refined`` (estimated rounds still to
@@ -164,26 +219,42 @@ def requests_from_traces(table: pa.Table, admission: Any = None, refined: Any = 
     """
     missing = [c for c in SIM_COLUMNS if c not in table.column_names]
     if missing:
-        raise TraceError(f"traces lack the columns {missing} the simulator replays; re-trace with `dwise-predict trace`")
+        raise TraceError(
+            f"traces lack the columns {missing} the simulator "
+            "replays; re-trace with `dwise-predict trace`"
+        )
     n = table.num_rows
     if n == 0:
         raise TraceError("the trace table holds no requests")
     cols = {c: table.column(c).to_pylist() for c in SIM_COLUMNS}
-    out_tok = table.column("output_tokens").to_pylist() if "output_tokens" in table.column_names else [None] * n
+    out_tok = (
+        table.column("output_tokens").to_pylist()
+        if "output_tokens" in table.column_names
+        else [None] * n
+    )
     adm = _opt(admission, n, "admission estimates")
     ref = _opt(refined, n, "refined estimates")
     reqs = []
     for i in range(n):
         for c in SIM_COLUMNS:
             if cols[c][i] is None:
-                raise TraceError(f"trace row {i} has no {c}; the trace is incomplete — re-trace that request")
-        reqs.append(SimRequest(
-            request_id=str(cols["request_id"][i]), prompt_blocks=int(cols["prompt_blocks"][i]),
-            prompt_tokens=int(cols["prompt_tokens"][i]), rounds_per_block=tuple(int(x) for x in cols["rounds_per_block"][i]),
-            output_budget=int(cols["output_budget"][i]), block_size=int(cols["block_size"][i]),
-            category=str(cols["category"][i]), output_tokens=out_tok[i],
-            admission_estimate=None if adm is None else float(adm[i]),
-            refined_estimate=None if ref is None else float(ref[i])))
+                raise TraceError(
+                    f"trace row {i} has no {c}; the trace is incomplete — re-trace that request"
+                )
+        reqs.append(
+            SimRequest(
+                request_id=str(cols["request_id"][i]),
+                prompt_blocks=int(cols["prompt_blocks"][i]),
+                prompt_tokens=int(cols["prompt_tokens"][i]),
+                rounds_per_block=tuple(int(x) for x in cols["rounds_per_block"][i]),
+                output_budget=int(cols["output_budget"][i]),
+                block_size=int(cols["block_size"][i]),
+                category=str(cols["category"][i]),
+                output_tokens=out_tok[i],
+                admission_estimate=None if adm is None else float(adm[i]),
+                refined_estimate=None if ref is None else float(ref[i]),
+            )
+        )
     return reqs
 
 
@@ -201,13 +272,20 @@ def estimates_from_bundle(bundle: Any, table: pa.Table) -> tuple[np.ndarray, np.
 
     for c in (*FEATURE_NAMES, "output_budget", "first_round_hidden"):
         if c not in table.column_names:
-            raise TraceError(f"traces lack the column {c!r} the bundle needs; re-trace with `dwise-predict trace`")
-    features = np.column_stack([table.column(c).to_numpy().astype(np.float64) for c in FEATURE_NAMES])
+            raise TraceError(
+                f"traces lack the column {c!r} the bundle "
+                "needs; re-trace with `dwise-predict trace`"
+            )
+    features = np.column_stack(
+        [table.column(c).to_numpy().astype(np.float64) for c in FEATURE_NAMES]
+    )
     admission = np.asarray(bundle.predict_admission_features(features), dtype=np.float64).ravel()
     hidden = hidden_matrix(table)
     prompt_tokens = table.column("prompt_tokens").to_numpy().astype(np.float64)
     output_budget = table.column("output_budget").to_numpy().astype(np.float64)
-    refined = np.asarray(bundle.predict_refined(hidden, prompt_tokens, output_budget), dtype=np.float64).ravel()
+    refined = np.asarray(
+        bundle.predict_refined(hidden, prompt_tokens, output_budget), dtype=np.float64
+    ).ravel()
     n = table.num_rows
     _opt(admission, n, "bundle admission estimates")
     _opt(refined, n, "bundle refined estimates")

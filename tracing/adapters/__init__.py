@@ -40,7 +40,9 @@ def _model_type(path: Path) -> str | None:
     return mt if isinstance(mt, str) else None
 
 
-def load_adapter(name_or_path: str | Path, *, dtype: str = "float32", device: str = "cpu", **options: Any) -> Any:
+def load_adapter(
+    name_or_path: str | Path, *, dtype: str = "float32", device: str = "cpu", **options: Any
+) -> Any:
     """Resolve a model name or folder to a ready adapter (see the module docstring).
 
     ``options`` go to the adapter (e.g. ``mask_token_id``/``block_size``/``attention`` for
@@ -51,7 +53,7 @@ def load_adapter(name_or_path: str | Path, *, dtype: str = "float32", device: st
     if name.startswith(HF_MASK_PREDICT_PREFIX):
         from .hf_mask_predict import load_hf_mask_predict
 
-        target = name[len(HF_MASK_PREDICT_PREFIX):]
+        target = name[len(HF_MASK_PREDICT_PREFIX) :]
         if not target:
             raise ModelError(f"'{HF_MASK_PREDICT_PREFIX}' needs a path or hub id after the colon")
         return load_hf_mask_predict(target, dtype=torch_dtype, device=device, **options)
@@ -70,16 +72,26 @@ def load_adapter(name_or_path: str | Path, *, dtype: str = "float32", device: st
             from .diffusion_gemma import load_diffusion_gemma
 
             return load_diffusion_gemma(path, dtype=torch_dtype, device=device, **options)
-        raise ModelError(f"{path} holds a model of type {mt!r}, which the tracer cannot decode; accepted: {ACCEPTED}. "
-                         f"For another mask-predict dLLM pass --model {HF_MASK_PREDICT_PREFIX}{path}")
-    raise ModelError(f"unknown model {name!r}: not a known name nor an existing folder; accepted: {ACCEPTED}")
+        raise ModelError(
+            f"{path} holds a model of type {mt!r}, which the tracer cannot decode; accepted: "
+            f"{ACCEPTED}. For another mask-predict dLLM pass --model {HF_MASK_PREDICT_PREFIX}{path}"
+        )
+    raise ModelError(
+        f"unknown model {name!r}: not a known name nor an existing folder; accepted: {ACCEPTED}"
+    )
 
 
 def _torch_dtype(dtype: str) -> Any:
     import torch
 
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16}
+    table = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
     if dtype not in table:
         raise ModelError(f"unknown dtype {dtype!r}; use one of {sorted(table)}")
     return table[dtype]

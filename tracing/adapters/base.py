@@ -97,22 +97,36 @@ class BaseAdapter:
         feature ``prompt_tokens`` a scheduler computes from the same raw text.
         """
         f = self.featurizer
-        return list(f.tokenizer.encode(f.render(prompt), add_special_tokens=f.add_special_tokens).ids)
+        return list(
+            f.tokenizer.encode(f.render(prompt), add_special_tokens=f.add_special_tokens).ids
+        )
 
     def decode(self, ids: list[int]) -> str:
         return str(self.featurizer.tokenizer.decode(ids, skip_special_tokens=True))
 
-    def fingerprint(self, *, block_size: int, threshold: float, max_new_tokens: int,
-                    extra: dict[str, Any] | None = None, decoding: str | None = None,
-                    max_steps_per_block: int | None = None) -> ModelFingerprint:
+    def fingerprint(
+        self,
+        *,
+        block_size: int,
+        threshold: float,
+        max_new_tokens: int,
+        extra: dict[str, Any] | None = None,
+        decoding: str | None = None,
+        max_steps_per_block: int | None = None,
+    ) -> ModelFingerprint:
         """The fingerprint of traces this adapter makes (``decoding`` defaults to the model's)."""
         i = self.info
         return ModelFingerprint(
-            model_id=i.model_id, block_size=block_size, threshold=float(threshold),
-            decoding=decoding or i.decoding, mask_token_id=i.mask_token_id,
-            hidden_size=i.hidden_size, max_steps_per_block=max_steps_per_block,
+            model_id=i.model_id,
+            block_size=block_size,
+            threshold=float(threshold),
+            decoding=decoding or i.decoding,
+            mask_token_id=i.mask_token_id,
+            hidden_size=i.hidden_size,
+            max_steps_per_block=max_steps_per_block,
             max_new_tokens=max_new_tokens,
-            revision=i.revision, dtype=i.dtype,
+            revision=i.revision,
+            dtype=i.dtype,
             tokenizer_hash=i.tokenizer_hash or text_hash(self.featurizer.tokenizer.to_str()),
             chat_template_hash=i.chat_template_hash or self.featurizer.chat_template_hash,
             extra={**i.extra, **(extra or {})},
@@ -123,7 +137,9 @@ class BaseAdapter:
         native = self.info.native_block_size
         if block_size is None:
             if native is None:
-                raise ConfigError(f"{self.info.model_id} has no native block size; pass --block-size N")
+                raise ConfigError(
+                    f"{self.info.model_id} has no native block size; pass --block-size N"
+                )
             return native
         if block_size < 1:
             raise ConfigError(f"block size must be >= 1, got {block_size}")
@@ -145,9 +161,16 @@ class StepAdapter(Protocol):
 
     def decode(self, ids: list[int]) -> str: ...
 
-    def fingerprint(self, *, block_size: int, threshold: float, max_new_tokens: int,
-                    extra: dict[str, Any] | None = None, decoding: str | None = None,
-                    max_steps_per_block: int | None = None) -> ModelFingerprint: ...
+    def fingerprint(
+        self,
+        *,
+        block_size: int,
+        threshold: float,
+        max_new_tokens: int,
+        extra: dict[str, Any] | None = None,
+        decoding: str | None = None,
+        max_steps_per_block: int | None = None,
+    ) -> ModelFingerprint: ...
 
     def resolve_block_size(self, block_size: int | None) -> int: ...
 
@@ -171,9 +194,16 @@ class NativeLoopAdapter(Protocol):
 
     def encode_prompt(self, prompt: str) -> list[int]: ...
 
-    def fingerprint(self, *, block_size: int, threshold: float, max_new_tokens: int,
-                    extra: dict[str, Any] | None = None, decoding: str | None = None,
-                    max_steps_per_block: int | None = None) -> ModelFingerprint: ...
+    def fingerprint(
+        self,
+        *,
+        block_size: int,
+        threshold: float,
+        max_new_tokens: int,
+        extra: dict[str, Any] | None = None,
+        decoding: str | None = None,
+        max_steps_per_block: int | None = None,
+    ) -> ModelFingerprint: ...
 
     def resolve_block_size(self, block_size: int | None) -> int: ...
 
@@ -183,6 +213,13 @@ class NativeLoopAdapter(Protocol):
     def max_steps_per_block(self) -> int:
         """``S``: the most denoising steps the model's own loop spends on one block."""
 
-    def generate_traced(self, prompt_ids: list[int], *, max_new_tokens: int, threshold: float,
-                        seed: int, request_id: str = "") -> RequestResult:
+    def generate_traced(
+        self,
+        prompt_ids: list[int],
+        *,
+        max_new_tokens: int,
+        threshold: float,
+        seed: int,
+        request_id: str = "",
+    ) -> RequestResult:
         """Run the model's real generation for one request and return what it did."""

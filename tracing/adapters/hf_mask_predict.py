@@ -44,7 +44,9 @@ class _SlotPrefix:
     n_chunks: int = 0
 
 
-def prefix_attention_mask(chunk_ids: list[list[int]], n_real: list[int], width: int, mode: str) -> torch.Tensor:
+def prefix_attention_mask(
+    chunk_ids: list[list[int]], n_real: list[int], width: int, mode: str
+) -> torch.Tensor:
     """``[n, 1, width, width]`` bool mask over right-padded rows of (prefix + current block) tokens.
 
     ``chunk_ids[i]`` gives each real token of row ``i`` its chunk; a token sees real tokens of
@@ -64,11 +66,22 @@ def prefix_attention_mask(chunk_ids: list[list[int]], n_real: list[int], width: 
 
 
 class HFMaskPredictAdapter(BaseAdapter):
-    """Drives any HF mask-predict LM block by block for the engine (no KV cache: prefix recompute)."""
+    """Drives any HF mask-predict LM block by block for the engine (no KV cache: prefix
+    recompute)."""
 
-    def __init__(self, model: Any, tokenizer: Any, *, model_id: str, mask_token_id: int, block_size: int | None,
-                 attention: str = "block_causal", revision: str | None = None, chat_template: str | None = None,
-                 max_context: int | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        model_id: str,
+        mask_token_id: int,
+        block_size: int | None,
+        attention: str = "block_causal",
+        revision: str | None = None,
+        chat_template: str | None = None,
+        max_context: int | None = None,
+    ) -> None:
         if attention not in ATTENTION_MODES:
             raise ConfigError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
         self.model = model.eval()
@@ -77,19 +90,43 @@ class HFMaskPredictAdapter(BaseAdapter):
         cfg = model.config
         hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "d_model", None)
         if hidden is None:
-            raise ModelError(f"{model_id}: config has no hidden_size/d_model; cannot record the hidden size")
-        template = chat_template if chat_template is not None else getattr(tokenizer, "chat_template", None)
+            raise ModelError(
+                f"{model_id}: config has no hidden_size/d_model; cannot record the hidden size"
+            )
+        template = (
+            chat_template
+            if chat_template is not None
+            else getattr(tokenizer, "chat_template", None)
+        )
         special = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
-        self.featurizer = PromptFeaturizer(tokenizer.backend_tokenizer, template, template_kwargs=special)
-        eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else getattr(cfg, "eos_token_id", None)
+        self.featurizer = PromptFeaturizer(
+            tokenizer.backend_tokenizer, template, template_kwargs=special
+        )
+        eos = (
+            tokenizer.eos_token_id
+            if tokenizer.eos_token_id is not None
+            else getattr(cfg, "eos_token_id", None)
+        )
         if eos is None:
-            raise ModelError(f"{model_id}: neither tokenizer nor config declares an end-of-sequence token")
+            raise ModelError(
+                f"{model_id}: neither tokenizer nor config declares an end-of-sequence token"
+            )
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
-        ctx = max_context or getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "max_sequence_length", None)
+        ctx = (
+            max_context
+            or getattr(cfg, "max_position_embeddings", None)
+            or getattr(cfg, "max_sequence_length", None)
+        )
         self.info = AdapterInfo(
-            model_id=model_id, revision=revision, dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
-            hidden_size=int(hidden), vocab_size=int(cfg.vocab_size), mask_token_id=int(mask_token_id),
-            eos_token_ids=eos_ids, max_context=int(ctx or 4096), native_block_size=block_size,
+            model_id=model_id,
+            revision=revision,
+            dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+            hidden_size=int(hidden),
+            vocab_size=int(cfg.vocab_size),
+            mask_token_id=int(mask_token_id),
+            eos_token_ids=eos_ids,
+            max_context=int(ctx or 4096),
+            native_block_size=block_size,
             tokenizer_hash=text_hash(tokenizer.backend_tokenizer.to_str()),
             chat_template_hash=text_hash(template) if template else None,
             extra={"attention": attention, "kv_cache": "none (prefix recompute)"},
@@ -116,18 +153,22 @@ class HFMaskPredictAdapter(BaseAdapter):
         ids = torch.zeros((n, width), dtype=torch.long)
         pos = torch.zeros((n, width), dtype=torch.long)
         for i, s in enumerate(seqs):
-            ids[i, :len(s)] = torch.tensor(s, dtype=torch.long)
-            pos[i, :len(s)] = torch.arange(len(s))
+            ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+            pos[i, : len(s)] = torch.arange(len(s))
         mask = prefix_attention_mask(chunks, [len(s) for s in seqs], width, self.attention)
-        out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                         position_ids=pos.to(self.device), output_hidden_states=True)
+        out = self.model(
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            position_ids=pos.to(self.device),
+            output_hidden_states=True,
+        )
         logits_all, hidden_all = out.logits, out.hidden_states[-1]
         logits = logits_all.new_zeros((n, t, logits_all.shape[-1]))
         hidden = hidden_all.new_zeros((n, t, hidden_all.shape[-1]))
         for row, slot in enumerate(batch.slots):
             m, start = batch.n_valid[row], starts[row]
-            logits[row, :m] = logits_all[row, start:start + m]
-            hidden[row, :m] = hidden_all[row, start:start + m]
+            logits[row, :m] = logits_all[row, start : start + m]
+            hidden[row, :m] = hidden_all[row, start : start + m]
             c = batch.commit[row]
             if c:
                 pre = self._slots[slot]
@@ -139,7 +180,8 @@ class HFMaskPredictAdapter(BaseAdapter):
 
 
 def resolve_mask_token_id(tokenizer: Any, config: Any, mask_token_id: int | None) -> int:
-    """The mask id: explicit > tokenizer's mask token > config.mask_token_id > known family default."""
+    """The mask id: explicit > tokenizer's mask token > config.mask_token_id > known family
+    default."""
     if mask_token_id is not None:
         return int(mask_token_id)
     for cand in (getattr(tokenizer, "mask_token_id", None), getattr(config, "mask_token_id", None)):
@@ -149,8 +191,10 @@ def resolve_mask_token_id(tokenizer: Any, config: Any, mask_token_id: int | None
     for family, mid in KNOWN_MASK_IDS.items():
         if mt.startswith(family) and not mt.startswith(family + "2"):
             return mid
-    raise ConfigError(f"cannot tell the mask token id of this {mt or 'model'}: pass --mask-token-id N "
-                      "(LLaDA: 126336; LLaDA2/SDAR: see the tokenizer's mask token)")
+    raise ConfigError(
+        f"cannot tell the mask token id of this {mt or 'model'}: pass --mask-token-id N "
+        "(LLaDA: 126336; LLaDA2/SDAR: see the tokenizer's mask token)"
+    )
 
 
 def resolve_block_size(config: Any, block_size: int | None) -> int | None:
@@ -163,28 +207,43 @@ def resolve_block_size(config: Any, block_size: int | None) -> int | None:
     return None
 
 
-def load_hf_mask_predict(name_or_path: str, *, dtype: torch.dtype = torch.bfloat16, device: str = "cpu",
-                         mask_token_id: int | None = None, block_size: int | None = None,
-                         attention: str = "block_causal", revision: str | None = None, **_: Any) -> HFMaskPredictAdapter:
+def load_hf_mask_predict(
+    name_or_path: str,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str = "cpu",
+    mask_token_id: int | None = None,
+    block_size: int | None = None,
+    attention: str = "block_causal",
+    revision: str | None = None,
+    **_: Any,
+) -> HFMaskPredictAdapter:
     """Load a mask-predict dLLM from a folder or hub id with ``trust_remote_code``."""
     try:
         import transformers
         from transformers import AutoConfig, AutoTokenizer
     except ImportError as e:  # pragma: no cover
-        raise MissingDependencyError("hf-mask-predict needs transformers: pip install 'dwise-predict[train]'") from e
+        raise MissingDependencyError(
+            "hf-mask-predict needs transformers: pip install 'dwise-predict[train]'"
+        ) from e
     try:
         config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=True, revision=revision)
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=True, revision=revision)
+        tokenizer = AutoTokenizer.from_pretrained(
+            name_or_path, trust_remote_code=True, revision=revision
+        )
     except (OSError, ValueError) as e:
-        raise ModelError(f"cannot load {name_or_path!r}: {e}; pass a local model folder or a hub id "
-                         "(downloads need network and HF_HUB_OFFLINE unset)") from e
+        raise ModelError(
+            f"cannot load {name_or_path!r}: {e}; pass a local model folder or a hub id "
+            "(downloads need network and HF_HUB_OFFLINE unset)"
+        ) from e
     model = None
     errors = []
     for cls_name in ("AutoModelForMaskedLM", "AutoModelForCausalLM", "AutoModel"):
         cls = getattr(transformers, cls_name)
         try:
-            model = cls.from_pretrained(name_or_path, config=config, trust_remote_code=True, dtype=dtype,
-                                        revision=revision)
+            model = cls.from_pretrained(
+                name_or_path, config=config, trust_remote_code=True, dtype=dtype, revision=revision
+            )
             break
         except (ValueError, KeyError) as e:  # this auto class does not map the config
             errors.append(f"{cls_name}: {e}")
@@ -193,7 +252,11 @@ def load_hf_mask_predict(name_or_path: str, *, dtype: torch.dtype = torch.bfloat
     model = model.to(device)
     commit = getattr(config, "_commit_hash", None)
     return HFMaskPredictAdapter(
-        model, tokenizer, model_id=f"hf-mask-predict:{name_or_path}", revision=revision or commit,
+        model,
+        tokenizer,
+        model_id=f"hf-mask-predict:{name_or_path}",
+        revision=revision or commit,
         mask_token_id=resolve_mask_token_id(tokenizer, config, mask_token_id),
-        block_size=resolve_block_size(config, block_size), attention=attention,
+        block_size=resolve_block_size(config, block_size),
+        attention=attention,
     )

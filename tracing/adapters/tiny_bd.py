@@ -21,13 +21,16 @@ from .base import AdapterInfo, BaseAdapter, BlockBatch, BlockOutput
 
 
 class TinyBDAdapter(BaseAdapter):
-    """Runs a :class:`~dwise_predict.zoo.tiny_bd.model.TinyBDModel` block by block with a KV cache."""
+    """Runs a :class:`~dwise_predict.zoo.tiny_bd.model.TinyBDModel` block by block with a KV
+    cache."""
 
     def __init__(self, loaded: object, *, model_id: str = "tiny-bd") -> None:
         from dwise_predict.zoo.tiny_bd.io import TinyBD
 
         if not isinstance(loaded, TinyBD):
-            raise ModelError(f"TinyBDAdapter needs a loaded TinyBD checkpoint, got {type(loaded).__name__}")
+            raise ModelError(
+                f"TinyBDAdapter needs a loaded TinyBD checkpoint, got {type(loaded).__name__}"
+            )
         self.model = loaded.model.eval()
         cfg = self.model.config
         self.config = cfg
@@ -78,8 +81,10 @@ class TinyBDAdapter(BaseAdapter):
             past = [(k[:, :, :p], v[:, :, :p]) for k, v in zip(self._k, self._v)]
         else:
             idx = torch.tensor(batch.slots, device=dev)
-            past = [(k[:, :, :p].index_select(0, idx), v[:, :, :p].index_select(0, idx))
-                    for k, v in zip(self._k, self._v)]
+            past = [
+                (k[:, :, :p].index_select(0, idx), v[:, :, :p].index_select(0, idx))
+                for k, v in zip(self._k, self._v)
+            ]
         mask = block_attention_mask(lengths, batch.n_valid, p, t, dev, batch.segments)
         out = self.model(batch.input_ids.to(dev), batch.position_ids.to(dev), mask, past)
         for row, slot in enumerate(batch.slots):
@@ -87,17 +92,25 @@ class TinyBDAdapter(BaseAdapter):
             if m == 0:
                 continue
             if start + m > self._capacity:
-                raise ModelError(f"KV cache of slot {slot} would exceed its capacity {self._capacity}; "
-                                 "this is a bug in the engine's capacity planning")
+                raise ModelError(
+                    f"KV cache of slot {slot} would exceed its capacity {self._capacity}; "
+                    "this is a bug in the engine's capacity planning"
+                )
             for layer, (k_new, v_new) in enumerate(out.kv):
-                self._k[layer][slot, :, start:start + m] = k_new[row, :, :m]
-                self._v[layer][slot, :, start:start + m] = v_new[row, :, :m]
+                self._k[layer][slot, :, start : start + m] = k_new[row, :, :m]
+                self._v[layer][slot, :, start : start + m] = v_new[row, :, :m]
             self._lengths[slot] = start + m
         return BlockOutput(logits=out.logits, hidden=out.hidden)
 
 
-def block_attention_mask(cache_lengths: list[int], n_valid: list[int], p: int, t: int,
-                         device: torch.device | None = None, segments: torch.Tensor | None = None) -> torch.Tensor:
+def block_attention_mask(
+    cache_lengths: list[int],
+    n_valid: list[int],
+    p: int,
+    t: int,
+    device: torch.device | None = None,
+    segments: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``[n, 1, t, p + t]`` bool: row i's real tokens see its cache and its real tokens of the same
     or an earlier segment (see :class:`~.base.BlockBatch`).
 
@@ -105,8 +118,13 @@ def block_attention_mask(cache_lengths: list[int], n_valid: list[int], p: int, t
     padding *query* sees only itself, so no softmax row is empty (no NaN); its output is never read.
     """
     n = len(cache_lengths)
-    key_cache = torch.arange(p, device=device)[None, :] < torch.tensor(cache_lengths, device=device)[:, None]  # [n, p]
-    valid = torch.arange(t, device=device)[None, :] < torch.tensor(n_valid, device=device)[:, None]  # [n, t]
+    key_cache = (
+        torch.arange(p, device=device)[None, :]
+        < torch.tensor(cache_lengths, device=device)[:, None]
+    )  # [n, p]
+    valid = (
+        torch.arange(t, device=device)[None, :] < torch.tensor(n_valid, device=device)[:, None]
+    )  # [n, t]
     new = valid[:, None, :] & valid[:, :, None]  # [n, t(query), t(key)]
     if segments is not None:
         seg = segments.to(device)
@@ -116,8 +134,9 @@ def block_attention_mask(cache_lengths: list[int], n_valid: list[int], p: int, t
     return torch.cat([cache, new], dim=-1).view(n, 1, t, p + t)
 
 
-def load_tiny_bd(name_or_path: str | Path = "tiny-bd", *, dtype: torch.dtype = torch.float32,
-                 device: str = "cpu") -> TinyBDAdapter:
+def load_tiny_bd(
+    name_or_path: str | Path = "tiny-bd", *, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> TinyBDAdapter:
     """Load the shipped ``tiny-bd`` or a tiny-bd checkpoint folder as an adapter."""
     from dwise_predict.zoo.tiny_bd.io import NAME, from_pretrained
 

@@ -98,14 +98,20 @@ def allocate(total: int, weights: Mapping[str, float]) -> dict[str, int]:
     return counts
 
 
-def plan_counts(train_size: int, eval_size: int, categories: Sequence[str] | None = None,
-                proportions: Mapping[str, float] | None = None) -> dict[str, tuple[int, int]]:
+def plan_counts(
+    train_size: int,
+    eval_size: int,
+    categories: Sequence[str] | None = None,
+    proportions: Mapping[str, float] | None = None,
+) -> dict[str, tuple[int, int]]:
     """How many records each category is asked for, per split: category -> (train, eval)."""
     for name, size in (("train_size", train_size), ("eval_size", eval_size)):
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise ConfigError(f"{name} must be a non-negative integer, got {size!r}")
         if size > MAX_SPLIT_SIZE:
-            raise ConfigError(f"{name}={size} is above the limit of {MAX_SPLIT_SIZE}; ask for fewer records")
+            raise ConfigError(
+                f"{name}={size} is above the limit of {MAX_SPLIT_SIZE}; ask for fewer records"
+            )
     if train_size + eval_size == 0:
         raise ConfigError("train_size and eval_size are both 0; ask for at least one record")
     cats = _resolve_categories(categories, proportions)
@@ -115,33 +121,55 @@ def plan_counts(train_size: int, eval_size: int, categories: Sequence[str] | Non
     else:
         missing = [c for c in cats if c not in proportions]
         if missing:
-            raise ConfigError(f"proportions has no weight for {', '.join(missing)}; give one per category")
+            raise ConfigError(
+                f"proportions has no weight for {', '.join(missing)}; give one per category"
+            )
         for c, w in proportions.items():
-            if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
+            if (
+                isinstance(w, bool)
+                or not isinstance(w, (int, float))
+                or not math.isfinite(w)
+                or w < 0
+            ):
                 raise ConfigError(f"proportion of {c!r} must be a finite number >= 0, got {w!r}")
         train_w = eval_w = {c: float(proportions[c]) for c in cats}
         if sum(train_w.values()) <= 0:
-            raise ConfigError("proportions are all zero; give at least one category a positive weight")
+            raise ConfigError(
+                "proportions are all zero; give at least one category a positive weight"
+            )
     t, e = allocate(train_size, train_w), allocate(eval_size, eval_w)
     return {c: (t[c], e[c]) for c in cats}
 
 
-def load_pools(categories: Sequence[str] = tuple(SOURCES),
-               chat_max_prompt_chars: int | None = DEFAULT_CHAT_MAX_PROMPT_CHARS) -> dict[str, list[WorkloadRecord]]:
+def load_pools(
+    categories: Sequence[str] = tuple(SOURCES),
+    chat_max_prompt_chars: int | None = DEFAULT_CHAT_MAX_PROMPT_CHARS,
+) -> dict[str, list[WorkloadRecord]]:
     """Read the offline sources of the given source-backed categories (to reuse across builds)."""
     pools = {}
     for c in categories:
         if c not in SOURCES:
             continue
-        pools[c] = load_sharegpt(max_prompt_chars=chat_max_prompt_chars) if c == "chat" else SOURCES[c].loader()
+        pools[c] = (
+            load_sharegpt(max_prompt_chars=chat_max_prompt_chars)
+            if c == "chat"
+            else SOURCES[c].loader()
+        )
     return pools
 
 
-def build_workload(train_size: int = DEFAULT_TRAIN_SIZE, eval_size: int = DEFAULT_EVAL_SIZE, seed: int = 0,
-                   categories: Sequence[str] | None = None, proportions: Mapping[str, float] | None = None,
-                   long_context_chars: tuple[int, int] = DEFAULT_LONG_CONTEXT_CHARS, *, strict: bool = False,
-                   chat_max_prompt_chars: int | None = DEFAULT_CHAT_MAX_PROMPT_CHARS,
-                   pools: Mapping[str, Sequence[WorkloadRecord]] | None = None) -> WorkloadSplits:
+def build_workload(
+    train_size: int = DEFAULT_TRAIN_SIZE,
+    eval_size: int = DEFAULT_EVAL_SIZE,
+    seed: int = 0,
+    categories: Sequence[str] | None = None,
+    proportions: Mapping[str, float] | None = None,
+    long_context_chars: tuple[int, int] = DEFAULT_LONG_CONTEXT_CHARS,
+    *,
+    strict: bool = False,
+    chat_max_prompt_chars: int | None = DEFAULT_CHAT_MAX_PROMPT_CHARS,
+    pools: Mapping[str, Sequence[WorkloadRecord]] | None = None,
+) -> WorkloadSplits:
     """Build prompt-disjoint train and eval workloads.
 
     ``categories`` defaults to the six of Table 1 (or the keys of ``proportions``); counts follow
@@ -152,15 +180,22 @@ def build_workload(train_size: int = DEFAULT_TRAIN_SIZE, eval_size: int = DEFAUL
     """
     plan = plan_counts(train_size, eval_size, categories, proportions)
     lc_lo, lc_hi = _check_chars_range(long_context_chars)
-    if chat_max_prompt_chars is not None and (not isinstance(chat_max_prompt_chars, int) or chat_max_prompt_chars < 1):
-        raise ConfigError(f"chat_max_prompt_chars must be a positive integer or None, got {chat_max_prompt_chars!r}")
+    if chat_max_prompt_chars is not None and (
+        not isinstance(chat_max_prompt_chars, int) or chat_max_prompt_chars < 1
+    ):
+        raise ConfigError(
+            "chat_max_prompt_chars must be a positive "
+            f"integer or None, got {chat_max_prompt_chars!r}"
+        )
     if pools is None:
         pools = load_pools([c for c, (t, e) in plan.items() if t + e > 0], chat_max_prompt_chars)
     seen: set[str] = set()
     train: list[WorkloadRecord] = []
     eval_: list[WorkloadRecord] = []
     summary: list[CategorySummary] = []
-    for category in CATEGORIES:  # fixed order: a prompt taken by an earlier category is never reused
+    for (
+        category
+    ) in CATEGORIES:  # fixed order: a prompt taken by an earlier category is never reused
         if category not in plan:
             continue
         t_ask, e_ask = plan[category]
@@ -173,7 +208,7 @@ def build_workload(train_size: int = DEFAULT_TRAIN_SIZE, eval_size: int = DEFAUL
                 random.Random(f"{seed}:{category}").shuffle(pool)
                 available = len(pool)
                 t_give, e_give = _given(category, source, available, t_ask, e_ask, strict)
-                picked = pool[:t_give + e_give]
+                picked = pool[: t_give + e_give]
         else:
             source, available = GENERATED_SOURCE, None
             t_give, e_give = t_ask, e_ask
@@ -183,43 +218,70 @@ def build_workload(train_size: int = DEFAULT_TRAIN_SIZE, eval_size: int = DEFAUL
             t_give = e_give = 0
         seen.update(r.prompt for r in picked)
         train += picked[:t_give]
-        eval_ += picked[t_give:t_give + e_give]
+        eval_ += picked[t_give : t_give + e_give]
         lengths = [len(r.prompt) for r in picked]
-        summary.append(CategorySummary(category, source, available, t_ask, t_give, e_ask, e_give,
-                                       round(_percentile(lengths, 50), 1), round(_percentile(lengths, 90), 1)))
+        summary.append(
+            CategorySummary(
+                category,
+                source,
+                available,
+                t_ask,
+                t_give,
+                e_ask,
+                e_give,
+                round(_percentile(lengths, 50), 1),
+                round(_percentile(lengths, 90), 1),
+            )
+        )
     random.Random(f"{seed}:order:train").shuffle(train)
     random.Random(f"{seed}:order:eval").shuffle(eval_)
-    config = {"train_size": train_size, "eval_size": eval_size, "seed": seed, "categories": list(plan),
-              "proportions": dict(proportions) if proportions is not None else "table1",
-              "long_context_chars": [lc_lo, lc_hi], "chat_max_prompt_chars": chat_max_prompt_chars,
-              "strict": strict}
+    config = {
+        "train_size": train_size,
+        "eval_size": eval_size,
+        "seed": seed,
+        "categories": list(plan),
+        "proportions": dict(proportions) if proportions is not None else "table1",
+        "long_context_chars": [lc_lo, lc_hi],
+        "chat_max_prompt_chars": chat_max_prompt_chars,
+        "strict": strict,
+    }
     return WorkloadSplits(train=train, eval=eval_, summary=summary, config=config)
 
 
-def _resolve_categories(categories: Sequence[str] | None, proportions: Mapping[str, float] | None) -> list[str]:
+def _resolve_categories(
+    categories: Sequence[str] | None, proportions: Mapping[str, float] | None
+) -> list[str]:
     if categories is None:
         categories = list(proportions) if proportions is not None else list(CATEGORIES)
     if isinstance(categories, str):
         categories = [c for c in categories.split(",") if c]
     unknown = [c for c in categories if c not in CATEGORIES]
     if unknown:
-        raise ConfigError(f"unknown categor{'y' if len(unknown) == 1 else 'ies'} {', '.join(map(repr, unknown))}; "
-                          f"valid: {', '.join(CATEGORIES)}")
+        raise ConfigError(
+            f"unknown categor{'y' if len(unknown) == 1 else 'ies'} "
+            f"{', '.join(map(repr, unknown))}; valid: {', '.join(CATEGORIES)}"
+        )
     if not categories:
         raise ConfigError(f"no categories given; choose from {', '.join(CATEGORIES)}")
     if proportions is not None:
         extra = [c for c in proportions if c not in CATEGORIES]
         if extra:
-            raise ConfigError(f"proportions name unknown categor{'y' if len(extra) == 1 else 'ies'} "
-                              f"{', '.join(map(repr, extra))}; valid: {', '.join(CATEGORIES)}")
+            raise ConfigError(
+                f"proportions name unknown categor{'y' if len(extra) == 1 else 'ies'} "
+                f"{', '.join(map(repr, extra))}; valid: {', '.join(CATEGORIES)}"
+            )
     return [c for c in CATEGORIES if c in set(categories)]  # canonical order, duplicates dropped
 
 
-def _distinct_pool(pool: Sequence[WorkloadRecord] | None, category: str, seen: set[str]) -> list[WorkloadRecord]:
+def _distinct_pool(
+    pool: Sequence[WorkloadRecord] | None, category: str, seen: set[str]
+) -> list[WorkloadRecord]:
     """The pool's records with a prompt seen nowhere before (first occurrence kept)."""
     if pool is None:
-        raise WorkloadError(f"no source records were given for category {category!r}; pass pools[{category!r}] "
-                            "or leave pools=None to read the installed source")
+        raise WorkloadError(
+            f"no source records were given for category {category!r}; pass pools[{category!r}] "
+            "or leave pools=None to read the installed source"
+        )
     out, local = [], set()
     for r in pool:
         if r.prompt in seen or r.prompt in local or not r.prompt.strip():
@@ -229,15 +291,19 @@ def _distinct_pool(pool: Sequence[WorkloadRecord] | None, category: str, seen: s
     return out
 
 
-def _given(category: str, source: str, available: int, t_ask: int, e_ask: int, strict: bool) -> tuple[int, int]:
+def _given(
+    category: str, source: str, available: int, t_ask: int, e_ask: int, strict: bool
+) -> tuple[int, int]:
     """Counts to take: all asked if the source has them, else everything in the asked ratio."""
     if t_ask + e_ask <= available:
         return t_ask, e_ask
     if strict:
-        raise WorkloadError(f"category {category!r} asked for {t_ask + e_ask} prompts ({t_ask} train + {e_ask} eval) "
-                            f"but source {source!r} has only {available} distinct prompts; ask for fewer "
-                            "(--train-size/--eval-size), drop it with --categories, or allow a short category "
-                            "(no --strict) to take all it has")
+        raise WorkloadError(
+            f"category {category!r} asked for {t_ask + e_ask} prompts ({t_ask} train + {e_ask} "
+            f"eval) but source {source!r} has only {available} distinct prompts; ask for fewer "
+            "(--train-size/--eval-size), drop it with --categories, or allow a short category (no "
+            "--strict) to take all it has"
+        )
     t_give = math.floor(available * t_ask / (t_ask + e_ask) + 0.5)
     return t_give, available - t_give
 

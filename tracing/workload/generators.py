@@ -28,37 +28,279 @@ GENERATED_SOURCE = "generated"
 #: default (min, max) characters of a long-context prompt
 DEFAULT_LONG_CONTEXT_CHARS: tuple[int, int] = (4000, 12000)
 
-_NAMES = ("Mia", "Liam", "Ava", "Noah", "Zoe", "Omar", "Lena", "Ravi", "Yuki", "Sara", "Tom", "Ines",
-          "Kofi", "Nina", "Pablo", "Hana", "Ivan", "Maya", "Leo", "Amir", "Chloe", "Jonas", "Priya", "Elif")
-_ITEMS = ("apples", "marbles", "stickers", "coins", "books", "pencils", "stamps", "cards", "shells",
-          "beads", "cookies", "tickets", "buttons", "seeds", "bottles", "toy cars")
-_WORDS = ("apple", "river", "stone", "cloud", "table", "garden", "window", "bridge", "candle", "forest",
-          "planet", "rocket", "silver", "tiger", "violin", "basket", "castle", "dragon", "engine", "feather",
-          "glove", "harbor", "island", "jacket", "kettle", "lemon", "mirror", "needle", "orange", "pepper",
-          "quartz", "rabbit", "saddle", "ticket", "umbrella", "valley", "wagon", "yellow", "zebra", "anchor",
-          "button", "copper", "desert", "falcon", "guitar", "hammer", "insect", "jungle", "kitten", "ladder",
-          "magnet", "nickel", "oyster", "parrot", "rubber", "spider", "tunnel", "velvet", "walnut", "blanket",
-          "cat", "dog", "sun", "map", "pen", "cup", "hat", "box", "key", "owl", "bee", "fox", "car", "bus",
-          "tree", "book", "lamp", "ship", "fish", "bird", "moon", "star", "rain", "snow", "leaf", "rose",
-          "bread", "chair", "clock", "horse", "mouse", "plant", "shirt", "train", "water", "whale", "music")
-_COLORS = ("red", "blue", "green", "yellow", "purple", "orange", "black", "white", "silver", "golden",
-           "brown", "gray")
-_OBJECTS = ("door", "box", "vault", "locker", "gate", "chest", "safe", "cabinet", "drawer", "suitcase",
-            "mailbox", "garage")
+_NAMES = (
+    "Mia",
+    "Liam",
+    "Ava",
+    "Noah",
+    "Zoe",
+    "Omar",
+    "Lena",
+    "Ravi",
+    "Yuki",
+    "Sara",
+    "Tom",
+    "Ines",
+    "Kofi",
+    "Nina",
+    "Pablo",
+    "Hana",
+    "Ivan",
+    "Maya",
+    "Leo",
+    "Amir",
+    "Chloe",
+    "Jonas",
+    "Priya",
+    "Elif",
+)
+_ITEMS = (
+    "apples",
+    "marbles",
+    "stickers",
+    "coins",
+    "books",
+    "pencils",
+    "stamps",
+    "cards",
+    "shells",
+    "beads",
+    "cookies",
+    "tickets",
+    "buttons",
+    "seeds",
+    "bottles",
+    "toy cars",
+)
+_WORDS = (
+    "apple",
+    "river",
+    "stone",
+    "cloud",
+    "table",
+    "garden",
+    "window",
+    "bridge",
+    "candle",
+    "forest",
+    "planet",
+    "rocket",
+    "silver",
+    "tiger",
+    "violin",
+    "basket",
+    "castle",
+    "dragon",
+    "engine",
+    "feather",
+    "glove",
+    "harbor",
+    "island",
+    "jacket",
+    "kettle",
+    "lemon",
+    "mirror",
+    "needle",
+    "orange",
+    "pepper",
+    "quartz",
+    "rabbit",
+    "saddle",
+    "ticket",
+    "umbrella",
+    "valley",
+    "wagon",
+    "yellow",
+    "zebra",
+    "anchor",
+    "button",
+    "copper",
+    "desert",
+    "falcon",
+    "guitar",
+    "hammer",
+    "insect",
+    "jungle",
+    "kitten",
+    "ladder",
+    "magnet",
+    "nickel",
+    "oyster",
+    "parrot",
+    "rubber",
+    "spider",
+    "tunnel",
+    "velvet",
+    "walnut",
+    "blanket",
+    "cat",
+    "dog",
+    "sun",
+    "map",
+    "pen",
+    "cup",
+    "hat",
+    "box",
+    "key",
+    "owl",
+    "bee",
+    "fox",
+    "car",
+    "bus",
+    "tree",
+    "book",
+    "lamp",
+    "ship",
+    "fish",
+    "bird",
+    "moon",
+    "star",
+    "rain",
+    "snow",
+    "leaf",
+    "rose",
+    "bread",
+    "chair",
+    "clock",
+    "horse",
+    "mouse",
+    "plant",
+    "shirt",
+    "train",
+    "water",
+    "whale",
+    "music",
+)
+_COLORS = (
+    "red",
+    "blue",
+    "green",
+    "yellow",
+    "purple",
+    "orange",
+    "black",
+    "white",
+    "silver",
+    "golden",
+    "brown",
+    "gray",
+)
+_OBJECTS = (
+    "door",
+    "box",
+    "vault",
+    "locker",
+    "gate",
+    "chest",
+    "safe",
+    "cabinet",
+    "drawer",
+    "suitcase",
+    "mailbox",
+    "garage",
+)
 _PROPERTIES = ("secret code", "access number", "lock combination")
-_ADJS = ("quiet", "old", "narrow", "bright", "heavy", "gentle", "distant", "crowded", "empty", "ancient",
-         "small", "busy", "cold", "warm", "tall", "muddy", "shiny", "wooden", "rusty", "famous")
-_NOUNS = ("village", "market", "library", "station", "river", "mountain", "garden", "kitchen", "museum",
-          "harbor", "forest", "school", "bakery", "bridge", "farm", "theater", "castle", "workshop",
-          "lighthouse", "meadow", "orchard", "tower", "road", "valley", "square")
-_PEOPLE = ("the baker", "a traveler", "the teacher", "an old fisherman", "the mayor", "a young painter",
-           "the gardener", "a musician", "the librarian", "a farmer", "the doctor", "a sailor")
-_VERBS = ("walked past", "looked at", "talked about", "cleaned", "painted", "visited", "described",
-          "photographed", "remembered", "admired", "repaired", "counted the windows of")
-_WEATHER = ("rain fell softly", "the wind was strong", "the sky was clear", "fog covered the hills",
-            "snow began to fall", "the sun was setting", "clouds gathered slowly", "the air smelled of pine")
-_MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September",
-           "October", "November", "December")
+_ADJS = (
+    "quiet",
+    "old",
+    "narrow",
+    "bright",
+    "heavy",
+    "gentle",
+    "distant",
+    "crowded",
+    "empty",
+    "ancient",
+    "small",
+    "busy",
+    "cold",
+    "warm",
+    "tall",
+    "muddy",
+    "shiny",
+    "wooden",
+    "rusty",
+    "famous",
+)
+_NOUNS = (
+    "village",
+    "market",
+    "library",
+    "station",
+    "river",
+    "mountain",
+    "garden",
+    "kitchen",
+    "museum",
+    "harbor",
+    "forest",
+    "school",
+    "bakery",
+    "bridge",
+    "farm",
+    "theater",
+    "castle",
+    "workshop",
+    "lighthouse",
+    "meadow",
+    "orchard",
+    "tower",
+    "road",
+    "valley",
+    "square",
+)
+_PEOPLE = (
+    "the baker",
+    "a traveler",
+    "the teacher",
+    "an old fisherman",
+    "the mayor",
+    "a young painter",
+    "the gardener",
+    "a musician",
+    "the librarian",
+    "a farmer",
+    "the doctor",
+    "a sailor",
+)
+_VERBS = (
+    "walked past",
+    "looked at",
+    "talked about",
+    "cleaned",
+    "painted",
+    "visited",
+    "described",
+    "photographed",
+    "remembered",
+    "admired",
+    "repaired",
+    "counted the windows of",
+)
+_WEATHER = (
+    "rain fell softly",
+    "the wind was strong",
+    "the sky was clear",
+    "fog covered the hills",
+    "snow began to fall",
+    "the sun was setting",
+    "clouds gathered slowly",
+    "the air smelled of pine",
+)
+_MONTHS = (
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+)
 _LETTERS = string.ascii_uppercase
 
 MCQ_KINDS = ("largest", "smallest", "sum", "reverse", "most_letters", "alphabetical")
@@ -71,8 +313,14 @@ def record_id(category: str, prompt: str) -> str:
 
 
 def _generated(category: str, prompt: str, reference: str, meta: dict[str, Any]) -> WorkloadRecord:
-    return WorkloadRecord(id=record_id(category, prompt), category=category, source=GENERATED_SOURCE,
-                          prompt=prompt, reference=reference, meta=meta)
+    return WorkloadRecord(
+        id=record_id(category, prompt),
+        category=category,
+        source=GENERATED_SOURCE,
+        prompt=prompt,
+        reference=reference,
+        meta=meta,
+    )
 
 
 def _check_range(name: str, value: int | None, lo: int, hi: int) -> None:
@@ -107,7 +355,9 @@ def _borrows(a: int, b: int) -> int:
 # ---------------------------------------------------------------- math
 
 
-def make_math(rng: random.Random, digits: int | None = None, ops: int | None = None) -> WorkloadRecord:
+def make_math(
+    rng: random.Random, digits: int | None = None, ops: int | None = None
+) -> WorkloadRecord:
     """An arithmetic word problem: a start amount, then ``ops`` steps (add, subtract, multiply,
     share equally), asking for the final amount. Operands have ``digits`` digits (1-5); multiply and
     share use a one-digit factor. The reference works each step and ends "The answer is N."."""
@@ -132,15 +382,29 @@ def make_math(rng: random.Random, digits: int | None = None, ops: int | None = N
         if kind == "add":
             n = _number(rng, digits)
             carries += _carries(value, n)
-            sentences.append(rng.choice((f"Then {name} buys {n} more.", f"Then {name} finds {n} more.",
-                                         f"Then a friend gives {name} {n} more.")))
+            sentences.append(
+                rng.choice(
+                    (
+                        f"Then {name} buys {n} more.",
+                        f"Then {name} finds {n} more.",
+                        f"Then a friend gives {name} {n} more.",
+                    )
+                )
+            )
             steps.append(f"{value} + {n} = {value + n}.")
             value += n
         elif kind == "sub":
             n = rng.randint(1, min(value - 1, 10**digits - 1))
             carries += _borrows(value, n)
-            sentences.append(rng.choice((f"Then {name} gives away {n}.", f"Then {name} sells {n}.",
-                                         f"Then {name} loses {n}.")))
+            sentences.append(
+                rng.choice(
+                    (
+                        f"Then {name} gives away {n}.",
+                        f"Then {name} sells {n}.",
+                        f"Then {name} loses {n}.",
+                    )
+                )
+            )
             steps.append(f"{value} - {n} = {value - n}.")
             value -= n
         elif kind == "mul":
@@ -156,14 +420,20 @@ def make_math(rng: random.Random, digits: int | None = None, ops: int | None = N
         kinds.append(kind)
     sentences.append(f"How many {item} does {name} have now?")
     reference = " ".join(steps) + f" The answer is {value}."
-    return _generated("math", " ".join(sentences), reference,
-                      {"answer": value, "digits": digits, "ops": ops, "carries": carries, "op_kinds": kinds})
+    return _generated(
+        "math",
+        " ".join(sentences),
+        reference,
+        {"answer": value, "digits": digits, "ops": ops, "carries": carries, "op_kinds": kinds},
+    )
 
 
 # ---------------------------------------------------------------- multiple choice
 
 
-def _distinct(rng: random.Random, draw: Callable[[], Any], n: int, exclude: Collection[Any] = ()) -> list[Any]:
+def _distinct(
+    rng: random.Random, draw: Callable[[], Any], n: int, exclude: Collection[Any] = ()
+) -> list[Any]:
     out: list[Any] = []
     for _ in range(1000 * n):
         v = draw()
@@ -174,8 +444,12 @@ def _distinct(rng: random.Random, draw: Callable[[], Any], n: int, exclude: Coll
     raise WorkloadError(f"could not draw {n} distinct options; widen the option range")
 
 
-def make_mcq(rng: random.Random, kind: str | None = None, n_options: int | None = None,
-             digits: int | None = None) -> WorkloadRecord:
+def make_mcq(
+    rng: random.Random,
+    kind: str | None = None,
+    n_options: int | None = None,
+    digits: int | None = None,
+) -> WorkloadRecord:
     """A multiple-choice question with lettered options whose answer follows from the question.
 
     Kinds: largest / smallest number, sum of two numbers, reverse of a word, option with the most
@@ -192,16 +466,21 @@ def make_mcq(rng: random.Random, kind: str | None = None, n_options: int | None 
     lo = 1 if digits == 1 else 10 ** (digits - 1)
     hi = 10**digits - 1
     if kind in ("largest", "smallest"):
-        options: list[Any] = _distinct(rng, lambda: rng.randint(lo, hi) if digits > 1 else rng.randint(0, 20),
-                                       n_options)
+        options: list[Any] = _distinct(
+            rng, lambda: rng.randint(lo, hi) if digits > 1 else rng.randint(0, 20), n_options
+        )
         answer_value = max(options) if kind == "largest" else min(options)
         question = f"Which number is {kind}?"
     elif kind == "sum":
         a, b = rng.randint(lo, hi), rng.randint(lo, hi)
         answer_value = a + b
         spread = max(3, answer_value // 10)
-        others = _distinct(rng, lambda: answer_value + rng.choice((-1, 1)) * rng.randint(1, spread),
-                           n_options - 1, exclude={answer_value})
+        others = _distinct(
+            rng,
+            lambda: answer_value + rng.choice((-1, 1)) * rng.randint(1, spread),
+            n_options - 1,
+            exclude={answer_value},
+        )
         others = [v if v >= 0 else answer_value + (answer_value - v) for v in others]
         options = [answer_value, *others]
         if len(set(options)) < n_options:  # a mirrored distractor collided: redraw above the answer
@@ -217,11 +496,19 @@ def make_mcq(rng: random.Random, kind: str | None = None, n_options: int | None 
             rng.shuffle(letters)
             return "".join(letters)
 
-        others = _distinct(rng, lambda: rng.choice(pool) if pool and rng.random() < 0.5 else shuffled(),
-                           n_options - 1, exclude={answer_value})
+        others = _distinct(
+            rng,
+            lambda: rng.choice(pool) if pool and rng.random() < 0.5 else shuffled(),
+            n_options - 1,
+            exclude={answer_value},
+        )
         options = [answer_value, *others]
-        question = rng.choice((f"Which word is the reverse of '{word}'?",
-                               f"Which option is '{word}' spelled backwards?"))
+        question = rng.choice(
+            (
+                f"Which word is the reverse of '{word}'?",
+                f"Which option is '{word}' spelled backwards?",
+            )
+        )
     elif kind == "most_letters":
         by_len: dict[int, list[str]] = {}
         for w in _WORDS:
@@ -236,12 +523,24 @@ def make_mcq(rng: random.Random, kind: str | None = None, n_options: int | None 
         question = "Which word comes first in alphabetical order?"
     rng.shuffle(options)
     answer = _LETTERS[options.index(answer_value)]
-    lines = [question, *(f"({_LETTERS[i]}) {opt}" for i, opt in enumerate(options)),
-             "Answer with the letter of the correct option."]
-    return _generated("mcq", "\n".join(lines), f"The answer is ({answer}).",
-                      {"answer": answer, "answer_text": str(answer_value), "n_options": n_options, "kind": kind,
-                       "digits": digits if kind in ("largest", "smallest", "sum") else None,
-                       "options": [str(o) for o in options]})
+    lines = [
+        question,
+        *(f"({_LETTERS[i]}) {opt}" for i, opt in enumerate(options)),
+        "Answer with the letter of the correct option.",
+    ]
+    return _generated(
+        "mcq",
+        "\n".join(lines),
+        f"The answer is ({answer}).",
+        {
+            "answer": answer,
+            "answer_text": str(answer_value),
+            "n_options": n_options,
+            "kind": kind,
+            "digits": digits if kind in ("largest", "smallest", "sum") else None,
+            "options": [str(o) for o in options],
+        },
+    )
 
 
 # ---------------------------------------------------------------- long context
@@ -268,8 +567,12 @@ def _join_list(parts: list[str]) -> str:
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
-def make_long_context(rng: random.Random, n_needles: int | None = None, chars: int | None = None,
-                      chars_range: tuple[int, int] = DEFAULT_LONG_CONTEXT_CHARS) -> WorkloadRecord:
+def make_long_context(
+    rng: random.Random,
+    n_needles: int | None = None,
+    chars: int | None = None,
+    chars_range: tuple[int, int] = DEFAULT_LONG_CONTEXT_CHARS,
+) -> WorkloadRecord:
     """Multi-needle retrieval: 2-4 facts ("The secret code of the blue door is 4821.") hidden among
     distractor sentences, then one question asking for all of them.
 
@@ -287,9 +590,14 @@ def make_long_context(rng: random.Random, n_needles: int | None = None, chars: i
     values = rng.sample(range(1000, 10000), n_needles)
     keys = [f"{c} {o}" for c, o in pairs]
     needles = [f"The {prop} of the {k} is {v}." for k, v in zip(keys, values)]
-    header = "Read the following text carefully. A few sentences in it state facts you will be asked about.\n\n"
-    question = (f"\n\nQuestion: What is the {prop} of {_join_list(['the ' + k for k in keys])}? "
-                f"Give all {n_needles} values in this order.")
+    header = (
+        "Read the following text carefully. A few sentences "
+        "in it state facts you will be asked about.\n\n"
+    )
+    question = (
+        f"\n\nQuestion: What is the {prop} of {_join_list(['the ' + k for k in keys])}? "
+        f"Give all {n_needles} values in this order."
+    )
     budget = target - len(header) - len(question) - sum(len(s) + 1 for s in needles)
     sentences: list[str] = []
     size = 0
@@ -305,21 +613,35 @@ def make_long_context(rng: random.Random, n_needles: int | None = None, chars: i
     paragraphs, i = [], 0
     while i < len(sentences):
         n = rng.randint(4, 8)
-        paragraphs.append(" ".join(sentences[i:i + n]))
+        paragraphs.append(" ".join(sentences[i : i + n]))
         i += n
     prompt = header + "\n\n".join(paragraphs) + question
     reference = f"The values are {_join_list([str(v) for v in values])}."
-    facts = [{"key": k, "value": v, "position": prompt.index(s)} for k, v, s in zip(keys, values, needles)]
-    return _generated("long_context", prompt, reference,
-                      {"answer": values, "property": prop, "needles": facts, "n_needles": n_needles,
-                       "target_chars": target})
+    facts = [
+        {"key": k, "value": v, "position": prompt.index(s)}
+        for k, v, s in zip(keys, values, needles)
+    ]
+    return _generated(
+        "long_context",
+        prompt,
+        reference,
+        {
+            "answer": values,
+            "property": prop,
+            "needles": facts,
+            "n_needles": n_needles,
+            "target_chars": target,
+        },
+    )
 
 
 def _check_chars_range(chars_range: Any) -> tuple[int, int]:
     try:
         lo, hi = (int(v) for v in chars_range)
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"long_context_chars must be a (min, max) pair of integers, got {chars_range!r}") from e
+        raise ConfigError(
+            f"long_context_chars must be a (min, max) pair of integers, got {chars_range!r}"
+        ) from e
     if not 500 <= lo <= hi:
         raise ConfigError(f"long_context_chars must satisfy 500 <= min <= max, got ({lo}, {hi})")
     return lo, hi
@@ -328,8 +650,11 @@ def _check_chars_range(chars_range: Any) -> tuple[int, int]:
 # ---------------------------------------------------------------- synthetic (training only)
 
 
-def make_synthetic(rng: random.Random, task: str | None = None, length: int | None = None) -> WorkloadRecord:
-    """Copy / reverse / count-a-letter over a random lowercase string of ``length`` (1-64) characters.
+def make_synthetic(
+    rng: random.Random, task: str | None = None, length: int | None = None
+) -> WorkloadRecord:
+    """Copy / reverse / count-a-letter over a random lowercase string of ``length`` (1-64)
+    characters.
 
     A warm-up task set for the tiny reference dLLM; not part of the default workload mix.
     """
@@ -347,9 +672,14 @@ def make_synthetic(rng: random.Random, task: str | None = None, length: int | No
     else:
         letter = rng.choice(text)
         count = text.count(letter)
-        prompt, reference, answer = (f"How many times does the letter '{letter}' appear in: {text}",
-                                     f"The answer is {count}.", count)
-    return _generated("synthetic", prompt, reference, {"task": task, "length": length, "answer": answer})
+        prompt, reference, answer = (
+            f"How many times does the letter '{letter}' appear in: {text}",
+            f"The answer is {count}.",
+            count,
+        )
+    return _generated(
+        "synthetic", prompt, reference, {"task": task, "length": length, "answer": answer}
+    )
 
 
 #: category -> generator(rng, **knobs)
@@ -361,8 +691,9 @@ GENERATORS: dict[str, Callable[..., WorkloadRecord]] = {
 }
 
 
-def generate(category: str, n: int, seed: int | str = 0, *, exclude: Collection[str] = (),
-             **knobs: Any) -> list[WorkloadRecord]:
+def generate(
+    category: str, n: int, seed: int | str = 0, *, exclude: Collection[str] = (), **knobs: Any
+) -> list[WorkloadRecord]:
     """``n`` records of a generated category with distinct prompts (none in ``exclude``).
 
     Fixed seed, same records. Raises WorkloadError when the knobs leave too few distinct
@@ -382,8 +713,10 @@ def generate(category: str, n: int, seed: int | str = 0, *, exclude: Collection[
         if rec.prompt in seen:
             misses += 1
             if misses > 1000 + 10 * n:
-                raise WorkloadError(f"the {category} generator ran out of distinct prompts after {len(out)} "
-                                    f"of {n} (knobs {knobs}); ask for fewer or loosen the knobs")
+                raise WorkloadError(
+                    f"the {category} generator ran out of distinct prompts after {len(out)} "
+                    f"of {n} (knobs {knobs}); ask for fewer or loosen the knobs"
+                )
             continue
         seen.add(rec.prompt)
         out.append(rec)

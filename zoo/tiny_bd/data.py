@@ -102,8 +102,13 @@ def render_prompt(prompt: str, template: ChatTemplate | None = None) -> str:
     return (template or ChatTemplate(CHAT_TEMPLATE)).render(prompt)
 
 
-def encode_examples(examples: Sequence[TrainingExample], *, block_size: int = 32, max_new_tokens: int = 256,
-                    max_len: int = 1280) -> tuple[list[EncodedExample], int]:
+def encode_examples(
+    examples: Sequence[TrainingExample],
+    *,
+    block_size: int = 32,
+    max_new_tokens: int = 256,
+    max_len: int = 1280,
+) -> tuple[list[EncodedExample], int]:
     """Tokenize; keep only responses that end (EOS included) within ``max_new_tokens``.
 
     Returns the kept examples and how many were dropped for length (response over budget or
@@ -111,7 +116,9 @@ def encode_examples(examples: Sequence[TrainingExample], *, block_size: int = 32
     """
     tok = build_tokenizer()
     template = ChatTemplate(CHAT_TEMPLATE)
-    prompts = tok.encode_batch([render_prompt(e.prompt, template) for e in examples], add_special_tokens=False)
+    prompts = tok.encode_batch(
+        [render_prompt(e.prompt, template) for e in examples], add_special_tokens=False
+    )
     responses = tok.encode_batch([e.response for e in examples], add_special_tokens=False)
     out: list[EncodedExample] = []
     dropped = 0
@@ -132,8 +139,11 @@ def encode_examples(examples: Sequence[TrainingExample], *, block_size: int = 32
 # ---------------------------------------------------------------- real responses (train split)
 
 
-def real_examples(train_records: Iterable[Any], conversations: dict[str, Any] | None = None,
-                  max_prompt_chars: int = 4096) -> list[TrainingExample]:
+def real_examples(
+    train_records: Iterable[Any],
+    conversations: dict[str, Any] | None = None,
+    max_prompt_chars: int = 4096,
+) -> list[TrainingExample]:
     """Responses of the train split's source-backed records.
 
     ShareGPT: the record's own (prompt, first reply) and, when ``conversations`` (id ->
@@ -157,11 +167,17 @@ def real_examples(train_records: Iterable[Any], conversations: dict[str, Any] | 
 def _turn_pairs(conv: Any) -> list[tuple[str, str]]:
     if not isinstance(conv, dict) or not isinstance(conv.get("conversations"), list):
         return []
-    turns = [t for t in conv["conversations"] if isinstance(t, dict) and isinstance(t.get("value"), str)]
+    turns = [
+        t for t in conv["conversations"] if isinstance(t, dict) and isinstance(t.get("value"), str)
+    ]
     pairs = []
     for a, b in zip(turns, turns[1:]):
-        if a.get("from") in ("human", "user") and b.get("from") in ("gpt", "chatgpt", "assistant") \
-                and a["value"].strip() and b["value"].strip():
+        if (
+            a.get("from") in ("human", "user")
+            and b.get("from") in ("gpt", "chatgpt", "assistant")
+            and a["value"].strip()
+            and b["value"].strip()
+        ):
             pairs.append((a["value"], b["value"]))
     return pairs
 
@@ -169,12 +185,16 @@ def _turn_pairs(conv: Any) -> list[tuple[str, str]]:
 # ---------------------------------------------------------------- generated tasks
 
 
-def _knob_samplers(long_context_chars: tuple[int, int], math_weights: Sequence[float] = DEFAULT_MATH_WEIGHTS,
-                   ) -> dict[str, list[tuple[float, Callable[[random.Random], dict[str, Any]]]]]:
+def _knob_samplers(
+    long_context_chars: tuple[int, int],
+    math_weights: Sequence[float] = DEFAULT_MATH_WEIGHTS,
+) -> dict[str, list[tuple[float, Callable[[random.Random], dict[str, Any]]]]]:
     """Per task family: (weight, knob sampler). Easy problems are over-weighted so the model
     learns content there, while hard ones keep the within-category difficulty range."""
     if len(math_weights) != 3 or min(math_weights) < 0 or sum(math_weights) <= 0:
-        raise TrainingError(f"math_weights must be 3 non-negative weights (easy, medium, any), got {math_weights}")
+        raise TrainingError(
+            f"math_weights must be 3 non-negative weights (easy, medium, any), got {math_weights}"
+        )
     return {
         "math": [
             (math_weights[0], lambda r: {"digits": r.choice((1, 1, 2)), "ops": 1}),
@@ -190,9 +210,14 @@ def _knob_samplers(long_context_chars: tuple[int, int], math_weights: Sequence[f
     }
 
 
-def generated_examples(family: str, n: int, seed: int, exclude: set[str],
-                       long_context_chars: tuple[int, int] = (700, 1100),
-                       math_weights: Sequence[float] = DEFAULT_MATH_WEIGHTS) -> list[TrainingExample]:
+def generated_examples(
+    family: str,
+    n: int,
+    seed: int,
+    exclude: set[str],
+    long_context_chars: tuple[int, int] = (700, 1100),
+    math_weights: Sequence[float] = DEFAULT_MATH_WEIGHTS,
+) -> list[TrainingExample]:
     """``n`` fresh examples of one task family, prompts distinct and not in ``exclude``.
 
     Uses the workload's own generators (same formats as the eval split) with a seed namespace
@@ -212,19 +237,35 @@ def generated_examples(family: str, n: int, seed: int, exclude: set[str],
         if rec.prompt in exclude:
             misses += 1
             if misses > 10 * n + 1000:
-                raise TrainingError(f"the {family} generator ran out of fresh prompts after {len(out)} of {n}; "
-                                    "ask for fewer generated examples")
+                raise TrainingError(
+                    f"the {family} generator ran out of fresh prompts after {len(out)} of {n}; "
+                    "ask for fewer generated examples"
+                )
             continue
         exclude.add(rec.prompt)
         category = "synthetic" if family == "synthetic" else rec.category
-        out.append(TrainingExample(rec.prompt, rec.reference or "", category, "generated",
-                                   {k: v for k, v in rec.meta.items() if k in ("digits", "ops", "kind", "task",
-                                                                                "length", "n_needles", "n_options")}))
+        out.append(
+            TrainingExample(
+                rec.prompt,
+                rec.reference or "",
+                category,
+                "generated",
+                {
+                    k: v
+                    for k, v in rec.meta.items()
+                    if k in ("digits", "ops", "kind", "task", "length", "n_needles", "n_options")
+                },
+            )
+        )
     return out
 
 
-def build_training_set(config: DataConfig = DataConfig(), seed: int = 0, splits: Any = None,
-                       conversations: dict[str, Any] | None = None) -> TrainingSet:
+def build_training_set(
+    config: DataConfig = DataConfig(),
+    seed: int = 0,
+    splits: Any = None,
+    conversations: dict[str, Any] | None = None,
+) -> TrainingSet:
     """The whole training set, shuffled with ``seed``, disjoint from the eval split by prompt.
 
     ``splits`` (a ``WorkloadSplits``) defaults to ``build_workload`` with the config's sizes
@@ -234,7 +275,9 @@ def build_training_set(config: DataConfig = DataConfig(), seed: int = 0, splits:
     from dwise_predict.tracing.workload.sources import read_sharegpt_conversations
 
     if splits is None:
-        splits = build_workload(config.workload_train_size, config.workload_eval_size, config.workload_seed)
+        splits = build_workload(
+            config.workload_train_size, config.workload_eval_size, config.workload_seed
+        )
     eval_prompts = {r.prompt for r in splits.eval}
     if conversations is None:
         convs, _ = read_sharegpt_conversations()
@@ -243,26 +286,43 @@ def build_training_set(config: DataConfig = DataConfig(), seed: int = 0, splits:
     exclude = set(eval_prompts) | {r.prompt for r in splits.train}
     generated: list[TrainingExample] = []
     for family, share in config.mix.items():
-        generated += generated_examples(family, int(round(share * config.n_generated)), seed, exclude,
-                                        config.long_context_chars, config.math_weights)
+        generated += generated_examples(
+            family,
+            int(round(share * config.n_generated)),
+            seed,
+            exclude,
+            config.long_context_chars,
+            config.math_weights,
+        )
     leaked = [e.prompt for e in real + generated if e.prompt in eval_prompts]
     if leaked:
-        raise TrainingError(f"{len(leaked)} training prompts are in the eval split (first: {leaked[0][:60]!r}); "
-                            "the eval split must never be trained on -- check the workload seed and sizes")
+        raise TrainingError(
+            f"{len(leaked)} training prompts are in the eval split (first: {leaked[0][:60]!r}); "
+            "the eval split must never be trained on -- check the workload seed and sizes"
+        )
     # encode each distinct example once, then repeat the ids (tokenizer encodings are large)
-    kw = {"block_size": config.block_size, "max_new_tokens": config.max_new_tokens, "max_len": config.max_len}
+    kw = {
+        "block_size": config.block_size,
+        "max_new_tokens": config.max_new_tokens,
+        "max_len": config.max_len,
+    }
     real_enc, real_dropped = encode_examples(real, **kw)
     gen_enc, gen_dropped = encode_examples(generated, **kw)
     encoded = real_enc * config.real_repeats + gen_enc
     dropped = real_dropped * config.real_repeats + gen_dropped
     random.Random(f"tiny-bd-shuffle:{seed}").shuffle(encoded)
     counts = Counter(e.category for e in encoded)
-    return TrainingSet(examples=encoded, counts=dict(sorted(counts.items())), dropped_too_long=dropped,
-                       eval_prompts_checked=len(eval_prompts))
+    return TrainingSet(
+        examples=encoded,
+        counts=dict(sorted(counts.items())),
+        dropped_too_long=dropped,
+        eval_prompts_checked=len(eval_prompts),
+    )
 
 
-def token_budget_batches(examples: Sequence[EncodedExample], max_tokens: int, seed: int,
-                         max_batch: int = 128) -> list[list[int]]:
+def token_budget_batches(
+    examples: Sequence[EncodedExample], max_tokens: int, seed: int, max_batch: int = 128
+) -> list[list[int]]:
     """Group example indices into batches of similar length with at most ``max_tokens`` padded
     tokens each (batch size x longest sequence), then shuffle the batches with ``seed``.
 

@@ -46,7 +46,9 @@ class Generation:
 def _extend(cache: KV | None, kv: KV) -> KV:
     if cache is None:
         return [(k, v) for k, v in kv]
-    return [(torch.cat([c[0], k], dim=2), torch.cat([c[1], v], dim=2)) for c, (k, v) in zip(cache, kv)]
+    return [
+        (torch.cat([c[0], k], dim=2), torch.cat([c[1], v], dim=2)) for c, (k, v) in zip(cache, kv)
+    ]
 
 
 @torch.inference_mode()
@@ -54,7 +56,9 @@ def prefill(model: TinyBDModel, prompt_ids: Sequence[int], block_size: int) -> K
     """KV cache of the prompt, computed chunk by chunk (chunk c sees chunks <= c)."""
     cache: KV | None = None
     for start in range(0, len(prompt_ids), block_size):
-        chunk = torch.as_tensor(list(prompt_ids[start:start + block_size]), dtype=torch.long)[None]
+        chunk = torch.as_tensor(list(prompt_ids[start : start + block_size]), dtype=torch.long)[
+            None
+        ]
         pos = torch.arange(start, start + chunk.shape[1])[None]
         out = model(chunk, pos, None, cache)
         cache = _extend(cache, out.kv)
@@ -62,11 +66,19 @@ def prefill(model: TinyBDModel, prompt_ids: Sequence[int], block_size: int) -> K
 
 
 @torch.inference_mode()
-def generate(model: TinyBDModel, prompt_ids: Sequence[int], *, threshold: float = 0.95,
-             max_new_tokens: int = 256, block_size: int | None = None) -> Generation:
+def generate(
+    model: TinyBDModel,
+    prompt_ids: Sequence[int],
+    *,
+    threshold: float = 0.95,
+    max_new_tokens: int = 256,
+    block_size: int | None = None,
+) -> Generation:
     """Decode one request block by block with confidence-threshold unmasking."""
     if len(prompt_ids) == 0:
-        raise PredictorInputError("empty prompt: render the chat template first (it is never empty)")
+        raise PredictorInputError(
+            "empty prompt: render the chat template first (it is never empty)"
+        )
     bs = block_size or model.config.block_size
     cache = prefill(model, prompt_ids, bs)
     start = len(prompt_ids)
@@ -80,7 +92,9 @@ def generate(model: TinyBDModel, prompt_ids: Sequence[int], *, threshold: float 
         n_rounds = 0
         while bool((x == MASK).any()):
             logits = model(x, pos, None, cache).logits.float()[0]
-            logits[:, MASK] = float("-inf")  # the mask token is never predicted (as in the tracing engine)
+            logits[:, MASK] = float(
+                "-inf"
+            )  # the mask token is never predicted (as in the tracing engine)
             probs = logits.softmax(-1)
             conf, pred = probs.max(-1)
             masked = x[0] == MASK
@@ -100,4 +114,9 @@ def generate(model: TinyBDModel, prompt_ids: Sequence[int], *, threshold: float 
         if EOS in block:
             finished_eos = True
             break
-    return Generation(tokens=tokens, rounds_per_block=rounds, finished_eos=finished_eos, tokens_per_round=per_round)
+    return Generation(
+        tokens=tokens,
+        rounds_per_block=rounds,
+        finished_eos=finished_eos,
+        tokens_per_round=per_round,
+    )

@@ -44,15 +44,23 @@ class TinyBD:
         return self.model.config
 
 
-def save_pretrained(model: TinyBDModel, out_dir: str | Path, *, card: str | None = None,
-                    extra_config: dict[str, Any] | None = None) -> Path:
+def save_pretrained(
+    model: TinyBDModel,
+    out_dir: str | Path,
+    *,
+    card: str | None = None,
+    extra_config: dict[str, Any] | None = None,
+) -> Path:
     """Write a checkpoint folder atomically (temp folder, then rename)."""
     out = Path(out_dir)
     with staged_folder(out) as tmp:
         model.config.save(tmp / "config.json")
         state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-        save_file(state, str(tmp / "model.safetensors"),
-                  metadata={"format": "pt", "model_type": "tiny-bd"})
+        save_file(
+            state,
+            str(tmp / "model.safetensors"),
+            metadata={"format": "pt", "model_type": "tiny-bd"},
+        )
         build_tokenizer().save(str(tmp / "tokenizer.json"))
         tok_cfg = {
             "chat_template": CHAT_TEMPLATE,
@@ -68,22 +76,30 @@ def save_pretrained(model: TinyBDModel, out_dir: str | Path, *, card: str | None
     return out
 
 
-def from_pretrained(name_or_path: str | Path = NAME, *, dtype: torch.dtype = torch.float32) -> TinyBD:
-    """Load ``tiny-bd`` (the shipped weights) or a checkpoint folder written by :func:`save_pretrained`."""
+def from_pretrained(
+    name_or_path: str | Path = NAME, *, dtype: torch.dtype = torch.float32
+) -> TinyBD:
+    """Load ``tiny-bd`` (the shipped weights) or a checkpoint folder written by
+    :func:`save_pretrained`."""
     path = WEIGHTS_DIR if str(name_or_path) == NAME else Path(name_or_path)
     cfg_file, weights = path / "config.json", path / "model.safetensors"
     if not cfg_file.exists() or not weights.exists():
         raise ModelError(
             f"{path} is not a tiny-bd checkpoint (needs config.json and model.safetensors); "
-            + ("the shipped weights are missing: reinstall dwise-predict" if str(name_or_path) == NAME
-               else "pass `tiny-bd` or a folder written by save_pretrained")
+            + (
+                "the shipped weights are missing: reinstall dwise-predict"
+                if str(name_or_path) == NAME
+                else "pass `tiny-bd` or a folder written by save_pretrained"
+            )
         )
     cfg = TinyBDConfig.load(cfg_file)
     model = TinyBDModel(cfg)
     state = load_file(str(weights))
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise ModelError(f"{weights} does not match config.json: missing {missing}, unexpected {unexpected}")
+        raise ModelError(
+            f"{weights} does not match config.json: missing {missing}, unexpected {unexpected}"
+        )
     model = model.to(dtype).eval()
     tok_file = path / "tokenizer.json"
     tokenizer = Tokenizer.from_file(str(tok_file)) if tok_file.exists() else build_tokenizer()
@@ -92,7 +108,9 @@ def from_pretrained(name_or_path: str | Path = NAME, *, dtype: torch.dtype = tor
     if tc.exists():
         template = json.loads(tc.read_text()).get("chat_template", CHAT_TEMPLATE)
     revision = _weights_revision(weights)
-    return TinyBD(model=model, tokenizer=tokenizer, chat_template=template, path=path, revision=revision)
+    return TinyBD(
+        model=model, tokenizer=tokenizer, chat_template=template, path=path, revision=revision
+    )
 
 
 def _weights_revision(weights: Path) -> str:
@@ -106,4 +124,13 @@ def _weights_revision(weights: Path) -> str:
     return h.hexdigest()[:12]
 
 
-__all__ = ["NAME", "WEIGHTS_DIR", "TinyBD", "from_pretrained", "save_pretrained", "PAD", "MASK", "EOS"]
+__all__ = [
+    "NAME",
+    "WEIGHTS_DIR",
+    "TinyBD",
+    "from_pretrained",
+    "save_pretrained",
+    "PAD",
+    "MASK",
+    "EOS",
+]

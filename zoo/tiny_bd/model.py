@@ -55,8 +55,14 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
-                past: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None,
+        past: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         b, t, _ = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k = _rotary(q, cos, sin), _rotary(k, cos, sin)
@@ -104,7 +110,9 @@ class TinyBDModel(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
+        inv_freq = 1.0 / (
+            cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim)
+        )
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.apply(self._init)
 
@@ -114,11 +122,18 @@ class TinyBDModel(nn.Module):
             nn.init.normal_(m.weight, std=0.02)
 
     def rope(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = (position_ids.to(torch.float32)[..., None] * self.inv_freq)[:, None]  # [B, 1, T, dh/2]
+        freqs = (position_ids.to(torch.float32)[..., None] * self.inv_freq)[
+            :, None
+        ]  # [B, 1, T, dh/2]
         return freqs.cos(), freqs.sin()
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attn_mask: torch.Tensor | None = None,
-                past_kv: KV | None = None) -> TinyBDOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        past_kv: KV | None = None,
+    ) -> TinyBDOutput:
         """One forward.
 
         ``attn_mask``: bool ``[B or 1, 1, T, P+T]`` (True = may attend) over the ``P`` cached and
@@ -126,7 +141,10 @@ class TinyBDModel(nn.Module):
         right mask for one block whose cache has no padding).
         """
         if position_ids.max() >= self.config.max_position:
-            raise ValueError(f"position {int(position_ids.max())} exceeds max_position {self.config.max_position}")
+            raise ValueError(
+                f"position {int(position_ids.max())} exceeds "
+                f"max_position {self.config.max_position}"
+            )
         x = self.embed(input_ids)
         cos, sin = self.rope(position_ids)
         new_kv: KV = []
@@ -138,7 +156,9 @@ class TinyBDModel(nn.Module):
         return TinyBDOutput(logits=logits, hidden=hidden, kv=new_kv)
 
 
-def block_causal_mask(n_tokens: int, block_size: int, offset: int = 0, device: torch.device | None = None) -> torch.Tensor:
+def block_causal_mask(
+    n_tokens: int, block_size: int, offset: int = 0, device: torch.device | None = None
+) -> torch.Tensor:
     """``[1, 1, n, n]`` bool: token i sees token j iff block(j) <= block(i).
 
     Blocks are counted from ``offset`` (the position of the first token), so a sequence whose

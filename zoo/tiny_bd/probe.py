@@ -50,10 +50,12 @@ def _decode(tb: Any, prompt: str, threshold: float, max_new_tokens: int) -> str:
     ids = tb.tokenizer.encode(render_prompt(prompt)).ids
     with torch.inference_mode():
         g = generate(tb.model.eval(), ids, threshold=threshold, max_new_tokens=max_new_tokens)
-    return str(tb.tokenizer.decode(g.tokens[:g.output_tokens]))
+    return str(tb.tokenizer.decode(g.tokens[: g.output_tokens]))
 
 
-def probe(checkpoint: str, n_mcq: int = 300, n_math: int = 60, threshold: float = 0.95) -> dict[str, Any]:
+def probe(
+    checkpoint: str, n_mcq: int = 300, n_math: int = 60, threshold: float = 0.95
+) -> dict[str, Any]:
     """Letter accuracy per mcq kind and easy-math exact match of ``checkpoint`` on eval requests."""
     from .report import math_correct
 
@@ -66,25 +68,47 @@ def probe(checkpoint: str, n_mcq: int = 300, n_math: int = 60, threshold: float 
     letters: dict[str, float] = {}
     chance: list[float] = []
     for kind, recs in sorted(by_kind.items()):
-        enc, _ = encode_examples([TrainingExample(r.prompt, r.reference or "", "mcq", r.source) for r in recs])
+        enc, _ = encode_examples(
+            [TrainingExample(r.prompt, r.reference or "", "mcq", r.source) for r in recs]
+        )
         letters[kind] = round(letter_accuracy(model, enc), 3)
         chance += [1.0 / r.meta["n_options"] for r in recs]
     overall = sum(letters[k] * len(v) for k, v in by_kind.items()) / max(1, len(mcq))
-    easy = [r for r in eval_records if r.category == "math" and r.meta["ops"] == 1 and r.meta["digits"] <= 2][:n_math]
+    easy = [
+        r
+        for r in eval_records
+        if r.category == "math" and r.meta["ops"] == 1 and r.meta["digits"] <= 2
+    ][:n_math]
     right = sum(math_correct(_decode(tb, r.prompt, threshold, 64), r.meta["answer"]) for r in easy)
-    return {"checkpoint": checkpoint, "revision": tb.revision,
-            "mcq_letter_accuracy": round(overall, 3), "mcq_chance": round(sum(chance) / max(1, len(chance)), 3),
-            "mcq_letter_accuracy_by_kind": letters, "mcq_n": len(mcq),
-            "easy_math_exact_match": round(right / max(1, len(easy)), 3), "easy_math_n": len(easy)}
+    return {
+        "checkpoint": checkpoint,
+        "revision": tb.revision,
+        "mcq_letter_accuracy": round(overall, 3),
+        "mcq_chance": round(sum(chance) / max(1, len(chance)), 3),
+        "mcq_letter_accuracy_by_kind": letters,
+        "mcq_n": len(mcq),
+        "easy_math_exact_match": round(right / max(1, len(easy)), 3),
+        "easy_math_n": len(easy),
+    }
 
 
 _STEP = re.compile(r"(\d+) ([-+*/]) (\d+) = (\d+)\.")
-_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
-        "/": lambda a, b: a // b if b else None}
+_OPS = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "/": lambda a, b: a // b if b else None,
+}
 
 #: the sub-skills of a worked arithmetic answer, in the order a reference answer uses them
-MATH_SKILLS = ("first_operand", "operator", "second_operand", "own_arithmetic", "step_count",
-               "answer_copies_last_step")
+MATH_SKILLS = (
+    "first_operand",
+    "operator",
+    "second_operand",
+    "own_arithmetic",
+    "step_count",
+    "answer_copies_last_step",
+)
 
 
 def score_math_steps(reference: str, output: str) -> dict[str, bool] | None:
@@ -98,17 +122,27 @@ def score_math_steps(reference: str, output: str) -> dict[str, bool] | None:
     from .report import answer_number
 
     (ra, rop, rb, _), (a, op, b, c) = ref[0], got[0]
-    return {"first_operand": a == ra, "operator": op == rop, "second_operand": b == rb,
-            "own_arithmetic": _OPS[op](int(a), int(b)) == int(c), "step_count": len(got) == len(ref),
-            "answer_copies_last_step": answer_number(output) == got[-1][3]}
+    return {
+        "first_operand": a == ra,
+        "operator": op == rop,
+        "second_operand": b == rb,
+        "own_arithmetic": _OPS[op](int(a), int(b)) == int(c),
+        "step_count": len(got) == len(ref),
+        "answer_copies_last_step": answer_number(output) == got[-1][3],
+    }
 
 
-def math_skills(checkpoint: str, n_requests: int = 1000, max_digits: int = 2,
-                threshold: float = 0.95) -> dict[str, Any]:
+def math_skills(
+    checkpoint: str, n_requests: int = 1000, max_digits: int = 2, threshold: float = 0.95
+) -> dict[str, Any]:
     """Sub-skill shares on the ``max_digits``-digit math problems among the first ``n_requests``
     eval requests (the report's set), decoded with up to 128 new tokens."""
     eval_records, tb = _eval_split_and_model(checkpoint)
-    recs = [r for r in eval_records[:n_requests] if r.category == "math" and r.meta["digits"] <= max_digits]
+    recs = [
+        r
+        for r in eval_records[:n_requests]
+        if r.category == "math" and r.meta["digits"] <= max_digits
+    ]
     counts = dict.fromkeys(MATH_SKILLS, 0)
     unparsed = 0
     for r in recs:
@@ -119,18 +153,34 @@ def math_skills(checkpoint: str, n_requests: int = 1000, max_digits: int = 2,
         for k, ok in scored.items():
             counts[k] += ok
     n = max(1, len(recs))
-    return {"checkpoint": checkpoint, "revision": tb.revision, "problems": len(recs), "max_digits": max_digits,
-            "no_parseable_step": unparsed, "share_right": {k: round(v / n, 3) for k, v in counts.items()}}
+    return {
+        "checkpoint": checkpoint,
+        "revision": tb.revision,
+        "problems": len(recs),
+        "max_digits": max_digits,
+        "no_parseable_step": unparsed,
+        "share_right": {k: round(v / n, 3) for k, v in counts.items()},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dwise_predict.zoo.tiny_bd.probe", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("checkpoint", help="'tiny-bd' or a checkpoint folder (a training snapshot works)")
+    ap = argparse.ArgumentParser(
+        prog="python -m dwise_predict.zoo.tiny_bd.probe",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "checkpoint", help="'tiny-bd' or a checkpoint folder (a training snapshot works)"
+    )
     ap.add_argument("--mcq", type=int, default=300, help="eval-split mcq questions")
-    ap.add_argument("--math", type=int, default=60, help="eval-split one-step 1-2 digit math problems")
-    ap.add_argument("--math-skills", action="store_true",
-                    help="also break arithmetic into sub-skills on the report's 1-2 digit problems (2 min)")
+    ap.add_argument(
+        "--math", type=int, default=60, help="eval-split one-step 1-2 digit math problems"
+    )
+    ap.add_argument(
+        "--math-skills",
+        action="store_true",
+        help="also break arithmetic into sub-skills on the report's 1-2 digit problems (2 min)",
+    )
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -39,8 +39,10 @@ def build_tokenizer() -> Tokenizer:
     # ByteLevel.alphabet() is a set: order bytes canonically by their byte value
     byte_chars = _bytes_to_unicode()
     if set(byte_chars.values()) != set(alphabet):
-        raise ModelError("this tokenizers release changed the byte-level alphabet; tiny-bd's "
-                         "vocabulary cannot be rebuilt: install the pinned tokenizers version")
+        raise ModelError(
+            "this tokenizers release changed the byte-level alphabet; tiny-bd's "
+            "vocabulary cannot be rebuilt: install the pinned tokenizers version"
+        )
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for b in range(256):
         vocab[byte_chars[b]] = len(SPECIAL_TOKENS) + b
@@ -53,7 +55,11 @@ def build_tokenizer() -> Tokenizer:
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable unicode map (the one ByteLevel uses)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):

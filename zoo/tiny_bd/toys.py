@@ -1,4 +1,5 @@
-"""Small, fast experiments that explain how tiny-bd learns (docs/reference-model.md, *What mattered*).
+"""Small, fast experiments that explain how tiny-bd learns (docs/reference-model.md, *What
+mattered*).
 
     python -m dwise_predict.zoo.tiny_bd.toys read-prompt            # ~3 minutes on 2 cores
     python -m dwise_predict.zoo.tiny_bd.toys mcq-curve --steps 3000  # ~20 minutes on 2 cores
@@ -44,8 +45,14 @@ from .train import TrainConfig, diffusion_loss, make_optimizer, train
 from .two_stream import collate
 
 BLOCK = 32
-#: (padding weight, learning rate) settings of ``read-prompt``: the shipped stages' loss, then the fixes
-READ_PROMPT_GRID: tuple[tuple[float, float], ...] = ((1.0, 6e-4), (1.0, 3e-3), (0.1, 3e-3), (0.1, 6e-4))
+#: (padding weight, learning rate) settings of ``read-prompt``: the shipped stages' loss, then the
+#: fixes
+READ_PROMPT_GRID: tuple[tuple[float, float], ...] = (
+    (1.0, 6e-4),
+    (1.0, 3e-3),
+    (0.1, 3e-3),
+    (0.1, 6e-4),
+)
 _LETTER_INDEX = len("The answer is (")  # the answer letter's position in "The answer is (X)."
 
 
@@ -53,49 +60,91 @@ def read_prompt(pad_weight: float, lr: float, steps: int = 300, seed: int = 0) -
     """Train a 64-wide 2-layer model on ``Say: x`` -> ``x``; return prompts read back (of 20)."""
     rng = random.Random(seed)
     letters = "abcdefghij"
-    examples = [TrainingExample(f"Say: {x}", x, "synthetic", "generated")
-                for x in (rng.choice(letters) for _ in range(2000))]
+    examples = [
+        TrainingExample(f"Say: {x}", x, "synthetic", "generated")
+        for x in (rng.choice(letters) for _ in range(2000))
+    ]
     enc, _ = encode_examples(examples, block_size=BLOCK)
-    ts = TrainingSet(examples=enc, counts={"synthetic": len(enc)}, dropped_too_long=0, eval_prompts_checked=0)
+    ts = TrainingSet(
+        examples=enc, counts={"synthetic": len(enc)}, dropped_too_long=0, eval_prompts_checked=0
+    )
     cfg = TinyBDConfig(d_model=64, n_layers=2, n_heads=2, d_ff=128, block_size=BLOCK)
-    tc = TrainConfig(max_steps=steps, minutes=30, warmup_steps=20, batch_tokens=32 * (11 + 2 * BLOCK), threads=1,
-                     seed=seed, lr=lr, pad_weight=pad_weight, log_every=10**6)
+    tc = TrainConfig(
+        max_steps=steps,
+        minutes=30,
+        warmup_steps=20,
+        batch_tokens=32 * (11 + 2 * BLOCK),
+        threads=1,
+        seed=seed,
+        lr=lr,
+        pad_weight=pad_weight,
+        log_every=10**6,
+    )
     with tempfile.TemporaryDirectory() as tmp:
-        model, _ = train(cfg, tc, DataConfig(block_size=BLOCK), Path(tmp) / "log.csv", training_set=ts,
-                         snapshot_dir=None)
+        model, _ = train(
+            cfg,
+            tc,
+            DataConfig(block_size=BLOCK),
+            Path(tmp) / "log.csv",
+            training_set=ts,
+            snapshot_dir=None,
+        )
     tok = build_tokenizer()
     right = 0
     for x in letters * 2:
-        g = generate(model, tok.encode(render_prompt(f"Say: {x}")).ids, threshold=0.9, max_new_tokens=BLOCK)
-        right += tok.decode(g.tokens[:g.output_tokens]) == x
+        g = generate(
+            model, tok.encode(render_prompt(f"Say: {x}")).ids, threshold=0.9, max_new_tokens=BLOCK
+        )
+        right += tok.decode(g.tokens[: g.output_tokens]) == x
     return right
 
 
 def letter_accuracy(model: TinyBDModel, test: list[EncodedExample]) -> float:
     """Share of questions whose masked answer letter is the model's top prediction."""
-    batch = collate([e.prompt_ids for e in test], [e.response_ids for e in test], BLOCK,
-                    mask_ratios=[[0.0] * (len(e.response_ids) // BLOCK) for e in test])
+    batch = collate(
+        [e.prompt_ids for e in test],
+        [e.response_ids for e in test],
+        BLOCK,
+        mask_ratios=[[0.0] * (len(e.response_ids) // BLOCK) for e in test],
+    )
     where = [len(e.prompt_ids) + len(e.response_ids) + _LETTER_INDEX for e in test]
     for i, w in enumerate(where):
         batch.input_ids[i, w] = MASK
     with torch.no_grad():
         logits = model(batch.input_ids, batch.position_ids, batch.attn_mask).logits
-    right = [int(logits[i, w].argmax()) == test[i].response_ids[_LETTER_INDEX] for i, w in enumerate(where)]
+    right = [
+        int(logits[i, w].argmax()) == test[i].response_ids[_LETTER_INDEX]
+        for i, w in enumerate(where)
+    ]
     return sum(right) / len(right)
 
 
-def mcq_curve(kind: str, steps: int, d_model: int = 64, n_layers: int = 4, batch: int = 64, lr: float = 6e-4,
-              pad_weight: float = 0.1, every: int = 250, seed: int = 0) -> list[dict[str, Any]]:
+def mcq_curve(
+    kind: str,
+    steps: int,
+    d_model: int = 64,
+    n_layers: int = 4,
+    batch: int = 64,
+    lr: float = 6e-4,
+    pad_weight: float = 0.1,
+    every: int = 250,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
     """Letter accuracy of one mcq kind every ``every`` steps of from-scratch training."""
     from dwise_predict.tracing.workload.generators import make_mcq
 
     torch.manual_seed(seed)
     rng = random.Random(seed)
     records = [make_mcq(rng, kind=kind, n_options=4) for _ in range(60_000)]
-    enc, _ = encode_examples([TrainingExample(r.prompt, r.reference or "", "mcq", "generated") for r in records])
+    enc, _ = encode_examples(
+        [TrainingExample(r.prompt, r.reference or "", "mcq", "generated") for r in records]
+    )
     train_set, test = enc[:-300], enc[-300:]
-    model = TinyBDModel(TinyBDConfig(d_model=d_model, n_layers=n_layers, n_heads=max(2, d_model // 32),
-                                     d_ff=3 * d_model))
+    model = TinyBDModel(
+        TinyBDConfig(
+            d_model=d_model, n_layers=n_layers, n_heads=max(2, d_model // 32), d_ff=3 * d_model
+        )
+    )
     opt = make_optimizer(model, TrainConfig(lr=lr))
     gen = torch.Generator().manual_seed(seed)
     curve: list[dict[str, Any]] = []
@@ -104,7 +153,9 @@ def mcq_curve(kind: str, steps: int, d_model: int = 64, n_layers: int = 4, batch
         for group in opt.param_groups:
             group["lr"] = lr * min(1.0, step / 50)
         sample = rng.sample(train_set, batch)
-        b = collate([e.prompt_ids for e in sample], [e.response_ids for e in sample], BLOCK, generator=gen)
+        b = collate(
+            [e.prompt_ids for e in sample], [e.response_ids for e in sample], BLOCK, generator=gen
+        )
         loss = diffusion_loss(model, b, pad_weight=pad_weight)
         opt.zero_grad()
         loss.backward()
@@ -114,15 +165,27 @@ def mcq_curve(kind: str, steps: int, d_model: int = 64, n_layers: int = 4, batch
             model.eval()
             acc = letter_accuracy(model, test)
             model.train()
-            curve.append({"step": step, "examples": step * batch, "letter_accuracy": round(acc, 3),
-                          "seconds": round(time.monotonic() - t0, 1)})
-            print(f"step {step:6d}  examples {step * batch:8d}  letter accuracy {acc:.3f}", file=sys.stderr)
+            curve.append(
+                {
+                    "step": step,
+                    "examples": step * batch,
+                    "letter_accuracy": round(acc, 3),
+                    "seconds": round(time.monotonic() - t0, 1),
+                }
+            )
+            print(
+                f"step {step:6d}  examples {step * batch:8d}  letter accuracy {acc:.3f}",
+                file=sys.stderr,
+            )
     return curve
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dwise_predict.zoo.tiny_bd.toys", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m dwise_predict.zoo.tiny_bd.toys",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = ap.add_subparsers(dest="toy", required=True)
     rp = sub.add_parser("read-prompt", help="the padding-weight x learning-rate grid")
     rp.add_argument("--steps", type=int, default=300)
@@ -132,15 +195,19 @@ def main(argv: list[str] | None = None) -> int:
     mc.add_argument("--d-model", type=int, default=64)
     mc.add_argument("--n-layers", type=int, default=4)
     for p in (rp, mc):
-        p.add_argument("--out", type=Path, default=Path("runs/tiny-bd-toys"), help="folder for the JSON result")
+        p.add_argument(
+            "--out", type=Path, default=Path("runs/tiny-bd-toys"), help="folder for the JSON result"
+        )
         p.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any]
     if args.toy == "read-prompt":
-        rows = [{"pad_weight": w, "lr": lr, "read_back_of_20": read_prompt(w, lr, args.steps)}
-                for w, lr in READ_PROMPT_GRID]
+        rows = [
+            {"pad_weight": w, "lr": lr, "read_back_of_20": read_prompt(w, lr, args.steps)}
+            for w, lr in READ_PROMPT_GRID
+        ]
         print("| padding weight | lr | prompts read back (of 20; chance ~2) |\n|---|---|---|")
         for r in rows:
             print(f"| {r['pad_weight']} | {r['lr']:g} | {r['read_back_of_20']} |")
@@ -151,8 +218,13 @@ def main(argv: list[str] | None = None) -> int:
         print("| step | examples | letter accuracy (chance 0.25) |\n|---|---|---|")
         for c in curve:
             print(f"| {c['step']} | {c['examples']} | {c['letter_accuracy']:.3f} |")
-        result = {"toy": "mcq-curve", "kind": args.kind, "d_model": args.d_model, "n_layers": args.n_layers,
-                  "curve": curve}
+        result = {
+            "toy": "mcq-curve",
+            "kind": args.kind,
+            "d_model": args.d_model,
+            "n_layers": args.n_layers,
+            "curve": curve,
+        }
         path = args.out / f"mcq-curve-{args.kind}.json"
     write_json(path, result, sort_keys=False)
     print(f"wrote {path}", file=sys.stderr)

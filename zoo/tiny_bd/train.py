@@ -67,7 +67,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     batch_tokens: int = 8_000
     loss_weighting: str = "none"  # or "inv_t"
-    #: loss weight of the EOS padding after a response's first EOS (1.0 = plain mean over masked tokens)
+    #: loss weight of the EOS padding after a response's first EOS (1.0 = plain mean over masked
+    #: tokens)
     pad_weight: float = 0.1
     t_min: float = 0.0
     threads: int = 2
@@ -87,12 +88,19 @@ def make_optimizer(model: nn.Module, c: TrainConfig) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only (norm gains are left undecayed)."""
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": c.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=c.lr, betas=c.betas)
+    return torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": c.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=c.lr,
+        betas=c.betas,
+    )
 
 
-def diffusion_loss(model: TinyBDModel, batch: TwoStreamBatch, weighting: str = "none",
-                   pad_weight: float = 0.1) -> torch.Tensor:
+def diffusion_loss(
+    model: TinyBDModel, batch: TwoStreamBatch, weighting: str = "none", pad_weight: float = 0.1
+) -> torch.Tensor:
     """Cross-entropy on the masked noisy positions (mean, or 1/t-weighted per token).
 
     ``pad_weight`` < 1 down-weights the EOS padding after a response's first EOS. Why: a short
@@ -107,11 +115,15 @@ def diffusion_loss(model: TinyBDModel, batch: TwoStreamBatch, weighting: str = "
     out = model(batch.input_ids, batch.position_ids, batch.attn_mask)
     logits = out.logits[noisy]
     ce = F.cross_entropy(logits.float(), batch.targets[noisy], reduction="none")
-    if pad_weight == 1.0 or batch.eos_padding is None:  # the plain mean, computed as the shipped stages did
+    if (
+        pad_weight == 1.0 or batch.eos_padding is None
+    ):  # the plain mean, computed as the shipped stages did
         if weighting == "inv_t":
             return (ce / batch.mask_ratio[noisy].clamp_min(1e-3)).sum() / noisy.sum()
         return ce.mean()
-    weight = torch.where(batch.eos_padding[noisy], torch.full_like(ce, pad_weight), torch.ones_like(ce))
+    weight = torch.where(
+        batch.eos_padding[noisy], torch.full_like(ce, pad_weight), torch.ones_like(ce)
+    )
     if weighting == "inv_t":
         return (ce * weight / batch.mask_ratio[noisy].clamp_min(1e-3)).sum() / weight.sum()
     return (ce * weight).sum() / weight.sum()
@@ -120,9 +132,20 @@ def diffusion_loss(model: TinyBDModel, batch: TwoStreamBatch, weighting: str = "
 class BatchListDataset(Dataset):
     """One item = one pre-bucketed batch of examples; noise is drawn at collate time."""
 
-    def __init__(self, examples: list[EncodedExample], batches: list[list[int]], block_size: int,
-                 t_min: float, seed: int) -> None:
-        self.examples, self.batches, self.block_size, self.t_min = examples, batches, block_size, t_min
+    def __init__(
+        self,
+        examples: list[EncodedExample],
+        batches: list[list[int]],
+        block_size: int,
+        t_min: float,
+        seed: int,
+    ) -> None:
+        self.examples, self.batches, self.block_size, self.t_min = (
+            examples,
+            batches,
+            block_size,
+            t_min,
+        )
         self.seed = seed
 
     def __len__(self) -> int:
@@ -132,17 +155,33 @@ class BatchListDataset(Dataset):
         idx = self.batches[i]
         # noise depends only on (seed, batch index): reproducible whatever the worker layout
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
-        return collate([self.examples[j].prompt_ids for j in idx], [self.examples[j].response_ids for j in idx],
-                       self.block_size, generator=gen, t_min=self.t_min)
+        return collate(
+            [self.examples[j].prompt_ids for j in idx],
+            [self.examples[j].response_ids for j in idx],
+            self.block_size,
+            generator=gen,
+            t_min=self.t_min,
+        )
 
 
 class TinyBDDataModule(pl.LightningDataModule):
     """The training set, bucketed into token-budget batches, served in a seeded order."""
 
-    def __init__(self, data_config: DataConfig, batch_tokens: int, seed: int, t_min: float = 0.0,
-                 training_set: TrainingSet | None = None) -> None:
+    def __init__(
+        self,
+        data_config: DataConfig,
+        batch_tokens: int,
+        seed: int,
+        t_min: float = 0.0,
+        training_set: TrainingSet | None = None,
+    ) -> None:
         super().__init__()
-        self.data_config, self.batch_tokens, self.seed, self.t_min = data_config, batch_tokens, seed, t_min
+        self.data_config, self.batch_tokens, self.seed, self.t_min = (
+            data_config,
+            batch_tokens,
+            seed,
+            t_min,
+        )
         self.training_set = training_set
 
     def setup(self, stage: str | None = None) -> None:
@@ -150,8 +189,12 @@ class TinyBDDataModule(pl.LightningDataModule):
             self.training_set = build_training_set(self.data_config, seed=self.seed)
             _release_memory()  # the ShareGPT parse is gigabytes of short-lived objects
         if not self.training_set.examples:
-            raise TrainingError("the training set is empty: every example was longer than the budget")
-        self.batches = token_budget_batches(self.training_set.examples, self.batch_tokens, self.seed)
+            raise TrainingError(
+                "the training set is empty: every example was longer than the budget"
+            )
+        self.batches = token_budget_batches(
+            self.training_set.examples, self.batch_tokens, self.seed
+        )
 
     def loaded(self) -> TrainingSet:
         """The training set ``setup`` built; refused before ``setup`` ran."""
@@ -160,9 +203,11 @@ class TinyBDDataModule(pl.LightningDataModule):
         return self.training_set
 
     def train_dataloader(self) -> DataLoader:
-        ds = BatchListDataset(self.loaded().examples, self.batches, self.data_config.block_size, self.t_min,
-                              self.seed)
-        # batches are already shuffled with the seed; epochs repeat the order (noise differs per index only)
+        ds = BatchListDataset(
+            self.loaded().examples, self.batches, self.data_config.block_size, self.t_min, self.seed
+        )
+        # batches are already shuffled with the seed; epochs repeat the order (noise differs per
+        # index only)
         return DataLoader(ds, batch_size=None, shuffle=False, num_workers=0, collate_fn=lambda b: b)
 
 
@@ -186,28 +231,41 @@ class TinyBDLightning(pl.LightningModule):
         self.train_config = train_config
 
     def training_step(self, batch: TwoStreamBatch, batch_idx: int) -> torch.Tensor:
-        loss = diffusion_loss(self.model, batch, self.train_config.loss_weighting, self.train_config.pad_weight)
+        loss = diffusion_loss(
+            self.model, batch, self.train_config.loss_weighting, self.train_config.pad_weight
+        )
         n_masked = int((batch.targets != -100).sum())
         self.log("loss", loss.detach(), prog_bar=True, batch_size=n_masked)
         return loss
 
-    def transfer_batch_to_device(self, batch: TwoStreamBatch, device: torch.device, dataloader_idx: int) -> TwoStreamBatch:
-        moved: dict[str, Any] = {k: v.to(device) if v is not None else None for k, v in vars(batch).items()}
+    def transfer_batch_to_device(
+        self, batch: TwoStreamBatch, device: torch.device, dataloader_idx: int
+    ) -> TwoStreamBatch:
+        moved: dict[str, Any] = {
+            k: v.to(device) if v is not None else None for k, v in vars(batch).items()
+        }
         return TwoStreamBatch(**moved)
 
     def configure_optimizers(self) -> Any:
         c = self.train_config
         opt = make_optimizer(self.model, c)
         sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: lr_factor(s, c.warmup_steps, c.max_steps, c.min_lr_ratio))
+            opt, lambda s: lr_factor(s, c.warmup_steps, c.max_steps, c.min_lr_ratio)
+        )
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
 class TimeBoxAndLog(pl.Callback):
     """Stops at the wall-clock budget and appends (step, seconds, loss, lr) rows to a CSV."""
 
-    def __init__(self, minutes: float, csv_path: Path, every: int, snapshot_dir: Path | None = None,
-                 snapshot_minutes: float = 10.0) -> None:
+    def __init__(
+        self,
+        minutes: float,
+        csv_path: Path,
+        every: int,
+        snapshot_dir: Path | None = None,
+        snapshot_minutes: float = 10.0,
+    ) -> None:
         self.budget_s, self.csv_path, self.every = minutes * 60.0, csv_path, every
         self.snapshot_dir, self.snapshot_s = snapshot_dir, snapshot_minutes * 60.0
         self.last_snapshot = 0.0
@@ -225,8 +283,14 @@ class TimeBoxAndLog(pl.Callback):
         with open(self.csv_path, "w", newline="") as f:
             csv.writer(f).writerow(["step", "seconds", "loss", "lr"])
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
         step = trainer.global_step
         elapsed = time.monotonic() - self.start
         loss = float(outputs["loss"]) if isinstance(outputs, dict) else float(outputs)
@@ -236,7 +300,11 @@ class TimeBoxAndLog(pl.Callback):
             self.rows.append(row)
             with open(self.csv_path, "a", newline="") as f:
                 csv.writer(f).writerow(row.values())
-            print(f"step {step} t={elapsed:.0f}s loss={loss:.4f} lr={lr:.2e}", file=sys.stderr, flush=True)
+            print(
+                f"step {step} t={elapsed:.0f}s loss={loss:.4f} lr={lr:.2e}",
+                file=sys.stderr,
+                flush=True,
+            )
         due = elapsed - self.last_snapshot >= self.snapshot_s
         if self.writes and self.snapshot_dir is not None and due:
             # a loadable checkpoint mid-run, so decoding can be checked while training goes on
@@ -262,25 +330,41 @@ class TrainResult:
     loss_curve: list[dict[str, Any]] = field(default_factory=list)
 
 
-def make_trainer(train_config: TrainConfig, devices: DeviceConfig | None = None,
-                 callbacks: list[pl.Callback] | None = None) -> pl.Trainer:
+def make_trainer(
+    train_config: TrainConfig,
+    devices: DeviceConfig | None = None,
+    callbacks: list[pl.Callback] | None = None,
+) -> pl.Trainer:
     """The Lightning trainer of a run: the step budget and clipping, on ``devices``.
 
     With the default devices (one CPU process, fp32) this is the trainer every shipped stage
     used, so a rerun reproduces its weights.
     """
     devices = devices or DeviceConfig()
-    return pl.Trainer(deterministic=True, max_steps=train_config.max_steps, max_epochs=-1,
-                      gradient_clip_val=train_config.grad_clip, logger=False,
-                      enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, callbacks=callbacks or [],
-                      **devices.trainer_kwargs())
+    return pl.Trainer(
+        deterministic=True,
+        max_steps=train_config.max_steps,
+        max_epochs=-1,
+        gradient_clip_val=train_config.grad_clip,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks or [],
+        **devices.trainer_kwargs(),
+    )
 
 
-def train(model_config: TinyBDConfig, train_config: TrainConfig, data_config: DataConfig, log_csv: Path,
-          training_set: TrainingSet | None = None, snapshot_dir: Path | None = None,
-          init_from: Path | None = None, devices: DeviceConfig | None = None
-          ) -> tuple[TinyBDModel, TrainResult]:
+def train(
+    model_config: TinyBDConfig,
+    train_config: TrainConfig,
+    data_config: DataConfig,
+    log_csv: Path,
+    training_set: TrainingSet | None = None,
+    snapshot_dir: Path | None = None,
+    init_from: Path | None = None,
+    devices: DeviceConfig | None = None,
+) -> tuple[TinyBDModel, TrainResult]:
     """Train and return the model (eval mode) and a summary.
 
     ``init_from`` (a checkpoint folder) continues training from its weights -- a second stage
@@ -297,7 +381,9 @@ def train(model_config: TinyBDConfig, train_config: TrainConfig, data_config: Da
     module = TinyBDLightning(model_config, train_config)
     if init_from is not None:
         module.model.load_state_dict(start.model.state_dict())
-    dm = TinyBDDataModule(data_config, train_config.batch_tokens, train_config.seed, train_config.t_min, training_set)
+    dm = TinyBDDataModule(
+        data_config, train_config.batch_tokens, train_config.seed, train_config.t_min, training_set
+    )
     cb = TimeBoxAndLog(train_config.minutes, log_csv, train_config.log_every, snapshot_dir)
     trainer = make_trainer(train_config, devices, [cb])
     t0 = time.monotonic()
@@ -305,10 +391,15 @@ def train(model_config: TinyBDConfig, train_config: TrainConfig, data_config: Da
     seconds = time.monotonic() - t0
     model = module.model.eval()
     training_set = dm.loaded()
-    result = TrainResult(steps=trainer.global_step, seconds=round(seconds, 1),
-                         final_loss=cb.rows[-1]["loss"] if cb.rows else float("nan"),
-                         stopped_by_time=cb.stopped_by_time, n_params=sum(p.numel() for p in model.parameters()),
-                         counts=training_set.counts, loss_curve=cb.rows)
+    result = TrainResult(
+        steps=trainer.global_step,
+        seconds=round(seconds, 1),
+        final_loss=cb.rows[-1]["loss"] if cb.rows else float("nan"),
+        stopped_by_time=cb.stopped_by_time,
+        n_params=sum(p.numel() for p in model.parameters()),
+        counts=training_set.counts,
+        loss_curve=cb.rows,
+    )
     return model, result
 
 
@@ -319,22 +410,37 @@ def parse_mix(text: str) -> dict[str, float]:
         name, sep, value = part.partition("=")
         name = name.strip()
         if not sep or name not in DEFAULT_MIX:
-            raise TrainingError(f"bad --mix entry {part!r}: use FAMILY=SHARE with FAMILY in {', '.join(DEFAULT_MIX)}")
+            raise TrainingError(
+                f"bad --mix entry {part!r}: use FAMILY=SHARE "
+                f"with FAMILY in {', '.join(DEFAULT_MIX)}"
+            )
         try:
             mix[name] = float(value)
         except ValueError:
-            raise TrainingError(f"bad --mix share {value!r} for {name}: give a number such as 0.4") from None
+            raise TrainingError(
+                f"bad --mix share {value!r} for {name}: give a number such as 0.4"
+            ) from None
         if mix[name] < 0:
             raise TrainingError(f"--mix share for {name} is negative")
     return mix
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m dwise_predict.zoo.tiny_bd.train", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True, help="checkpoint folder to write (save_pretrained)")
+    ap = argparse.ArgumentParser(
+        prog="python -m dwise_predict.zoo.tiny_bd.train",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--out", type=Path, required=True, help="checkpoint folder to write (save_pretrained)"
+    )
     ap.add_argument("--minutes", type=float, default=60.0, help="wall-clock budget")
-    ap.add_argument("--max-steps", type=int, default=TrainConfig.max_steps, help="step budget; sets the schedule")
+    ap.add_argument(
+        "--max-steps",
+        type=int,
+        default=TrainConfig.max_steps,
+        help="step budget; sets the schedule",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--d-model", type=int, default=TinyBDConfig.d_model)
     ap.add_argument("--n-layers", type=int, default=TinyBDConfig.n_layers)
@@ -343,24 +449,52 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--lr", type=float, default=TrainConfig.lr)
     ap.add_argument("--batch-tokens", type=int, default=TrainConfig.batch_tokens)
     ap.add_argument("--n-generated", type=int, default=DataConfig.n_generated)
-    ap.add_argument("--real-repeats", type=int, default=DataConfig.real_repeats,
-                    help="how often each real train-split response appears")
+    ap.add_argument(
+        "--real-repeats",
+        type=int,
+        default=DataConfig.real_repeats,
+        help="how often each real train-split response appears",
+    )
     default_mix = ",".join(f"{k}={v}" for k, v in DEFAULT_MIX.items())
-    ap.add_argument("--mix", default=None, help=f"generated-task shares, e.g. math=0.45,mcq=0.35,synthetic=0.15,"
-                    f"long_context=0.02 (default: {default_mix})")
+    ap.add_argument(
+        "--mix",
+        default=None,
+        help=f"generated-task shares, e.g. math=0.45,mcq=0.35,synthetic=0.15,"
+        f"long_context=0.02 (default: {default_mix})",
+    )
     default_weights = ",".join(map(str, DataConfig.math_weights))
-    ap.add_argument("--math-weights", default=None,
-                    help=f"math difficulty weights easy,medium,any (default: {default_weights})")
+    ap.add_argument(
+        "--math-weights",
+        default=None,
+        help=f"math difficulty weights easy,medium,any (default: {default_weights})",
+    )
     ap.add_argument("--loss-weighting", choices=("none", "inv_t"), default="none")
-    ap.add_argument("--pad-weight", type=float, default=TrainConfig.pad_weight,
-                    help="loss weight of the EOS padding after a response's first EOS (1.0 = plain mean)")
+    ap.add_argument(
+        "--pad-weight",
+        type=float,
+        default=TrainConfig.pad_weight,
+        help="loss weight of the EOS padding after a response's first EOS (1.0 = plain mean)",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup-steps", type=int, default=TrainConfig.warmup_steps)
-    ap.add_argument("--init-from", type=Path, default=None,
-                    help="continue from this checkpoint folder (a second stage; its shape wins)")
-    ap.add_argument("--log-csv", type=Path, default=None, help="loss CSV (default: runs/tiny-bd-train/train_log.csv)")
-    ap.add_argument("--snapshot-dir", type=Path, default=Path("runs/tiny-bd-train/snapshot"),
-                    help="mid-run checkpoint, rewritten every 10 minutes")
+    ap.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        help="continue from this checkpoint folder (a second stage; its shape wins)",
+    )
+    ap.add_argument(
+        "--log-csv",
+        type=Path,
+        default=None,
+        help="loss CSV (default: runs/tiny-bd-train/train_log.csv)",
+    )
+    ap.add_argument(
+        "--snapshot-dir",
+        type=Path,
+        default=Path("runs/tiny-bd-train/snapshot"),
+        help="mid-run checkpoint, rewritten every 10 minutes",
+    )
     add_device_arguments(ap)
     return ap
 
@@ -368,35 +502,63 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
-    model_config = TinyBDConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads, d_ff=args.d_ff)
-    train_config = TrainConfig(max_steps=args.max_steps, minutes=args.minutes, lr=args.lr,
-                               batch_tokens=args.batch_tokens, loss_weighting=args.loss_weighting,
-                               pad_weight=args.pad_weight,
-                               threads=args.threads, seed=args.seed, warmup_steps=args.warmup_steps)
+    model_config = TinyBDConfig(
+        d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads, d_ff=args.d_ff
+    )
+    train_config = TrainConfig(
+        max_steps=args.max_steps,
+        minutes=args.minutes,
+        lr=args.lr,
+        batch_tokens=args.batch_tokens,
+        loss_weighting=args.loss_weighting,
+        pad_weight=args.pad_weight,
+        threads=args.threads,
+        seed=args.seed,
+        warmup_steps=args.warmup_steps,
+    )
     data_kw: dict[str, Any] = {}
     if args.mix:
         data_kw["mix"] = parse_mix(args.mix)
     if args.math_weights:
         data_kw["math_weights"] = tuple(float(w) for w in args.math_weights.split(","))
-    data_config = DataConfig(n_generated=args.n_generated, real_repeats=args.real_repeats, **data_kw)
+    data_config = DataConfig(
+        n_generated=args.n_generated, real_repeats=args.real_repeats, **data_kw
+    )
     log_csv = args.log_csv or Path("runs/tiny-bd-train/train_log.csv")
     t0 = time.monotonic()
-    model, result = train(model_config, train_config, data_config, log_csv, snapshot_dir=args.snapshot_dir,
-                          init_from=args.init_from, devices=DeviceConfig.from_args(args))
+    model, result = train(
+        model_config,
+        train_config,
+        data_config,
+        log_csv,
+        snapshot_dir=args.snapshot_dir,
+        init_from=args.init_from,
+        devices=DeviceConfig.from_args(args),
+    )
     if not is_global_zero():
         return 0  # rank 0 writes the checkpoint
     model_config = model.config
-    print(f"trained {result.steps} steps in {result.seconds:.0f}s, final loss {result.final_loss:.4f}",
-          file=sys.stderr)
-    command = "python -m dwise_predict.zoo.tiny_bd.train " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(
+        f"trained {result.steps} steps in {result.seconds:.0f}s, "
+        f"final loss {result.final_loss:.4f}",
+        file=sys.stderr,
+    )
+    command = "python -m dwise_predict.zoo.tiny_bd.train " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
     from .card import model_card
 
     previous = None
     if args.init_from is not None and (args.init_from / "training.json").exists():
         previous = json.loads((args.init_from / "training.json").read_text())
-    training = {"command": command, "previous_stage": previous, "train_config": asdict(train_config), "data_config": asdict(data_config),
-                "result": {k: v for k, v in asdict(result).items() if k != "loss_curve"},
-                "wall_seconds_including_data": round(time.monotonic() - t0, 1)}
+    training = {
+        "command": command,
+        "previous_stage": previous,
+        "train_config": asdict(train_config),
+        "data_config": asdict(data_config),
+        "result": {k: v for k, v in asdict(result).items() if k != "loss_curve"},
+        "wall_seconds_including_data": round(time.monotonic() - t0, 1),
+    }
     from .io import save_pretrained
 
     save_pretrained(model, args.out, card=model_card(model_config, training))

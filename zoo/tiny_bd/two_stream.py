@@ -52,15 +52,20 @@ class TwoStreamBatch:
     targets: torch.Tensor  # [B, T] long, -100 = no loss
     mask_ratio: torch.Tensor  # [B, T] float
     kind: torch.Tensor  # [B, T] long (PROMPT/CLEAN/NOISY/PADDING)
-    #: [B, T] bool: noisy positions after the response's first EOS (the EOS padding of its last block)
+    #: [B, T] bool: noisy positions after the response's first EOS (the EOS padding of its last
+    #: block)
     eos_padding: torch.Tensor | None = None
 
 
-def layout(prompt_len: int, response_len: int, block_size: int, total_len: int) -> tuple[torch.Tensor, ...]:
+def layout(
+    prompt_len: int, response_len: int, block_size: int, total_len: int
+) -> tuple[torch.Tensor, ...]:
     """Kind, block index and position of every slot of one padded two-stream sequence."""
     if response_len % block_size:
-        raise TrainingError(f"response length {response_len} is not a multiple of block_size {block_size}; "
-                            "pad the last output block with EOS (data.encode_example does)")
+        raise TrainingError(
+            f"response length {response_len} is not a multiple of block_size {block_size}; "
+            "pad the last output block with EOS (data.encode_example does)"
+        )
     n = prompt_len + 2 * response_len
     if n > total_len:
         raise TrainingError(f"sequence of {n} tokens does not fit the padded length {total_len}")
@@ -73,9 +78,9 @@ def layout(prompt_len: int, response_len: int, block_size: int, total_len: int) 
     blk[:prompt_len] = p // block_size
     pos[:prompt_len] = p
     for start, k in ((prompt_len, CLEAN), (prompt_len + response_len, NOISY)):
-        kind[start:start + response_len] = k
-        blk[start:start + response_len] = r // block_size
-        pos[start:start + response_len] = prompt_len + r
+        kind[start : start + response_len] = k
+        blk[start : start + response_len] = r // block_size
+        pos[start : start + response_len] = prompt_len + r
     return kind, blk, pos
 
 
@@ -87,16 +92,27 @@ def visibility(kind: torch.Tensor, blk: torch.Tensor) -> torch.Tensor:
     see_prompt_q = key_prompt & (kb <= qb)
     see_clean_q = key_prompt | ((kk == CLEAN) & (kb <= qb))
     see_noisy_q = key_prompt | ((kk == CLEAN) & (kb < qb)) | ((kk == NOISY) & (kb == qb))
-    vis = torch.where(qk == PROMPT, see_prompt_q,
-                      torch.where(qk == CLEAN, see_clean_q,
-                                  torch.where(qk == NOISY, see_noisy_q, torch.zeros_like(see_prompt_q))))
+    vis = torch.where(
+        qk == PROMPT,
+        see_prompt_q,
+        torch.where(
+            qk == CLEAN,
+            see_clean_q,
+            torch.where(qk == NOISY, see_noisy_q, torch.zeros_like(see_prompt_q)),
+        ),
+    )
     eye = torch.eye(kind.shape[-1], dtype=torch.bool)
     return vis | ((qk == PADDING) & eye)
 
 
-def collate(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], block_size: int,
-            generator: torch.Generator | None = None, t_min: float = 0.0,
-            mask_ratios: Sequence[Sequence[float]] | None = None) -> TwoStreamBatch:
+def collate(
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    block_size: int,
+    generator: torch.Generator | None = None,
+    t_min: float = 0.0,
+    mask_ratios: Sequence[Sequence[float]] | None = None,
+) -> TwoStreamBatch:
     """Build a noised two-stream batch.
 
     Every output block of every example draws its own mask ratio t ~ U(t_min, 1] (LLaDA's
@@ -105,8 +121,10 @@ def collate(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
     reproducible.
     """
     if len(prompts) != len(responses) or not prompts:
-        raise TrainingError(f"need matching, non-empty prompt and response lists, got {len(prompts)} and "
-                            f"{len(responses)}")
+        raise TrainingError(
+            f"need matching, non-empty prompt and response lists, got {len(prompts)} and "
+            f"{len(responses)}"
+        )
     total = max(len(p) + 2 * len(r) for p, r in zip(prompts, responses))
     b = len(prompts)
     input_ids = torch.full((b, total), PAD, dtype=torch.long)
@@ -125,7 +143,9 @@ def collate(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
         if mask_ratios is not None:
             t = torch.as_tensor(list(mask_ratios[i]), dtype=torch.float32)
             if t.numel() != n_blocks:
-                raise TrainingError(f"example {i}: {t.numel()} mask ratios for {n_blocks} output blocks")
+                raise TrainingError(
+                    f"example {i}: {t.numel()} mask ratios for {n_blocks} output blocks"
+                )
         else:
             u = torch.rand(n_blocks, generator=generator)
             t = 1.0 - u * (1.0 - t_min)  # in (t_min, 1]
@@ -133,13 +153,20 @@ def collate(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
         masked = torch.rand(lr, generator=generator) < t_pos
         noisy = torch.where(masked, torch.full_like(clean, MASK), clean)
         input_ids[i, :lp] = torch.as_tensor(list(p), dtype=torch.long)
-        input_ids[i, lp:lp + lr] = clean
-        input_ids[i, lp + lr:lp + 2 * lr] = noisy
-        targets[i, lp + lr:lp + 2 * lr] = torch.where(masked, clean, torch.full_like(clean, -100))
-        ratio[i, lp + lr:lp + 2 * lr] = t_pos
+        input_ids[i, lp : lp + lr] = clean
+        input_ids[i, lp + lr : lp + 2 * lr] = noisy
+        targets[i, lp + lr : lp + 2 * lr] = torch.where(masked, clean, torch.full_like(clean, -100))
+        ratio[i, lp + lr : lp + 2 * lr] = t_pos
         first_eos = list(r).index(EOS) if EOS in r else lr
-        eos_padding[i, lp + lr + first_eos + 1:lp + 2 * lr] = True
+        eos_padding[i, lp + lr + first_eos + 1 : lp + 2 * lr] = True
     kind = torch.stack(kinds)
     blk = torch.stack(blks)
-    return TwoStreamBatch(input_ids=input_ids, position_ids=torch.stack(poss), attn_mask=visibility(kind, blk)[:, None],
-                          targets=targets, mask_ratio=ratio, kind=kind, eos_padding=eos_padding)
+    return TwoStreamBatch(
+        input_ids=input_ids,
+        position_ids=torch.stack(poss),
+        attn_mask=visibility(kind, blk)[:, None],
+        targets=targets,
+        mask_ratio=ratio,
+        kind=kind,
+        eos_padding=eos_padding,
+    )
