@@ -94,7 +94,7 @@ class DWSTrainConfig:
 
 
 class _BatchDataset(Dataset):
-    """Indexed by a whole list of rows at once: one tensor gather per batch, no per-sample Python."""
+    """Indexed by a list of rows at once: one tensor gather per batch, no per-sample Python."""
 
     def __init__(self, *tensors: torch.Tensor) -> None:
         self.tensors = tensors
