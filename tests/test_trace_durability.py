@@ -198,9 +198,17 @@ def test_two_writers_on_one_folder_keep_every_request(tmp_path, model_dir):
     a, b = _workload(tmp_path / "a.jsonl", "a", n), _workload(tmp_path / "b.jsonl", "b", n)
     mixed, same = tmp_path / "mixed", tmp_path / "same"
     opts = [*SLOW, "-q", "--shard-size", "3", "--flush-interval", "0.05", "--resume"]
+    # Force the overlap on a loaded machine (process start-up alone can outlast a writer): writer
+    # a pauses once its first shard is on disk, until writer b has written one too.
+    writer_a = _spawn(_trace(model_dir, a, mixed, *opts))
+    _wait_for_writers(mixed, 1, writer_a)
+    writer_a.send_signal(signal.SIGSTOP)
+    writer_b = _spawn(_trace(model_dir, b, mixed, *opts))
+    _wait_for_writers(mixed, 2, writer_b)
+    writer_a.send_signal(signal.SIGCONT)
     procs = [
-        _spawn(_trace(model_dir, a, mixed, *opts)),
-        _spawn(_trace(model_dir, b, mixed, *opts)),
+        writer_a,
+        writer_b,
         _spawn(_trace(model_dir, a, same, *opts)),
         _spawn(_trace(model_dir, a, same, *opts)),
     ]
@@ -222,6 +230,13 @@ def test_two_writers_on_one_folder_keep_every_request(tmp_path, model_dir):
     assert bool(copies) == any(f"{copies} request(s) were traced by more" in m for m in warned)
     only_a = in_mixed.filter(pc.starts_with(in_mixed.column("request_id"), "a-"))
     _assert_same_traces(table, only_a)  # what one writer alone traced for workload a
+
+
+def _wait_for_writers(folder: Path, n: int, proc: subprocess.Popen) -> None:
+    """Poll until shards from ``n`` distinct writers are in ``folder``."""
+    while len({f.name.rsplit("-", 1)[0] for f in existing_shards(folder)}) < n:
+        assert proc.poll() is None, proc.communicate()[1]
+        time.sleep(0.002)
 
 
 def _assert_same_traces(t1, t2):
