@@ -52,6 +52,8 @@ def test_parquet_source_reads_rows_across_row_groups_and_shards(sharded):
     assert source.n == 600 and len(source._groups) == 3 * 3
     part = source.read_table(150, 420, ["request_id", "total_rounds"])  # 3 files, 5 row groups
     assert part.column("request_id").to_pylist() == whole.column("request_id").to_pylist()[150:420]
+    inside = source.read_table(10, 30, ["request_id"])  # both ends inside one row group
+    assert inside.column("request_id").to_pylist() == whole.column("request_id").to_pylist()[10:30]
     got = source.read(190, 215)
     want = trace_arrays(whole).subset(np.arange(190, 215))
     assert np.array_equal(got.hidden, want.hidden) and list(got.request_id) == list(want.request_id)

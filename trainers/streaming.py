@@ -168,7 +168,8 @@ class ParquetSource:
             if g.start >= stop:
                 break
             table = _read_fragment(g.fragment, cols)
-            parts.append(table.slice(max(0, start - g.start), min(g.rows, stop - g.start)))
+            lo, hi = max(start, g.start), min(stop, g.start + g.rows)
+            parts.append(table.slice(lo - g.start, hi - lo))
         table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
         return table.replace_schema_metadata(self.metadata)
 
