@@ -222,13 +222,13 @@ class DwiseServing:
         t0 = time.perf_counter()
         self.register_arrivals(sched.waiting_queue, getattr(sched, "tokenizer", None))
         plan = self.core.plan_round()
-        ids = plan.ids
         if plan.admitted.size:
-            admitted = [self.reqs[rid] for rid in ids[plan.admitted].tolist()]
+            # plan.admitted holds table rows (all live now); plan.ids holds the ids of plan.rows
+            admitted = [self.reqs[rid] for rid in self.core.table.ids[plan.admitted].tolist()]
             taken = {id(r) for r in admitted}
             sched.waiting_queue = [r for r in sched.waiting_queue if id(r) not in taken]
             sched.dllm_manager.add_waiting_reqs(admitted)
-        run = [self.reqs[rid] for rid in ids[plan.rows].tolist()]
+        run = [self.reqs[rid] for rid in plan.request_ids]
         self.stats.max_residents = max(self.stats.max_residents, self.core.n_resident)
         # the round's budget is B blocks, not SGLang's max_running_requests blocks
         adder.rem_dllm_tokens = len(run) * self.block_size
