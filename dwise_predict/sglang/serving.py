@@ -168,6 +168,8 @@ class DwiseServing:
         for j, req in enumerate(reqs):
             tr = self.tracks[req.rid]
             if plan.prompt[j]:
+                # SGLang reports a prompt block accepted too; it is no output block's end
+                self._resolved.pop(req.rid, None)
                 continue
             tr.forwards += 1
             tr.block_forwards += 1

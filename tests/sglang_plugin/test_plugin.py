@@ -112,6 +112,9 @@ def test_plugin_mixes_phases_and_keeps_outputs(requests, runner, stock, tmp_path
         assert t["prompt_tokens"] == len(by_id[t["request_id"]].input_ids)
         assert t["output_tokens"] == len(res.output_ids[t["request_id"]])
         assert t["prompt_blocks"] == t["prompt_tokens"] // 32 and min(t["rounds_per_block"]) >= 1
+        # SGLang ran each prompt block once and each output block r + 1 times (r recorded)
+        work = t["prompt_blocks"] + sum(r + 1 for r in t["rounds_per_block"])
+        assert work == res.forwards[t["request_id"]] == stock.forwards[t["request_id"]]
     assert sum(t["first_round_hidden"] is not None for t in traces) == state.stats.refinements
 
 

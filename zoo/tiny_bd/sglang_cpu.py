@@ -155,6 +155,9 @@ class RunResult:
     filled_slots: int = 0
     completion_round: dict[str, int] = field(default_factory=dict)
     first_block_round: dict[str, int] = field(default_factory=dict)
+    #: forwards each request took part in, and how many of them carried a prompt block
+    forwards: dict[str, int] = field(default_factory=dict)
+    prompt_forwards: dict[str, int] = field(default_factory=dict)
     output_ids: dict[str, list[int]] = field(default_factory=dict)
     kv_free_before: int = 0
     kv_free_after: int = 0
@@ -288,7 +291,9 @@ def serve(requests: Sequence[RequestSpec], *, max_running_requests: int, runner:
             res.prefill_only_rounds += int(all(prefill))
             residents = len(s.dllm_manager.waiting_queue)
             res.max_residents = max(res.max_residents, residents)
-            for req in batch.reqs:
+            for req, pre in zip(batch.reqs, prefill):
+                res.forwards[req.rid] = res.forwards.get(req.rid, 0) + 1
+                res.prompt_forwards[req.rid] = res.prompt_forwards.get(req.rid, 0) + int(pre)
                 if req.output_ids and req.rid not in res.first_block_round:
                     res.first_block_round[req.rid] = res.rounds
                 if req.finished() and req.rid not in res.completion_round:
