@@ -440,6 +440,7 @@ def finish(doc: dict[str, Any], path: Path, command: str) -> dict[str, Any]:
         "monitor": doc["monitor"],
         "runs_file": str(path.with_suffix(".runs.json")),
         "command": command,
+        "recomputed_with": doc.get("recomputed_with"),
     }
     print(f"\n{'':28s}{'sglang-fcfs':>14s}{'dwise-plugin':>14s}")
     for key in (
@@ -499,7 +500,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     path = Path(args.out)
-    command = "python " + " ".join([sys.argv[0], *(sys.argv[1:] if argv is None else argv)])
+    command = ".venv-sglang/bin/python " + " ".join(
+        [sys.argv[0], *(sys.argv[1:] if argv is None else argv)]
+    )
     if args.from_runs:
         from dwise_predict.zoo.tiny_bd.sglang_cpu import install_torchvision_shim
 
@@ -511,6 +514,7 @@ def main(argv: list[str] | None = None) -> int:
                 "this benchmark): serve again without --from-runs"
             )
         command = doc.get("command", command)
+        doc["recomputed_with"] = f"--from-runs {args.from_runs}"
     else:
         from dwise_predict.atomic import write_json
 
