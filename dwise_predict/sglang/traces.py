@@ -30,9 +30,16 @@ from ..traces import TRACE_SCHEMA_VERSION
 class ServingTraceSink:
     """Turns the plugin's finished-request records into trace rows and writes them."""
 
-    def __init__(self, out_dir: str | Path, fingerprint: ModelFingerprint, *, dp_rank: int = 0,
-                 prompt_text: bool = False, shard_size: int = 1000,
-                 tokenizer: Any = None) -> None:
+    def __init__(
+        self,
+        out_dir: str | Path,
+        fingerprint: ModelFingerprint,
+        *,
+        dp_rank: int = 0,
+        prompt_text: bool = False,
+        shard_size: int = 1000,
+        tokenizer: Any = None,
+    ) -> None:
         from ..tracing.writer import TraceWriter  # pyarrow only; imported when traces are on
 
         self.folder = Path(out_dir) / f"dp{int(dp_rank)}"
@@ -66,8 +73,7 @@ class ServingTraceSink:
             "block_size": fp.block_size,
             # S (schema v2): the server's bound on steps per block; for an algorithm the plugin
             # knows no bound for, the block size or the most this request took, if more
-            "max_steps_per_block": int(fp.max_steps_per_block
-                                       or max([fp.block_size, *rounds])),
+            "max_steps_per_block": int(fp.max_steps_per_block or max([fp.block_size, *rounds])),
             "decoding": fp.decoding,
             "threshold": fp.threshold,
             "seed": 0,
