@@ -129,7 +129,10 @@ def serve_both(requests: int, slots: int, k: int, max_new_tokens: int) -> dict[s
     print(f"stock: {stock.rounds} rounds in {stock.wall_seconds:.0f} s", flush=True)
 
     def keep(sch: Any) -> None:
-        attach(sch, load_config()).keep_finished = True
+        config = load_config()
+        if config is None:
+            raise RuntimeError("DWISE_SGLANG_BUNDLE is not set: the plugin would not run")
+        attach(sch, config).keep_finished = True
 
     with environ({**plugin_env("tiny-bd", slots=B, k=K), "SGLANG_PLUGINS": "dwise"}):
         load_plugins()
@@ -208,7 +211,8 @@ def simulate_same(doc: dict[str, Any]) -> dict[str, Any]:
     work = {r.request_id: r.prompt_blocks + sum(r.rounds_per_block) for r in reqs}
     rt = RoundTimeModel(overhead_ms=1.0, per_slot_ms=0.0, per_slot_per_1k_context_ms=0.0)
     out: dict[str, Any] = {}
-    for name, pol in (("sglang-fcfs", FCFS()), ("dwise-plugin", DWISE())):
+    policies: tuple[tuple[str, Any], ...] = (("sglang-fcfs", FCFS()), ("dwise-plugin", DWISE()))
+    for name, pol in policies:
         run = simulate(
             wl,
             pol,
@@ -500,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
     command = ".venv-sglang/bin/python " + " ".join(
         [sys.argv[0], *(sys.argv[1:] if argv is None else argv)]
     )
@@ -520,7 +525,6 @@ def main(argv: list[str] | None = None) -> int:
 
         doc = serve_both(args.requests, args.slots, args.k, args.max_new_tokens)
         doc["command"] = command
-        path.parent.mkdir(parents=True, exist_ok=True)
         write_json(path.with_suffix(".runs.json"), doc)  # before anything that could fail
     finish(doc, path, command)
     return 0
