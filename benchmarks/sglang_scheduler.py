@@ -10,12 +10,19 @@ are tiny-bd's, computed on CPU from each request's full token context:
 * ``dwise-plugin``: the plugin loaded by ``load_plugins()`` from its entry point, with
   ``--max-running-requests k*B`` and the shipped tiny-bd bundle.
 
-Then the project's simulator replays the same requests (prompt blocks, rounds per block and
-estimates as the plugin observed them) with the same B and k, and the two are printed side by
-side. Finally the plugin's own per-round cost is measured at 1,024 residents + 3,072 waiting.
+The serving runs are saved next to the output (``FILE.runs.json``): the per-run figures and,
+per request, what the simulator needs to replay it (prompt tokens, rounds per block, the
+admission and refined estimates the plugin computed) and what each real run did with it
+(forwards, first-block and completion rounds). Then the project's simulator replays the same
+requests with the same B and k, and the two are printed side by side. Finally the plugin's own
+per-round cost is measured at 1,024 residents + 3,072 waiting, next to the core's figure from
+``benchmarks/results/scheduler.json``.
 
     .venv-sglang/bin/python benchmarks/sglang_scheduler.py --requests 64 --slots 16 \
         --out benchmarks/results/sglang_scheduler.json
+
+Serving 64 requests takes about 25 minutes on a CPU. ``--from-runs FILE.runs.json`` recomputes
+the simulator cross-check and the overhead from a saved runs file without serving again.
 
 Needs ``make test-sglang``'s environment. Prints a table and writes the JSON.
 """
@@ -24,13 +31,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+
+BLOCK_SIZE = 32
+RUNS = ("sglang-fcfs", "dwise-plugin")
 
 
 def _summary(res: Any, n: int, plugin_state: Any = None) -> dict[str, Any]:
@@ -51,105 +63,40 @@ def _summary(res: Any, n: int, plugin_state: Any = None) -> dict[str, Any]:
         "kv_balanced_every_round": res.kv_balanced_every_round,
         "max_residents": res.max_residents,
         "refinements": None if plugin_state is None else plugin_state.stats.refinements,
-        "plugin_us_per_round": (None if plugin_state is None
-                                else round(plugin_state.plugin_us_per_round, 1)),
+        "plugin_us_per_round": (
+            None if plugin_state is None else round(plugin_state.plugin_us_per_round, 1)
+        ),
         "wall_s": round(res.wall_seconds, 1),
     }
 
 
-def simulate_same(tracks: dict[str, Any], slots: int, k: int, block_size: int) -> dict[str, Any]:
-    """Replay the served requests in the simulator, counting rounds as SGLang does.
-
-    SGLang charges a block of r denoising steps r + 1 forwards and prefills floor(L / block)
-    prompt blocks; the plugin's tracks hold r per block (the trace convention), so one forward
-    per block is added back here.
-    """
-    from dwise_predict.runtime import DWISE, FCFS, RoundTimeModel, SimRequest, Workload, simulate
-
-    reqs = [SimRequest(rid, tr.prompt_tokens // block_size, tr.prompt_tokens,
-                       tuple(r + 1 for r in tr.rounds_per_block), tr.output_budget, block_size,
-                       admission_estimate=tr.admission,
-                       refined_estimate=tr.refined if tr.refined is not None else None)
-            for rid, tr in sorted(tracks.items())]
-    wl = Workload.from_requests(reqs)
-    rt = RoundTimeModel(overhead_ms=1.0, per_slot_ms=0.0, per_slot_per_1k_context_ms=0.0)
-    out = {}
-    for name, pol in (("sglang-fcfs", FCFS()), ("dwise-plugin", DWISE())):
-        run = simulate(wl, pol, slots=slots, k=k, round_time=rt, kv_pool_tokens=1 << 22)
-        rounds = int(run.round_ms.size)
-        out[name] = {"rounds": rounds,
-                     "mean_completion_rounds": round(float(np.mean(run.finish_time)) * 1000.0, 2),
-                     "prefill_only_round_frac": round(float(np.mean(
-                         run.round_prompt == run.round_filled)), 4)}
-    return out
+def _per_request(res: Any) -> dict[str, dict[str, int]]:
+    """What one real run did with each request (rounds are 1-based: round 1 is the first)."""
+    return {
+        rid: {
+            "forwards": res.forwards.get(rid, 0),
+            "prompt_forwards": res.prompt_forwards.get(rid, 0),
+            "first_block_round": res.first_block_round.get(rid),
+            "completion_round": done,
+        }
+        for rid, done in sorted(res.completion_round.items())
+    }
 
 
-def overhead(slots: int, k: int, residents: int = 1024, waiting: int = 3072,
-             rounds: int = 50) -> dict[str, Any]:
-    """The plugin's per-round cost (fold + arrivals + plan, SGLang's own adder excluded)."""
-    from types import SimpleNamespace
-
-    from dwise_predict.sglang.config import PluginConfig
-    from dwise_predict.sglang.serving import DwiseServing
-
-    class _Req:
-        def __init__(self, i: int, rng: np.random.Generator) -> None:
-            self.rid = f"r{i}"
-            self.origin_input_text = "word " * int(rng.integers(5, 200))
-            self.origin_input_ids = [0] * int(rng.integers(40, 400))
-            self.sampling_params = SimpleNamespace(max_new_tokens=256)
-            self.output_ids: list[int] = []
-            self._done = False
-            self._prefill = len(self.origin_input_ids) >= 32
-
-        def finished(self) -> bool:
-            return self._done
-
-        def is_dllm_prefill(self) -> bool:
-            return self._prefill
-
-    from dwise_predict import load_bundle
-
-    bundle = load_bundle("tiny-bd")
-    B = 128
-    cfg = PluginConfig(bundle="tiny-bd", slots=B, k=residents // B)
-    st = DwiseServing(cfg, bundle, block_size=32, kv_pool_tokens=1 << 24, req_slots=residents,
-                      refine=False)
-    rng = np.random.default_rng(0)
-    reqs = [_Req(i, rng) for i in range(residents + waiting)]
-    st.register_arrivals(reqs)
-    # make the first `residents` resident: run plans until the cap is reached
-    while st.core.n_resident < residents:
-        p = st.core.plan_round()
-        st.core.update(__import__("dwise_predict.runtime", fromlist=["RoundResult"]).RoundResult(
-            p.rows, np.zeros(p.rows.size, bool)))
-    times = []
-    nid = residents + waiting
-    from dwise_predict.runtime import RoundResult
-
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        p = st.core.plan_round()
-        fin = np.zeros(p.rows.size, bool)
-        fin[:2] = ~p.prompt[:2]
-        st.core.update(RoundResult(p.rows, fin))
-        new = [_Req(nid + j, rng) for j in range(int(fin.sum()))]
-        nid += len(new)
-        st.register_arrivals(new)
-        times.append(time.perf_counter() - t0)
-    return {"residents": residents, "waiting": waiting, "slots": B, "k": residents // B,
-            "plugin_us_per_round_median": round(statistics.median(times) * 1e6, 1)}
+def _track(tr: Any) -> dict[str, Any]:
+    """A plugin RequestTrack as JSON: what the simulator needs to replay the request."""
+    return {
+        "prompt_tokens": int(tr.prompt_tokens),
+        "output_budget": int(tr.output_budget),
+        "rounds_per_block": [int(r) for r in tr.rounds_per_block],
+        "admission": float(tr.admission),
+        "refined": None if tr.refined is None else float(tr.refined),
+        "forwards": int(tr.forwards),
+    }
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=64)
-    ap.add_argument("--slots", type=int, default=16)
-    ap.add_argument("--k", type=int, default=8)
-    ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--out", default="benchmarks/results/sglang_scheduler.json")
-    args = ap.parse_args(argv)
-
+def serve_both(requests: int, slots: int, k: int, max_new_tokens: int) -> dict[str, Any]:
+    """Serve the burst twice (stock, then the plugin); returns the runs document."""
     from dwise_predict.zoo.tiny_bd.sglang_cpu import install_torchvision_shim
 
     install_torchvision_shim()
@@ -168,9 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     from dwise_predict.sglang.config import load_config
     from dwise_predict.sglang.plugin import attach
 
-    B, K = args.slots, args.k
-    runner = TinyBDRunner()
-    reqs = eval_requests(args.requests, runner, max_new_tokens=args.max_new_tokens)
+    B, K = slots, k
+    runner = TinyBDRunner(block_size=BLOCK_SIZE)
+    reqs = eval_requests(requests, runner, max_new_tokens=max_new_tokens)
     mix = {c: sum(r.category == c for r in reqs) for c in sorted({r.category for r in reqs})}
     print(f"{len(reqs)} eval-split requests, stratified: {mix}", flush=True)
 
@@ -180,62 +127,406 @@ def main(argv: list[str] | None = None) -> int:
         stock, _ = serve(reqs, max_running_requests=B, runner=runner)
     remove_hooks()
     print(f"stock: {stock.rounds} rounds in {stock.wall_seconds:.0f} s", flush=True)
+
+    def keep(sch: Any) -> None:
+        config = load_config()
+        if config is None:
+            raise RuntimeError("DWISE_SGLANG_BUNDLE is not set: the plugin would not run")
+        attach(sch, config).keep_finished = True
+
     with environ({**plugin_env("tiny-bd", slots=B, k=K), "SGLANG_PLUGINS": "dwise"}):
         load_plugins()
-        dw, s = serve(reqs, max_running_requests=B * K, runner=runner,
-                      on_scheduler=lambda sch: setattr(attach(sch, load_config()),
-                                                       "keep_finished", True))
+        dw, s = serve(reqs, max_running_requests=B * K, runner=runner, on_scheduler=keep)
     remove_hooks()
     state = s.dwise_serving
     print(f"plugin: {dw.rounds} rounds in {dw.wall_seconds:.0f} s", flush=True)
-
-    runs = {"sglang-fcfs": _summary(stock, len(reqs)),
-            "dwise-plugin": _summary(dw, len(reqs), state)}
-    tracks = dict(state.finished)
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.with_suffix(".runs.json").write_text(json.dumps(runs, indent=2) + "\n")  # in case
-    sim = simulate_same(tracks, B, K, 32)
-    ov = overhead(B, K)
-    core_ref = None
-    ref_file = Path(__file__).parent / "results" / "scheduler.json"
-    if ref_file.exists():
-        core_ref = json.loads(ref_file.read_text()).get("runtime")
-    out = {
+    return {
         "sglang_version": importlib.metadata.version("sglang"),
-        "requests": len(reqs), "slots": B, "k": K, "max_new_tokens": args.max_new_tokens,
-        "mix": mix, "arrivals": "burst",
-        "runs": runs,
-        "completion_speedup": round(runs["sglang-fcfs"]["mean_completion_rounds"]
-                                    / runs["dwise-plugin"]["mean_completion_rounds"], 3),
+        "requests": len(reqs),
+        "slots": B,
+        "k": K,
+        "block_size": BLOCK_SIZE,
+        "max_new_tokens": max_new_tokens,
+        "mix": mix,
+        "arrivals": "burst",
+        "arrival_order": [r.rid for r in reqs],
+        "runs": {
+            "sglang-fcfs": _summary(stock, len(reqs)),
+            "dwise-plugin": _summary(dw, len(reqs), state),
+        },
         "outputs_equal": stock.output_ids == dw.output_ids,
-        "max_refinements_per_request": int(max((1 if t.refined is not None else 0)
-                                               for t in tracks.values())),
+        "plugin_stats": {
+            "phase_mismatches": state.stats.phase_mismatches,
+            "refused_by_adder": state.stats.refused_by_adder,
+            "kv_clamped": state.stats.kv_clamped,
+        },
+        "monitor": state.monitor.snapshot(),
+        "per_request": {"sglang-fcfs": _per_request(stock), "dwise-plugin": _per_request(dw)},
+        "tracks": {str(rid): _track(tr) for rid, tr in sorted(state.finished)},
+    }
+
+
+def replay_requests(tracks: dict[str, Any], order: list[str], block_size: int) -> list[Any]:
+    """The served requests as the simulator replays them, in arrival order, in SGLang's round
+    accounting.
+
+    SGLang prefills floor(L / block) prompt blocks (the prompt's tail shares the first output
+    block) and charges a block of r denoising steps r + 1 forwards (the block is resolved by a
+    forward that sees no mask); the plugin's tracks hold r per block (the trace convention the
+    estimates are in), so one forward per block is added back here. The estimates stay as the
+    plugin computed them.
+    """
+    from dwise_predict.runtime import SimRequest
+
+    return [
+        SimRequest(
+            rid,
+            tr["prompt_tokens"] // block_size,
+            tr["prompt_tokens"],
+            tuple(r + 1 for r in tr["rounds_per_block"]),
+            tr["output_budget"],
+            block_size,
+            admission_estimate=tr["admission"],
+            refined_estimate=tr["refined"],
+        )
+        for rid, tr in ((rid, tracks[rid]) for rid in order)
+    ]
+
+
+def simulate_same(doc: dict[str, Any]) -> dict[str, Any]:
+    """Replay the served requests in the simulator with the same B and k; compare per run.
+
+    One round costs 1 ms in the replay, so times in ms are round counts (1-based, as the real
+    loop counts them). ``work_equal`` counts the requests whose replayed work (prompt blocks +
+    forwards of their output blocks) equals the forwards the real run gave them: the replay's
+    input is exact when it equals ``requests``.
+    """
+    from dwise_predict.runtime import DWISE, FCFS, Arrivals, RoundTimeModel, Workload, simulate
+
+    reqs = replay_requests(doc["tracks"], doc["arrival_order"], doc["block_size"])
+    wl = Workload.from_requests(reqs)
+    # the burst in SGLang's arrival order: FCFS serves in it, DWISE breaks ties by it (the
+    # simulator's "burst" would draw a seeded permutation instead)
+    burst = Arrivals(np.arange(wl.n, dtype=np.int64), np.zeros(wl.n))
+    work = {r.request_id: r.prompt_blocks + sum(r.rounds_per_block) for r in reqs}
+    rt = RoundTimeModel(overhead_ms=1.0, per_slot_ms=0.0, per_slot_per_1k_context_ms=0.0)
+    out: dict[str, Any] = {}
+    policies: tuple[tuple[str, Any], ...] = (("sglang-fcfs", FCFS()), ("dwise-plugin", DWISE()))
+    for name, pol in policies:
+        run = simulate(
+            wl,
+            pol,
+            arrivals=burst,
+            slots=doc["slots"],
+            k=doc["k"],
+            round_time=rt,
+            kv_pool_tokens=int(doc["runs"]["dwise-plugin"]["kv_free_before"]),  # SGLang's pool
+        )
+        real = doc["runs"][name]
+        per = doc["per_request"][name]
+        sim = {
+            "rounds": int(run.round_ms.size),
+            "mean_completion_rounds": round(float(np.mean(run.finish_time)) * 1000.0, 2),
+            "mean_ttft_rounds": round(float(np.mean(run.first_block_time)) * 1000.0, 2),
+            "prefill_only_round_frac": round(
+                float(np.mean(run.round_prompt == run.round_filled)), 4
+            ),
+            "filled_slots_per_round": round(float(np.mean(run.round_filled)), 3),
+        }
+        for key in ("rounds", "mean_completion_rounds"):
+            sim[f"{key}_rel_diff"] = round(sim[key] / real[key] - 1.0, 4)
+        sim["within_10pct"] = all(
+            abs(sim[f"{k}_rel_diff"]) <= 0.10 for k in ("rounds", "mean_completion_rounds")
+        )
+        sim["work_equal"] = sum(per[rid]["forwards"] == w for rid, w in work.items() if rid in per)
+        out[name] = sim
+    return out
+
+
+def core_reference() -> dict[str, Any] | None:
+    """The core runtime's own per-round figures (benchmarks/scheduler.py), if measured."""
+    ref_file = Path(__file__).parent / "results" / "scheduler.json"
+    if not ref_file.exists():
+        return None
+    doc = json.loads(ref_file.read_text())
+    per = doc.get("per_round_us_median", {})
+    return {
+        "source": "benchmarks/results/scheduler.json",
+        "config": doc.get("config"),
+        "dwise_runtime_churn_us": round(per["dwise_runtime_churn_us"], 1),
+        "dwise_runtime_at_cap_us": round(per["dwise_runtime_at_cap_us"], 1),
+    }
+
+
+class _FakeReq:
+    """The Req surface the plugin reads: rid, text, ids, budget, phase, finished."""
+
+    def __init__(self, i: int, rng: np.random.Generator, block_size: int) -> None:
+        self.rid = f"r{i}"
+        self.origin_input_text = "word " * int(rng.integers(5, 200))
+        self.origin_input_ids = [0] * int(rng.integers(40, 400))
+        self.sampling_params = SimpleNamespace(max_new_tokens=256)
+        self.output_ids: list[int] = []
+        self.prompt_left = len(self.origin_input_ids) // block_size  # SGLang's floor accounting
+        self.done = False
+
+    def finished(self) -> bool:
+        return self.done
+
+    def is_dllm_prefill(self) -> bool:
+        return self.prompt_left > 0
+
+
+class _FakeScheduler:
+    """SGLang's side of ``compose_round``: the waiting queue, the resident set, the adder."""
+
+    tokenizer = None
+
+    def __init__(self) -> None:
+        self.waiting_queue: list[Any] = []
+        self.dllm_manager = SimpleNamespace(waiting_queue=[])
+        self.dllm_manager.add_waiting_reqs = self.dllm_manager.waiting_queue.extend
+
+    def _process_batch_by_phase(
+        self, adder: Any, reqs: list[Any], *args: Any, **kwargs: Any
+    ) -> None:
+        adder.can_run_list.extend(reqs)
+
+
+class _ScriptedAdmission:
+    """Set-up only: a bundle whose admission estimates are given, so waves outrank residents."""
+
+    def __init__(self, values: list[float]) -> None:
+        self.values = values
+
+    def predict_admission_features(self, X: np.ndarray) -> np.ndarray:
+        out, self.values = self.values[: len(X)], self.values[len(X) :]
+        return np.asarray(out, dtype=np.float64)
+
+
+def overhead(
+    residents: int = 1024,
+    waiting: int = 3072,
+    slots: int = 128,
+    rounds: int = 300,
+    warmup: int = 20,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """The plugin's own per-round cost at ``residents`` residents + ``waiting`` waiting.
+
+    What is timed is everything the plugin adds to one SGLang round: ``observe_result`` (in
+    ``process_batch_result_dllm``), ``fold_previous`` (the core's ``update`` plus the per-request
+    bookkeeping and the monitor), and ``compose_round`` (arrivals with their admission estimate
+    from the real tiny-bd bundle, the core's ``plan_round``, the move of admitted requests into
+    the resident set), i.e. ``DwiseServing.stats.plan_seconds`` plus ``observe_result``. SGLang's
+    own ``_process_batch_by_phase`` (the PrefillAdder) and the forward are not the plugin's and
+    are stubbed. The state mirrors ``benchmarks/scheduler.py``'s "churn" state: 2 requests
+    finish and 2 arrive every round, so the admission path ranks waiting ∪ resident each round.
+
+    Reaching ``residents`` residents needs a set-up: DWISE admits a waiting request only when it
+    ranks in the top B of waiting ∪ resident, and residents' keys only fall as they run, so a
+    burst with no finishes never grows the resident set past the first B (the loop this
+    replaces waited for that forever). As in ``benchmarks/scheduler.py``, the residents arrive
+    in k waves of B, each wave given estimates that outrank the residents before it; the
+    waiting requests and every later arrival get the bundle's real estimates.
+    """
+    from dwise_predict import load_bundle
+    from dwise_predict.sglang.config import PluginConfig
+    from dwise_predict.sglang.serving import DwiseServing
+
+    bs, k = 32, residents // slots
+    if k * slots != residents:
+        raise ValueError(f"residents={residents} must be a multiple of slots={slots}")
+    bundle = load_bundle("tiny-bd")
+    cfg = PluginConfig(bundle="tiny-bd", slots=slots, k=k)
+    st = DwiseServing(
+        cfg, bundle, block_size=bs, kv_pool_tokens=1 << 24, req_slots=residents, refine=False
+    )
+    sched = _FakeScheduler()
+    rng = np.random.default_rng(seed)
+    nid = 0
+
+    def arrive(n: int) -> None:
+        nonlocal nid
+        sched.waiting_queue += [_FakeReq(nid + j, rng, bs) for j in range(n)]
+        nid += n
+
+    def round_(finish: int) -> float:
+        """One SGLang round with the plugin's hooks; returns the plugin's seconds."""
+        before = st.stats.plan_seconds
+        adder = SimpleNamespace(can_run_list=[], rem_dllm_tokens=0)
+        st.compose_round(sched, adder, None)
+        run = adder.can_run_list
+        acc = [0] * len(run)
+        done = 0
+        for j, req in enumerate(run):  # the "forward": a prompt block, or a denoising step
+            if req.prompt_left:
+                req.prompt_left -= 1
+            elif done < finish:
+                req.done, acc[j] = True, 1
+                done += 1
+        t0 = time.perf_counter()
+        st.observe_result(
+            SimpleNamespace(reqs=run),
+            SimpleNamespace(accept_length_per_req_cpu=acc, logits_output=None),
+        )
+        spent = time.perf_counter() - t0
+        st.fold_previous()
+        arrive(done)
+        return spent + st.stats.plan_seconds - before
+
+    real = st.bundle
+    for wave in range(k):  # each wave outranks the residents before it, so all of it is admitted
+        st.bundle = _ScriptedAdmission(
+            [1000.0 - 100.0 * wave + float(rng.random()) * 10 for _ in range(slots)]
+        )
+        arrive(slots)
+        round_(finish=0)
+    st.bundle = real
+    arrive(waiting)
+    st.register_arrivals(sched.waiting_queue)
+    if st.core.n_resident != residents or st.core.n_waiting != waiting:
+        raise RuntimeError(
+            f"set-up reached {st.core.n_resident} residents and "
+            f"{st.core.n_waiting} waiting, not {residents} + {waiting}"
+        )
+    # the fake requests' "actual" rounds are meaningless: keep the monitor's drift warning quiet
+    monitor_log = logging.getLogger("dwise_predict.sglang.monitor")
+    level, monitor_log.level = monitor_log.level, logging.ERROR
+    try:
+        times = [round_(finish=2) for _ in range(warmup + rounds)][warmup:]
+    finally:
+        monitor_log.setLevel(level)
+    return {
+        "residents": residents,
+        "waiting": waiting,
+        "slots": slots,
+        "k": k,
+        "rounds": rounds,
+        "state": "churn: 2 finish and 2 arrive per round",
+        "plugin_us_per_round_median": round(statistics.median(times) * 1e6, 1),
+        "plugin_us_per_round_p90": round(float(np.percentile(times, 90)) * 1e6, 1),
+    }
+
+
+def finish(doc: dict[str, Any], path: Path, command: str) -> dict[str, Any]:
+    """Add the simulator cross-check and the overhead to a runs document; print and write."""
+    from dwise_predict.atomic import write_json
+
+    runs = doc["runs"]
+    sim = simulate_same(doc)
+    print("measuring the plugin's per-round overhead ...", flush=True)
+    ov = overhead()
+    core_ref = core_reference()
+    tracks = doc["tracks"]
+    out = {
+        "sglang_version": doc["sglang_version"],
+        "requests": doc["requests"],
+        "slots": doc["slots"],
+        "k": doc["k"],
+        "max_new_tokens": doc["max_new_tokens"],
+        "mix": doc["mix"],
+        "arrivals": doc["arrivals"],
+        "runs": runs,
+        "completion_speedup": round(
+            runs["sglang-fcfs"]["mean_completion_rounds"]
+            / runs["dwise-plugin"]["mean_completion_rounds"],
+            3,
+        ),
+        "outputs_equal": doc["outputs_equal"],
+        "max_refinements_per_request": int(
+            max((1 if t["refined"] is not None else 0) for t in tracks.values())
+        ),
+        "plugin_stats": doc["plugin_stats"],
         "simulator": sim,
         "overhead": ov,
         "core_overhead_reference": core_ref,
-        "monitor": state.monitor.snapshot(),
-        "command": "python " + " ".join([sys.argv[0], *(argv or sys.argv[1:])]),
+        "monitor": doc["monitor"],
+        "runs_file": str(path.with_suffix(".runs.json")),
+        "command": command,
+        "recomputed_with": doc.get("recomputed_with"),
     }
     print(f"\n{'':28s}{'sglang-fcfs':>14s}{'dwise-plugin':>14s}")
-    for key in ("rounds", "prefill_only_round_frac", "filled_slots_per_round",
-                "mean_completion_rounds", "mean_ttft_rounds", "finished", "refinements",
-                "plugin_us_per_round"):
+    for key in (
+        "rounds",
+        "prefill_only_round_frac",
+        "filled_slots_per_round",
+        "mean_completion_rounds",
+        "mean_ttft_rounds",
+        "finished",
+        "refinements",
+        "plugin_us_per_round",
+    ):
         print(f"{key:28s}{runs['sglang-fcfs'][key]!s:>14s}{runs['dwise-plugin'][key]!s:>14s}")
-    print(f"\nmean completion speedup {out['completion_speedup']}x, outputs equal: "
-          f"{out['outputs_equal']}")
-    print(f"\nsimulator vs SGLang's real loop (B={B}, k={K}):")
-    print(f"{'':16s}{'real rounds':>12s}{'sim rounds':>12s}{'real mean':>12s}{'sim mean':>12s}")
-    for name in ("sglang-fcfs", "dwise-plugin"):
-        print(f"{name:16s}{runs[name]['rounds']:>12d}{sim[name]['rounds']:>12d}"
-              f"{runs[name]['mean_completion_rounds']:>12.1f}{sim[name]['mean_completion_rounds']:>12.1f}")
-    print(f"\nplugin overhead at {ov['residents']} residents + {ov['waiting']} waiting: "
-          f"{ov['plugin_us_per_round_median']} us/round (core alone: "
-          f"{core_ref if core_ref is not None else 'see benchmarks/scheduler.py'})")
-    from dwise_predict.atomic import write_json
-
+    print(
+        f"\nmean completion speedup {out['completion_speedup']}x, outputs equal: "
+        f"{out['outputs_equal']}"
+    )
+    print(f"\nsimulator vs SGLang's real loop (B={doc['slots']}, k={doc['k']}):")
+    print(
+        f"{'':14s}{'real rounds':>12s}{'sim rounds':>11s}{'diff':>8s}"
+        f"{'real mean':>11s}{'sim mean':>10s}{'diff':>8s}{'work =':>8s}"
+    )
+    for name in RUNS:
+        r, m = runs[name], sim[name]
+        print(
+            f"{name:14s}{r['rounds']:>12d}{m['rounds']:>11d}{m['rounds_rel_diff']:>8.1%}"
+            f"{r['mean_completion_rounds']:>11.1f}{m['mean_completion_rounds']:>10.1f}"
+            f"{m['mean_completion_rounds_rel_diff']:>8.1%}{m['work_equal']:>5d}/{doc['requests']}"
+        )
+    core = (
+        f"core alone {core_ref['dwise_runtime_churn_us']} us churn, "
+        f"{core_ref['dwise_runtime_at_cap_us']} us at cap"
+        if core_ref is not None
+        else "core alone: run benchmarks/scheduler.py"
+    )
+    print(
+        f"\nplugin overhead at {ov['residents']} residents + {ov['waiting']} waiting, "
+        f"B={ov['slots']}: {ov['plugin_us_per_round_median']} us/round median ({core})"
+    )
     write_json(path, out)
     print(f"wrote {path}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--slots", type=int, default=16)
+    ap.add_argument("--k", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--out", default="benchmarks/results/sglang_scheduler.json")
+    ap.add_argument(
+        "--from-runs",
+        metavar="RUNS_JSON",
+        help="recompute the simulator cross-check and the overhead from a saved runs file "
+        "(FILE.runs.json of an earlier run) instead of serving again",
+    )
+    args = ap.parse_args(argv)
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    command = ".venv-sglang/bin/python " + " ".join(
+        [sys.argv[0], *(sys.argv[1:] if argv is None else argv)]
+    )
+    if args.from_runs:
+        from dwise_predict.zoo.tiny_bd.sglang_cpu import install_torchvision_shim
+
+        install_torchvision_shim()  # overhead() imports SGLang's enums
+        doc = json.loads(Path(args.from_runs).read_text())
+        if "tracks" not in doc:
+            raise SystemExit(
+                f"{args.from_runs} holds no per-request tracks (written by an older version of "
+                "this benchmark): serve again without --from-runs"
+            )
+        command = doc.get("command", command)
+        doc["recomputed_with"] = f"--from-runs {args.from_runs}"
+    else:
+        from dwise_predict.atomic import write_json
+
+        doc = serve_both(args.requests, args.slots, args.k, args.max_new_tokens)
+        doc["command"] = command
+        write_json(path.with_suffix(".runs.json"), doc)  # before anything that could fail
+    finish(doc, path, command)
     return 0
 
 

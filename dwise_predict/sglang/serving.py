@@ -81,23 +81,36 @@ class _Pending:
 class DwiseServing:
     """The plugin's state inside one SGLang scheduler process (see the module docstring)."""
 
-    def __init__(self, config: PluginConfig, bundle: Any, *, block_size: int, kv_pool_tokens: int,
-                 req_slots: int, refine: bool) -> None:
+    def __init__(
+        self,
+        config: PluginConfig,
+        bundle: Any,
+        *,
+        block_size: int,
+        kv_pool_tokens: int,
+        req_slots: int,
+        refine: bool,
+    ) -> None:
         if config.policy == "dwise" and req_slots < config.max_residents:
             raise ConfigError(
                 f"SGLang has {req_slots} request slots but the plugin keeps up to k*B = "
                 f"{config.k}*{config.slots} = {config.max_residents} residents: launch with "
-                f"--max-running-requests {config.max_residents} (or lower DWISE_SGLANG_K)")
+                f"--max-running-requests {config.max_residents} (or lower DWISE_SGLANG_K)"
+            )
         self.config = config
         self.bundle = bundle
         self.block_size = int(block_size)
         self.refine = refine
         policy: Any = DWISE(aging=config.aging)  # a frozen dataclass satisfies Policy at runtime
-        self.core = Scheduler(policy, slots=config.slots, k=config.k,
-                              kv_pool_tokens=int(kv_pool_tokens),
-                              kv_limit_frac=config.kv_limit_frac,
-                              slack_blocks=config.slack_blocks,
-                              capacity=max(1024, 2 * config.max_residents))
+        self.core = Scheduler(
+            policy,
+            slots=config.slots,
+            k=config.k,
+            kv_pool_tokens=int(kv_pool_tokens),
+            kv_limit_frac=config.kv_limit_frac,
+            slack_blocks=config.slack_blocks,
+            capacity=max(1024, 2 * config.max_residents),
+        )
         self.reqs: dict[Any, Any] = {}  # rid -> Req, for every request the core knows
         self.tracks: dict[Any, RequestTrack] = {}
         #: finished requests' records, kept only when a caller asks (benchmarks, tests)
@@ -138,14 +151,24 @@ class DwiseServing:
             worst = kv.worst_case(n_prompt, budget, bs)
             if worst > kv.limit_tokens:  # cannot ever fit the rule: run it alone rather than never
                 self.stats.kv_clamped += 1
-                log.warning("request %s needs %d KV tokens worst case, over the plugin's limit %d; "
-                            "it will run only when nothing else holds a reservation", req.rid,
-                            worst, kv.limit_tokens)
+                log.warning(
+                    "request %s needs %d KV tokens worst case, over the plugin's limit %d; "
+                    "it will run only when nothing else holds a reservation",
+                    req.rid,
+                    worst,
+                    kv.limit_tokens,
+                )
                 worst = kv.limit_tokens
             e = float(e) if math.isfinite(e) and e >= 0 else 0.0
-            self.core.add_request(req.rid, n_prompt // bs, e, prompt_tokens=n_prompt,
-                                  output_budget=budget, block_size=bs,
-                                  kv_tokens_worst_case=worst)
+            self.core.add_request(
+                req.rid,
+                n_prompt // bs,
+                e,
+                prompt_tokens=n_prompt,
+                output_budget=budget,
+                block_size=bs,
+                kv_tokens_worst_case=worst,
+            )
             self.reqs[req.rid] = req
             self.tracks[req.rid] = RequestTrack(n_prompt, budget, e, self.core.round_index)
         return len(new)
@@ -168,6 +191,8 @@ class DwiseServing:
         for j, req in enumerate(reqs):
             tr = self.tracks[req.rid]
             if plan.prompt[j]:
+                # SGLang reports a prompt block accepted too; it is no output block's end
+                self._resolved.pop(req.rid, None)
                 continue
             tr.forwards += 1
             tr.block_forwards += 1
@@ -208,8 +233,9 @@ class DwiseServing:
             self.finished.append((rid, tr))
 
     def _drop(self, rid: Any) -> None:
-        log.warning("request %s finished during a prompt block (aborted); the plugin "
-                    "forgets it", rid)
+        log.warning(
+            "request %s finished during a prompt block (aborted); the plugin forgets it", rid
+        )
         self.tracks.pop(rid, None)
         self.reqs.pop(rid, None)
 
@@ -222,29 +248,41 @@ class DwiseServing:
         t0 = time.perf_counter()
         self.register_arrivals(sched.waiting_queue, getattr(sched, "tokenizer", None))
         plan = self.core.plan_round()
-        ids = plan.ids
         if plan.admitted.size:
-            admitted = [self.reqs[rid] for rid in ids[plan.admitted].tolist()]
+            # plan.admitted holds table rows (all live now); plan.ids holds the ids of plan.rows
+            admitted = [self.reqs[rid] for rid in self.core.table.ids[plan.admitted].tolist()]
             taken = {id(r) for r in admitted}
             sched.waiting_queue = [r for r in sched.waiting_queue if id(r) not in taken]
             sched.dllm_manager.add_waiting_reqs(admitted)
-        run = [self.reqs[rid] for rid in ids[plan.rows].tolist()]
+        run = [self.reqs[rid] for rid in plan.request_ids]
         self.stats.max_residents = max(self.stats.max_residents, self.core.n_resident)
         # the round's budget is B blocks, not SGLang's max_running_requests blocks
         adder.rem_dllm_tokens = len(run) * self.block_size
         decode = [r for r in run if not r.is_dllm_prefill()]
         prefill = [r for r in run if r.is_dllm_prefill()]
-        self.stats.phase_mismatches += int(np.count_nonzero(
-            plan.prompt != np.fromiter((r.is_dllm_prefill() for r in run), bool, len(run))))
+        self.stats.phase_mismatches += int(
+            np.count_nonzero(
+                plan.prompt != np.fromiter((r.is_dllm_prefill() for r in run), bool, len(run))
+            )
+        )
         self._first_rids = {r.rid for r, f in zip(run, plan.first_denoise.tolist()) if f}
         t1 = time.perf_counter()
         if decode:
-            sched._process_batch_by_phase(adder, decode, DllmReqPhase.STAGING_DECODE,
-                                          DllmReqPhase.INCOMING_DECODE, running_batch=running_batch)
+            sched._process_batch_by_phase(
+                adder,
+                decode,
+                DllmReqPhase.STAGING_DECODE,
+                DllmReqPhase.INCOMING_DECODE,
+                running_batch=running_batch,
+            )
         if prefill:
-            sched._process_batch_by_phase(adder, prefill, DllmReqPhase.STAGING_PREFILL,
-                                          DllmReqPhase.INCOMING_PREFILL,
-                                          running_batch=running_batch)
+            sched._process_batch_by_phase(
+                adder,
+                prefill,
+                DllmReqPhase.STAGING_PREFILL,
+                DllmReqPhase.INCOMING_PREFILL,
+                running_batch=running_batch,
+            )
         t2 = time.perf_counter()
         if len(adder.can_run_list) != len(run):
             self.stats.refused_by_adder += len(run) - len(adder.can_run_list)
@@ -275,14 +313,15 @@ class DwiseServing:
             tr = self.tracks[req.rid]
             # the first output block shares its first (prompt_tokens % bs) rows with the prompt
             tail = tr.prompt_tokens % bs
-            block = hidden[idx * bs + tail:(idx + 1) * bs]
+            block = hidden[idx * bs + tail : (idx + 1) * bs]
             rows.append(block.float().mean(dim=0).cpu().numpy())
             todo.append(tr)
         if not todo:
             return
         H = np.stack(rows).astype(np.float32)
-        est = self.bundle.predict_refined(H, np.array([t.prompt_tokens for t in todo]),
-                                          np.array([t.output_budget for t in todo]))
+        est = self.bundle.predict_refined(
+            H, np.array([t.prompt_tokens for t in todo]), np.array([t.output_budget for t in todo])
+        )
         for tr, h, e in zip(todo, H, np.asarray(est, dtype=np.float64).tolist()):
             tr.hidden = h
             tr.refined = float(e) if math.isfinite(e) and e >= 0 else None

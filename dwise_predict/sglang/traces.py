@@ -1,10 +1,11 @@
 """Traces from routine serving: finished requests written in the project's trace schema.
 
-With ``DWISE_SGLANG_TRACE_DIR`` set, every finished request becomes one trace row (schema v1,
-the same columns ``dwise-predict trace`` writes): rounds per output block (r, the trace
-convention), the first-round hidden state the plugin pooled for refinement, prompt features,
-and the server's fingerprint. The prompt text is stored only with
-``DWISE_SGLANG_TRACE_PROMPT_TEXT=1``; by default only its sha256 is kept.
+With ``DWISE_SGLANG_TRACE_DIR`` set, every finished request becomes one trace row (the
+current schema, the same columns ``dwise-predict trace`` writes): rounds per output block (r,
+the trace convention), the first-round hidden state the plugin pooled for refinement, prompt
+features, the server's bound S on steps per block, and the server's fingerprint. The prompt
+text is stored only with ``DWISE_SGLANG_TRACE_PROMPT_TEXT=1``; by default only its sha256 is
+kept.
 
 Shards are written atomically by the project's trace writer. Only TP rank 0 of each replica
 writes (every TP rank sees the same requests), into ``TRACE_DIR/dp<rank>/``, so replicas never
@@ -29,9 +30,16 @@ from ..traces import TRACE_SCHEMA_VERSION
 class ServingTraceSink:
     """Turns the plugin's finished-request records into trace rows and writes them."""
 
-    def __init__(self, out_dir: str | Path, fingerprint: ModelFingerprint, *, dp_rank: int = 0,
-                 prompt_text: bool = False, shard_size: int = 1000,
-                 tokenizer: Any = None) -> None:
+    def __init__(
+        self,
+        out_dir: str | Path,
+        fingerprint: ModelFingerprint,
+        *,
+        dp_rank: int = 0,
+        prompt_text: bool = False,
+        shard_size: int = 1000,
+        tokenizer: Any = None,
+    ) -> None:
         from ..tracing.writer import TraceWriter  # pyarrow only; imported when traces are on
 
         self.folder = Path(out_dir) / f"dp{int(dp_rank)}"
@@ -41,7 +49,7 @@ class ServingTraceSink:
         self.writer = TraceWriter(self.folder, fingerprint, shard_size=shard_size, resume=True)
 
     def row(self, rid: Any, req: Any, track: Any) -> dict[str, Any]:
-        """One schema-v1 trace row for a finished request."""
+        """One trace row (the current schema) for a finished request."""
         fp = self.fingerprint
         text = getattr(req, "origin_input_text", None) or ""
         if not text and self.tokenizer is not None:
@@ -63,6 +71,9 @@ class ServingTraceSink:
             "prompt_blocks": int(track.prompt_tokens) // fp.block_size,
             "output_budget": int(track.output_budget),
             "block_size": fp.block_size,
+            # S (schema v2): the server's bound on steps per block; for an algorithm the plugin
+            # knows no bound for, the block size or the most this request took, if more
+            "max_steps_per_block": int(fp.max_steps_per_block or max([fp.block_size, *rounds])),
             "decoding": fp.decoding,
             "threshold": fp.threshold,
             "seed": 0,

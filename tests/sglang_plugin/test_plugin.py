@@ -75,8 +75,13 @@ def test_algorithm_present():
 
 
 def test_plugin_mixes_phases_and_keeps_outputs(requests, runner, stock, tmp_path):
-    res, s = _serve_plugin(requests, runner, trace_dir=tmp_path / "traces", monitor_every=4,
-                           monitor_file=tmp_path / "monitor.json")
+    res, s = _serve_plugin(
+        requests,
+        runner,
+        trace_dir=tmp_path / "traces",
+        monitor_every=4,
+        monitor_file=tmp_path / "monitor.json",
+    )
     state = s.dwise_serving
     n = len(requests)
     # every request finishes, under both, with the same tokens
@@ -112,6 +117,9 @@ def test_plugin_mixes_phases_and_keeps_outputs(requests, runner, stock, tmp_path
         assert t["prompt_tokens"] == len(by_id[t["request_id"]].input_ids)
         assert t["output_tokens"] == len(res.output_ids[t["request_id"]])
         assert t["prompt_blocks"] == t["prompt_tokens"] // 32 and min(t["rounds_per_block"]) >= 1
+        # SGLang ran each prompt block once and each output block r + 1 times (r recorded)
+        work = t["prompt_blocks"] + sum(r + 1 for r in t["rounds_per_block"])
+        assert work == res.forwards[t["request_id"]] == stock.forwards[t["request_id"]]
     assert sum(t["first_round_hidden"] is not None for t in traces) == state.stats.refinements
 
 
@@ -149,8 +157,10 @@ def test_sync_mode_and_too_few_request_slots_refuse():
         with environ(plugin_env("tiny-bd")), pytest.raises(ConfigError, match="--dllm-fdfo"):
             _attach(s)
         s = make_scheduler(max_running_requests=B)
-        with environ(plugin_env("tiny-bd", slots=B, k=K)), \
-                pytest.raises(ConfigError, match=f"--max-running-requests {B * K}"):
+        with (
+            environ(plugin_env("tiny-bd", slots=B, k=K)),
+            pytest.raises(ConfigError, match=f"--max-running-requests {B * K}"),
+        ):
             _attach(s)
 
 
@@ -162,6 +172,13 @@ def test_missing_hook_target_fails_at_startup(monkeypatch):
     with environ({**plugin_env("tiny-bd"), "SGLANG_PLUGINS": "dwise"}):
         _load_plugins()  # SGLang swallows exceptions here, so the refusal waits in __init__
         with pytest.raises(SGLangIncompatibleError) as e:
-            Scheduler(server_args=None, port_args=None, gpu_id=0, tp_rank=0, moe_ep_rank=0,
-                      pp_rank=0, dp_rank=None)
+            Scheduler(
+                server_args=None,
+                port_args=None,
+                gpu_id=0,
+                tp_rank=0,
+                moe_ep_rank=0,
+                pp_rank=0,
+                dp_rank=None,
+            )
     assert gone in str(e.value) and SUPPORTED_SGLANG in str(e.value)

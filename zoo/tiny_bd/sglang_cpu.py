@@ -44,8 +44,11 @@ def install_torchvision_shim() -> None:
     ``register_fake("torchvision::nms")`` at import, which fails on a CPU torch where the op
     was never defined. SGLang imports torchvision, so CPU runs define the ops first.
     """
-    if torch.library._get_schema_if_exists("torchvision::nms") if hasattr(
-            torch.library, "_get_schema_if_exists") else _has_op("nms"):
+    if (
+        torch.library._get_schema_if_exists("torchvision::nms")
+        if hasattr(torch.library, "_get_schema_if_exists")
+        else _has_op("nms")
+    ):
         return
     lib = torch.library.Library("torchvision", "DEF")
     lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
@@ -82,11 +85,11 @@ class TinyBDRunner:
     def _prefix_kv(self, rid: Any, ctx: list[int]) -> KV | None:
         """Keys/values of the committed tokens ``ctx``, extended block by block and cached."""
         toks, kv = self._cache.get(rid, ([], None))
-        if toks != ctx[:len(toks)]:
+        if toks != ctx[: len(toks)]:
             toks, kv = [], None
         bs = self.block_size
         for start in range(len(toks), len(ctx), bs):
-            chunk = torch.as_tensor(ctx[start:start + bs], dtype=torch.long)[None]
+            chunk = torch.as_tensor(ctx[start : start + bs], dtype=torch.long)[None]
             pos = torch.arange(start, start + chunk.shape[1])[None]
             kv = _extend(kv, self.model(chunk, pos, None, kv).kv)
         self._cache[rid] = (list(ctx), kv)
@@ -109,7 +112,7 @@ class TinyBDRunner:
             ctx = committed[:start]
             kv = self._prefix_kv(req.rid, ctx)
             pos = torch.arange(start, start + bs)[None]
-            out = self.model(ids[i:i + 1].long(), pos, None, kv)
+            out = self.model(ids[i : i + 1].long(), pos, None, kv)
             hidden.append(out.hidden[0])
         self.forwards += 1
         h = torch.cat(hidden, dim=0)
@@ -135,6 +138,7 @@ class _LMHead:
 
 # -- the scheduler ---------------------------------------------------------------------------
 
+
 @dataclass
 class RequestSpec:
     """One request to serve: its id, prompt text (chat-templated already) and ids."""
@@ -155,6 +159,9 @@ class RunResult:
     filled_slots: int = 0
     completion_round: dict[str, int] = field(default_factory=dict)
     first_block_round: dict[str, int] = field(default_factory=dict)
+    #: forwards each request took part in, and how many of them carried a prompt block
+    forwards: dict[str, int] = field(default_factory=dict)
+    prompt_forwards: dict[str, int] = field(default_factory=dict)
     output_ids: dict[str, list[int]] = field(default_factory=dict)
     kv_free_before: int = 0
     kv_free_after: int = 0
@@ -178,9 +185,15 @@ def server_args(**overrides: Any):  # type: ignore[no-untyped-def]
         override.restore()
 
 
-def make_scheduler(*, max_running_requests: int, block_size: int = 32, threshold: float = 0.95,
-                   pool_tokens: int = 1 << 20, context_len: int = 16384,
-                   model_path: str = "tiny-bd") -> Any:
+def make_scheduler(
+    *,
+    max_running_requests: int,
+    block_size: int = 32,
+    threshold: float = 0.95,
+    pool_tokens: int = 1 << 20,
+    context_len: int = 16384,
+    model_path: str = "tiny-bd",
+) -> Any:
     """A real SGLang ``Scheduler`` with real pools, allocator and radix cache (disabled)."""
     from sglang.srt.disaggregation.utils import DisaggregationMode
     from sglang.srt.dllm.config import DllmConfig
@@ -192,22 +205,42 @@ def make_scheduler(*, max_running_requests: int, block_size: int = 32, threshold
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
     from sglang.srt.mem_cache.radix_cache import RadixCache
 
-    dc = DllmConfig(algorithm="LowConfidence", algorithm_config={"threshold": threshold},
-                    block_size=block_size, mask_id=MASK, max_running_requests=max_running_requests,
-                    first_done_first_out_mode=True)
+    dc = DllmConfig(
+        algorithm="LowConfidence",
+        algorithm_config={"threshold": threshold},
+        block_size=block_size,
+        mask_id=MASK,
+        max_running_requests=max_running_requests,
+        first_done_first_out_mode=True,
+    )
     s = Scheduler.__new__(Scheduler)
     s.server_args = SimpleNamespace(model_path=model_path, served_model_name=None, revision=None)
-    s.model_config = SimpleNamespace(context_len=context_len, vocab_size=264, hidden_size=128,
-                                     is_encoder_decoder=False, is_multimodal=False)
+    s.model_config = SimpleNamespace(
+        context_len=context_len,
+        vocab_size=264,
+        hidden_size=128,
+        is_encoder_decoder=False,
+        is_multimodal=False,
+    )
     s.dllm_config = dc
     s.dllm_manager = DllmManager(dllm_config=dc)
-    s.req_to_token_pool = ReqToTokenPool(size=max_running_requests, max_context_len=context_len,
-                                         device="cpu", enable_memory_saver=False)
-    s.token_to_kv_pool_allocator = TokenToKVPoolAllocator(pool_tokens, torch.float32, "cpu",
-                                                          kvcache=None, need_sort=False)
-    s.tree_cache = RadixCache(CacheInitParams(disable=True, req_to_token_pool=s.req_to_token_pool,
-                                              token_to_kv_pool_allocator=s.token_to_kv_pool_allocator,
-                                              page_size=1))
+    s.req_to_token_pool = ReqToTokenPool(
+        size=max_running_requests,
+        max_context_len=context_len,
+        device="cpu",
+        enable_memory_saver=False,
+    )
+    s.token_to_kv_pool_allocator = TokenToKVPoolAllocator(
+        pool_tokens, torch.float32, "cpu", kvcache=None, need_sort=False
+    )
+    s.tree_cache = RadixCache(
+        CacheInitParams(
+            disable=True,
+            req_to_token_pool=s.req_to_token_pool,
+            token_to_kv_pool_allocator=s.token_to_kv_pool_allocator,
+            page_size=1,
+        )
+    )
     s.waiting_queue = []
     s.policy = SimpleNamespace(calc_priority=lambda queue: None)
     s.enable_priority_preemption = False
@@ -221,8 +254,9 @@ def make_scheduler(*, max_running_requests: int, block_size: int = 32, threshold
     s.truncation_align_size = None
     s.enable_overlap = False
     s.spec_algorithm = SimpleNamespace(is_none=lambda: True)
-    s.metrics_reporter = SimpleNamespace(num_generated_tokens=0,
-                                         report_prefill_stats=lambda **kw: None)
+    s.metrics_reporter = SimpleNamespace(
+        num_generated_tokens=0, report_prefill_stats=lambda **kw: None
+    )
     s.output_streamer = SimpleNamespace(stream_output=lambda *a, **kw: None)
     s.running_batch = ScheduleBatch(reqs=[], batch_is_full=False)
     s.chunked_req = None
@@ -231,9 +265,17 @@ def make_scheduler(*, max_running_requests: int, block_size: int = 32, threshold
     return s
 
 
-def serve(requests: Sequence[RequestSpec], *, max_running_requests: int, runner: TinyBDRunner,
-          block_size: int = 32, threshold: float = 0.95, pool_tokens: int = 1 << 20,
-          max_rounds: int = 100_000, on_scheduler: Any = None) -> tuple[RunResult, Any]:
+def serve(
+    requests: Sequence[RequestSpec],
+    *,
+    max_running_requests: int,
+    runner: TinyBDRunner,
+    block_size: int = 32,
+    threshold: float = 0.95,
+    pool_tokens: int = 1 << 20,
+    max_rounds: int = 100_000,
+    on_scheduler: Any = None,
+) -> tuple[RunResult, Any]:
     """Serve ``requests`` (a burst: all arrive before round 0) to completion; one forward a round.
 
     ``on_scheduler(scheduler)`` runs once the scheduler is built (the plugin's start-up hook
@@ -244,21 +286,29 @@ def serve(requests: Sequence[RequestSpec], *, max_running_requests: int, runner:
     from sglang.srt.managers.tp_worker import TpModelWorker
     from sglang.srt.sampling.sampling_params import SamplingParams
 
-    with server_args(pp_max_micro_batch_size=max_running_requests,
-                     max_running_requests=max_running_requests):
-        s = make_scheduler(max_running_requests=max_running_requests, block_size=block_size,
-                           threshold=threshold, pool_tokens=pool_tokens)
+    with server_args(
+        pp_max_micro_batch_size=max_running_requests, max_running_requests=max_running_requests
+    ):
+        s = make_scheduler(
+            max_running_requests=max_running_requests,
+            block_size=block_size,
+            threshold=threshold,
+            pool_tokens=pool_tokens,
+        )
         if on_scheduler is not None:
             on_scheduler(s)
         worker = SimpleNamespace(dllm_algorithm=get_algorithm(s.dllm_config), model_runner=runner)
-        res = RunResult(kv_free_before=s.token_to_kv_pool_allocator.available_size(),
-                        req_slots_free_before=s.req_to_token_pool.available_size())
+        res = RunResult(
+            kv_free_before=s.token_to_kv_pool_allocator.available_size(),
+            req_slots_free_before=s.req_to_token_pool.available_size(),
+        )
         by_rid: dict[str, Any] = {}
         for spec in requests:
             sp = SamplingParams(max_new_tokens=spec.max_new_tokens, temperature=0.0)
             sp.normalize(None)
-            req = Req(spec.rid, spec.text, array("q", spec.input_ids), sp,
-                      dllm_config=s.dllm_config)
+            req = Req(
+                spec.rid, spec.text, array("q", spec.input_ids), sp, dllm_config=s.dllm_config
+            )
             by_rid[spec.rid] = req
             s.waiting_queue.append(req)
         t0 = time.perf_counter()
@@ -276,10 +326,13 @@ def serve(requests: Sequence[RequestSpec], *, max_running_requests: int, runner:
                 raise RuntimeError(f"round {res.rounds}: no batch with {left} requests unfinished")
             runner.reqs = batch.reqs
             prefill = [r.is_dllm_prefill() for r in batch.reqs]
-            fb = SimpleNamespace(batch_size=len(batch.reqs),
-                                 input_ids=batch.prefill_input_ids_cpu.clone(),
-                                 seq_lens=batch.seq_lens, dllm_prompt_mask=None,
-                                 forward_mode=batch.forward_mode)
+            fb = SimpleNamespace(
+                batch_size=len(batch.reqs),
+                input_ids=batch.prefill_input_ids_cpu.clone(),
+                seq_lens=batch.seq_lens,
+                dllm_prompt_mask=None,
+                forward_mode=batch.forward_mode,
+            )
             result = TpModelWorker._forward_batch_generation_dllm(worker, fb, batch)
             result.copy_done = None
             s.process_batch_result_dllm(batch, result)
@@ -288,7 +341,9 @@ def serve(requests: Sequence[RequestSpec], *, max_running_requests: int, runner:
             res.prefill_only_rounds += int(all(prefill))
             residents = len(s.dllm_manager.waiting_queue)
             res.max_residents = max(res.max_residents, residents)
-            for req in batch.reqs:
+            for req, pre in zip(batch.reqs, prefill):
+                res.forwards[req.rid] = res.forwards.get(req.rid, 0) + 1
+                res.prompt_forwards[req.rid] = res.prompt_forwards.get(req.rid, 0) + int(pre)
                 if req.output_ids and req.rid not in res.first_block_round:
                     res.first_block_round[req.rid] = res.rounds
                 if req.finished() and req.rid not in res.completion_round:
@@ -309,14 +364,22 @@ def _kv_balanced(s: Any, reqs: Any) -> bool:
     """Allocator usage equals the KV the live requests hold (nothing leaked, nothing shared)."""
     alloc = s.token_to_kv_pool_allocator
     used = alloc.size - alloc.available_size()
-    held = sum(int(r.kv.kv_allocated_len) for r in reqs
-               if getattr(r, "kv", None) is not None and r.kv.req_pool_idx is not None)
+    held = sum(
+        int(r.kv.kv_allocated_len)
+        for r in reqs
+        if getattr(r, "kv", None) is not None and r.kv.req_pool_idx is not None
+    )
     return used == held
 
 
-def eval_requests(n: int, runner: TinyBDRunner, *, max_new_tokens: int = 256,
-                  stratified: bool = True,
-                  max_prompt_tokens: int | None = None) -> list[RequestSpec]:
+def eval_requests(
+    n: int,
+    runner: TinyBDRunner,
+    *,
+    max_new_tokens: int = 256,
+    stratified: bool = True,
+    max_prompt_tokens: int | None = None,
+) -> list[RequestSpec]:
     """``n`` requests from the tiny-bd eval split, chat-templated with the model's template.
 
     ``stratified`` takes them round-robin over categories (the paper's kind of mix, long
@@ -331,8 +394,9 @@ def eval_requests(n: int, runner: TinyBDRunner, *, max_new_tokens: int = 256,
     records = build_workload(dc.workload_train_size, dc.workload_eval_size, dc.workload_seed).eval
     if max_prompt_tokens is not None:
         tok = runner.tokenizer
-        records = [r for r in records
-                   if len(tok.encode(render_prompt(r.prompt)).ids) <= max_prompt_tokens]
+        records = [
+            r for r in records if len(tok.encode(render_prompt(r.prompt)).ids) <= max_prompt_tokens
+        ]
     if stratified:
         by_cat: dict[str, list[Any]] = {}
         for r in records:
@@ -349,8 +413,9 @@ def eval_requests(n: int, runner: TinyBDRunner, *, max_new_tokens: int = 256,
     out = []
     for r in records:
         text = render_prompt(r.prompt)
-        out.append(RequestSpec(r.id, text, runner.tokenizer.encode(text).ids, max_new_tokens,
-                               r.category))
+        out.append(
+            RequestSpec(r.id, text, runner.tokenizer.encode(text).ids, max_new_tokens, r.category)
+        )
     return out
 
 
@@ -409,5 +474,8 @@ def remove_hooks() -> None:
 
 def _is_hook_wrapper(fn: Any) -> bool:
     code = getattr(fn, "__code__", None)
-    return (hasattr(fn, "__wrapped__") and code is not None
-            and code.co_filename.endswith("hook_registry.py"))
+    return (
+        hasattr(fn, "__wrapped__")
+        and code is not None
+        and code.co_filename.endswith("hook_registry.py")
+    )
