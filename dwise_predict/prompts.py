@@ -26,6 +26,7 @@ This module needs pyarrow only: it is part of the light core.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 from collections.abc import Iterator
@@ -149,6 +150,32 @@ def read_prompts(path: str | Path, columns: PromptColumns | None = None) -> list
     if not records:
         raise WorkloadError(f"prompt file {path} holds no records")
     return records
+
+
+def shard_of(request_id: str, num_shards: int) -> int:
+    """The shard (0 .. num_shards - 1) a request belongs to, from its id alone.
+
+    A stable hash, not the request's position: the split does not depend on the order of the
+    workload file or on which other requests it holds, so N machines that each trace one shard
+    of the same workload produce disjoint outputs whose union is the whole workload, and a rerun
+    with ``--resume`` finds each request in the same shard.
+    """
+    digest = hashlib.sha256(request_id.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % num_shards
+
+
+def select_shard(
+    records: list[PromptRecord], num_shards: int, shard_index: int
+) -> list[PromptRecord]:
+    """The records of shard ``shard_index`` of ``num_shards`` (see :func:`shard_of`), in order."""
+    if num_shards < 1:
+        raise WorkloadError(f"the number of shards must be >= 1, got {num_shards}")
+    if not 0 <= shard_index < num_shards:
+        raise WorkloadError(
+            f"shard index {shard_index} is outside 0..{num_shards - 1}; shards are numbered "
+            "from 0 (a Slurm array's SLURM_ARRAY_TASK_ID with --array=0-N-1)"
+        )
+    return [r for r in records if shard_of(r.id, num_shards) == shard_index]
 
 
 def _format_of(path: Path) -> str:

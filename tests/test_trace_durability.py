@@ -25,8 +25,9 @@ from dwise_predict.tracing.compact import compact_traces
 from dwise_predict.tracing.writer import TraceWriter, existing_shards, remove_stale_temps
 
 from dwise_predict.cli import main
-from dwise_predict.errors import TraceError
+from dwise_predict.errors import TraceError, WorkloadError
 from dwise_predict.fingerprint import ModelFingerprint
+from dwise_predict.prompts import read_prompts, select_shard, shard_of
 from dwise_predict.traces import META_FINGERPRINT, read_traces
 
 PROMPTS = [
@@ -408,3 +409,27 @@ def test_compact_is_atomic_under_a_crash(tmp_path, model_dir, monkeypatch):
     (tmp_path / "empty").mkdir()
     with pytest.raises(TraceError, match="no trace shards"):
         compact_traces(tmp_path / "empty")
+
+
+def test_num_shards_split_a_workload_into_disjoint_parts_read_as_one(tmp_path, model_dir, capsys):
+    n = 20
+    wl, out = _workload(tmp_path / "w.jsonl", "s", n), tmp_path / "out"
+    opts = [*SLOW, "--flush-interval", "0", "--resume"]
+    for i in range(3):  # three jobs of a Slurm array, one shared output folder
+        assert (
+            main(_trace(model_dir, wl, out, *opts, "--num-shards", "3", "--shard-index", str(i)))
+            == 0
+        )
+    ids = _raw_ids(out)
+    assert sorted(ids) == [f"s-{i:03d}" for i in range(n)]  # every request once, none twice
+    records = read_prompts(wl)
+    parts = [select_shard(records, 3, i) for i in range(3)]
+    assert all(parts) and sum(len(p) for p in parts) == n
+    assert [shard_of(r.id, 3) for r in parts[1]] == [1] * len(parts[1])
+    # the split depends on the id only: the same request lands in the same part in any order
+    assert select_shard(records[::-1], 3, 1) == parts[1][::-1]
+    capsys.readouterr()
+    bad = _trace(model_dir, wl, tmp_path / "x", *opts, "--num-shards", "3", "--shard-index", "3")
+    assert main(bad) != 0 and "outside 0..2" in capsys.readouterr().err
+    with pytest.raises(WorkloadError, match="must be >= 1"):
+        select_shard(records, 0, 0)

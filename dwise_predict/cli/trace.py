@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, WorkloadError
-from ..prompts import PromptColumns, PromptRecord, read_prompts
+from ..prompts import PromptColumns, PromptRecord, read_prompts, select_shard
 from ._common import format_table, progress
 
 log = logging.getLogger(__name__)
@@ -127,6 +127,22 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
         "--resume", action="store_true", help="continue a run in --out, skipping traced request ids"
     )
     p.add_argument(
+        "--num-shards",
+        type=int,
+        default=1,
+        metavar="N",
+        help="split the workload over N tracing jobs by a hash of the request id (default: 1)",
+    )
+    p.add_argument(
+        "--shard-index",
+        type=int,
+        default=0,
+        metavar="I",
+        help="the part this job traces, 0..N-1 (default: 0); the N parts are disjoint: give "
+        "all N jobs one --out folder and --resume (each writes its own shard files; a rerun "
+        "of a failed job continues it) and read the folder as one",
+    )
+    p.add_argument(
         "--shard-size", type=int, default=1000, help="requests per Parquet shard (default: 1000)"
     )
     p.add_argument(
@@ -185,7 +201,9 @@ def run(args: argparse.Namespace) -> int:
     columns = PromptColumns(
         prompt=args.prompt_column, id=args.id_column, category=args.category_column
     )
-    records = read_records(args.workload, args.split, columns)
+    records = select_shard(
+        read_records(args.workload, args.split, columns), args.num_shards, args.shard_index
+    )
 
     if args.flush_interval < 0:
         raise ConfigError(f"--flush-interval must be >= 0 seconds, got {args.flush_interval}")

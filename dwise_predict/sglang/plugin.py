@@ -31,6 +31,7 @@ from typing import Any
 
 from ..errors import ConfigError, DwisePredictError
 from .config import PluginConfig, load_config
+from .metrics import gauges_for
 from .server import (
     HOOK_TARGETS,
     LOGITS,
@@ -86,6 +87,7 @@ def attach(scheduler: Any, config: PluginConfig) -> Any:
             config.trace_dir, server_fingerprint(scheduler),
             dp_rank=int(getattr(scheduler, "dp_rank", 0) or 0),
             prompt_text=config.trace_prompt_text, tokenizer=getattr(scheduler, "tokenizer", None))
+    state.gauges = gauges_for(scheduler)
     setattr(scheduler, STATE_ATTR, state)
     log.info("dwise plugin: %s, policy %s, B=%d, k=%d, refinement %s, bundle %s",
              server_fingerprint(scheduler).short(), config.policy, config.slots, config.k,

@@ -119,6 +119,8 @@ class DwiseServing:
         #: a ServingTraceSink when DWISE_SGLANG_TRACE_DIR is set (TP rank 0 only)
         self.trace_sink: Any = None
         self.monitor = QualityMonitor(config.monitor_window, config.drift_threshold)
+        #: Prometheus gauges of the monitor when SGLang runs with --enable-metrics (metrics.py)
+        self.gauges: Any = None
         self.stats = ServingStats()
         self._pending: _Pending | None = None
         self._resolved: dict[Any, bool] = {}
@@ -226,7 +228,9 @@ class DwiseServing:
         if self.trace_sink is not None:
             self.trace_sink.add(rid, req, tr)
         if self.monitor.finished % self.config.monitor_every == 0:
-            self.monitor.publish(self.config.monitor_file)
+            snapshot = self.monitor.publish(self.config.monitor_file)
+            if self.gauges is not None:
+                self.gauges.set(snapshot)
             if self.trace_sink is not None:
                 self.trace_sink.flush()  # a shard per monitor period: little to lose on a kill
         if self.keep_finished:

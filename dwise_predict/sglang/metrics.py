@@ -1,0 +1,97 @@
+"""The quality monitor's figures as Prometheus gauges, beside SGLang's own scheduler metrics.
+
+SGLang serves ``/metrics`` when started with ``--enable-metrics``: each scheduler process sets
+``prometheus_client`` gauges (in multiprocess mode, one file per process under
+``PROMETHEUS_MULTIPROC_DIR``) and the HTTP server collects them. The plugin adds its gauges the
+same way, with SGLang's labels (``model_name`` and the rest), so a dashboard that already
+scrapes SGLang sees the monitor next to the queue lengths:
+
+================================  ==========================================================
+``dwise:monitor_finished``        finished requests the monitor has seen
+``dwise:estimate_median_ratio``   median predicted/actual over the window, per ``estimate``
+``dwise:estimate_spearman``       Spearman ρ of predicted vs actual rounds, per ``estimate``
+``dwise:estimate_window``         requests in the window, per ``estimate``
+``dwise:estimate_drifted``        1 when the median ratio left ``[1/t, t]`` (retrain), else 0
+================================  ==========================================================
+
+``estimate`` is ``admission`` or ``refinement``. A figure that is undefined (an empty window,
+a ρ over tied values) is exported as NaN, which Prometheus shows as a gap, not as a zero.
+Without ``--enable-metrics`` (or without ``prometheus_client``) the plugin only logs and
+writes the monitor's JSON file, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+ESTIMATES = ("admission", "refinement")
+
+
+class MonitorGauges:
+    """Gauges for :meth:`QualityMonitor.snapshot`, created once per scheduler process.
+
+    ``registry`` defaults to ``prometheus_client``'s global one, which SGLang's ``/metrics``
+    endpoint collects; tests pass their own.
+    """
+
+    def __init__(self, labels: dict[str, str], registry: Any = None) -> None:
+        from prometheus_client import REGISTRY, Gauge
+
+        self.labels = {str(k): str(v) for k, v in labels.items()}
+        names = list(self.labels)
+        kw: dict[str, Any] = {
+            "registry": REGISTRY if registry is None else registry,
+            "multiprocess_mode": "mostrecent",  # SGLang's choice for its scheduler gauges
+        }
+        self.finished = Gauge(
+            "dwise:monitor_finished", "finished requests seen by the dwise monitor", names, **kw
+        )
+        per = [*names, "estimate"]
+        self.median_ratio = Gauge(
+            "dwise:estimate_median_ratio", "median predicted/actual rounds (window)", per, **kw
+        )
+        self.spearman = Gauge(
+            "dwise:estimate_spearman", "Spearman rho, predicted vs actual (window)", per, **kw
+        )
+        self.window = Gauge("dwise:estimate_window", "requests in the monitor window", per, **kw)
+        self.drifted = Gauge(
+            "dwise:estimate_drifted", "1 when the median ratio drifted: retrain", per, **kw
+        )
+
+    def set(self, snapshot: dict[str, Any]) -> None:
+        """Export one snapshot (the dict :meth:`QualityMonitor.snapshot` returns)."""
+        self.finished.labels(**self.labels).set(snapshot["finished"])
+        for name in ESTIMATES:
+            fig = snapshot[name]
+            lab = {**self.labels, "estimate": name}
+            self.median_ratio.labels(**lab).set(_value(fig["median_ratio"]))
+            self.spearman.labels(**lab).set(_value(fig["spearman"]))
+            self.window.labels(**lab).set(fig["n"])
+            self.drifted.labels(**lab).set(1.0 if name in snapshot["drifted"] else 0.0)
+
+
+def _value(x: float | None) -> float:
+    return float("nan") if x is None else float(x)
+
+
+def gauges_for(scheduler: Any, registry: Any = None) -> MonitorGauges | None:
+    """Gauges when this SGLang scheduler exports metrics (``--enable-metrics``), else None."""
+    reporter = getattr(scheduler, "metrics_reporter", None)
+    if not getattr(reporter, "enable_metrics", False):
+        return None
+    try:
+        import prometheus_client  # noqa: F401 - SGLang's own metrics dependency
+    except ImportError:
+        log.warning(
+            "--enable-metrics is on but prometheus_client is missing: the dwise monitor "
+            "writes only its log lines and JSON file"
+        )
+        return None
+    collector = getattr(reporter, "metrics_collector", None)
+    labels = dict(getattr(collector, "labels", None) or {})
+    if not labels:
+        labels = {"model_name": str(getattr(scheduler, "served_model_name", "") or "")}
+    return MonitorGauges(labels, registry)
