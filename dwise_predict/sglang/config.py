@@ -20,7 +20,9 @@ from typing import Any
 from ..errors import ConfigError
 
 PREFIX = "DWISE_SGLANG_"
-POLICIES = ("dwise", "fcfs")
+POLICIES = ("dwise", "dws-sjf", "fcfs")
+#: the policies whose rounds the plugin composes from the core scheduler's plan
+PLANNED = ("dwise", "dws-sjf")
 
 
 @dataclass(frozen=True)
@@ -29,8 +31,11 @@ class PluginConfig:
 
     ``policy="fcfs"`` leaves SGLang's own round composition in place (the monitor and traces
     still run); ``"dwise"`` ranks waiting ∪ resident by P + r̂ and runs the B smallest in one
-    mixed-phase round. ``slots`` = B block slots per round, ``k`` the resident multiplier
-    (at most k·B residents: launch SGLang with ``--max-running-requests`` at least k·B).
+    mixed-phase round; ``"dws-sjf"`` admits in order of the bundle's DWS cost estimate
+    (non-preemptive shortest job first on prefill-first rounds, as the DWS paper runs it; the
+    bundle needs a DWS predictor and a cost profile). ``slots`` = B block slots per round, ``k``
+    the resident multiplier (at most k·B residents: launch SGLang with
+    ``--max-running-requests`` at least k·B).
     """
 
     bundle: str

@@ -30,7 +30,7 @@ import logging
 from typing import Any
 
 from ..errors import ConfigError, DwisePredictError
-from .config import PluginConfig, load_config
+from .config import PLANNED, PluginConfig, load_config
 from .metrics import gauges_for
 from .server import (
     HOOK_TARGETS,
@@ -67,12 +67,19 @@ def attach(scheduler: Any, config: PluginConfig) -> Any:
                           "per round); sync mode runs a whole block inside one round, so "
                           "remaining work cannot be counted per round: enable --dllm-fdfo, or "
                           "unset DWISE_SGLANG_BUNDLE")
-    if dc.requires_separate_context_encoding and config.policy == "dwise":
+    if dc.requires_separate_context_encoding and config.policy in PLANNED:
         raise ConfigError(f"the {dc.algorithm} algorithm prefills with a variable-length "
                           "EXTEND, so prompt and denoising blocks cannot share a round: use "
                           "DWISE_SGLANG_POLICY=fcfs with it")
     bundle = load_bundle(config.bundle)
     bundle.check(server_fingerprint(scheduler), allow_mismatch=config.allow_mismatch)
+    if config.policy == "dws-sjf" and (bundle.dws is None or bundle.cost_profile is None):
+        raise ConfigError(
+            f"DWISE_SGLANG_POLICY=dws-sjf ranks by the DWS cost estimate, but bundle "
+            f"'{bundle.name}' has no {'DWS predictor' if bundle.dws is None else 'cost profile'}"
+            ": train one with `dwise-predict train --only dws --cost-profile ...` (and profile "
+            "the deployment with `dwise-predict profile`), or use DWISE_SGLANG_POLICY=dwise"
+        )
     refine = config.refine and bundle.refinement is not None
     if config.refine and not refine:
         log.warning("bundle '%s' has no refinement predictor: ranking by the admission estimate "
@@ -133,7 +140,7 @@ def register() -> None:
 
     HookRegistry.register(f"{SCHEDULER}.__init__", after_init, HookType.AFTER)
 
-    if config.policy == "dwise":
+    if config.policy in PLANNED:
         def fetch_waiting(original_fn: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
             return None  # admission is the plan's (compose_round), not SGLang's FIFO top-up
 
@@ -145,7 +152,7 @@ def register() -> None:
         HookRegistry.register(f"{MIXIN}._fetch_waiting_reqs", fetch_waiting, HookType.AROUND)
         HookRegistry.register(f"{MIXIN}._process_dllm_batches", process_batches, HookType.AROUND)
 
-    if config.policy != "dwise":
+    if config.policy not in PLANNED:
         return  # fcfs: SGLang's own rounds; the plugin only checked the bundle at start-up
 
     def batch_result(original_fn: Any, scheduler: Any, batch: Any, result: Any,

@@ -35,8 +35,8 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..features import newline_count, word_count
-from ..runtime import DWISE, RoundPlan, RoundResult, Scheduler
-from .config import PluginConfig
+from ..runtime import DWISE, DWSSJF, RoundPlan, RoundResult, Scheduler
+from .config import PLANNED, PluginConfig
 from .monitor import QualityMonitor
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,8 @@ class RequestTrack:
     first_round: int | None = None
     finish_round: int | None = None
     hidden: np.ndarray | None = None
+    #: the DWS cost estimate the request was ranked by (policy dws-sjf), else None
+    cost_ms: float | None = None
 
 
 @dataclass
@@ -91,7 +93,7 @@ class DwiseServing:
         req_slots: int,
         refine: bool,
     ) -> None:
-        if config.policy == "dwise" and req_slots < config.max_residents:
+        if config.policy in PLANNED and req_slots < config.max_residents:
             raise ConfigError(
                 f"SGLang has {req_slots} request slots but the plugin keeps up to k*B = "
                 f"{config.k}*{config.slots} = {config.max_residents} residents: launch with "
@@ -101,7 +103,8 @@ class DwiseServing:
         self.bundle = bundle
         self.block_size = int(block_size)
         self.refine = refine
-        policy: Any = DWISE(aging=config.aging)  # a frozen dataclass satisfies Policy at runtime
+        # a frozen dataclass satisfies Policy at runtime
+        policy: Any = DWSSJF() if config.policy == "dws-sjf" else DWISE(aging=config.aging)
         self.core = Scheduler(
             policy,
             slots=config.slots,
@@ -128,10 +131,14 @@ class DwiseServing:
 
     # -- arrivals -----------------------------------------------------------------------------
     def _text_of(self, req: Any, tokenizer: Any) -> str:
+        """The prompt text after the chat template: SGLang 0.5.23's ``Req`` takes the text but
+        keeps only the ids, so the ids are decoded with the scheduler's tokenizer (a server
+        started with ``--skip-tokenizer-init`` has none: the text features are then 0 and the
+        estimate rests on the token count; docs/sglang.md)."""
         text = getattr(req, "origin_input_text", None)
         if text:
             return str(text)
-        if tokenizer is not None:  # ids-only request: decode with the server's tokenizer
+        if tokenizer is not None:
             return str(tokenizer.decode(list(req.origin_input_ids)))
         return ""
 
@@ -141,13 +148,18 @@ class DwiseServing:
         if not new:
             return 0
         X = np.empty((len(new), 3), dtype=np.float64)
+        texts = []
         for i, req in enumerate(new):
-            text = self._text_of(req, tokenizer)
+            texts.append(self._text_of(req, tokenizer))
             # the token count is SGLang's own, i.e. after the chat template was applied
-            X[i] = (word_count(text), newline_count(text), len(req.origin_input_ids))
+            X[i] = (word_count(texts[-1]), newline_count(texts[-1]), len(req.origin_input_ids))
         est = np.asarray(self.bundle.predict_admission_features(X), dtype=np.float64)
+        scores: list[float | None] = [None] * len(new)
+        if self.config.policy == "dws-sjf":  # the DWS surface priced by the cost profile, in ms
+            cost = self.bundle.predict_cost(texts, prompt_tokens=X[:, 2].astype(np.int64))
+            scores = [float(c) if math.isfinite(c) and c >= 0 else 0.0 for c in cost.tolist()]
         bs, kv = self.block_size, self.core.kv
-        for req, e in zip(new, est.tolist()):
+        for req, e, score in zip(new, est.tolist(), scores):
             n_prompt = len(req.origin_input_ids)
             budget = int(req.sampling_params.max_new_tokens)
             worst = kv.worst_case(n_prompt, budget, bs)
@@ -170,9 +182,11 @@ class DwiseServing:
                 output_budget=budget,
                 block_size=bs,
                 kv_tokens_worst_case=worst,
+                score=score,
             )
             self.reqs[req.rid] = req
             self.tracks[req.rid] = RequestTrack(n_prompt, budget, e, self.core.round_index)
+            self.tracks[req.rid].cost_ms = score
         return len(new)
 
     # -- one round ------------------------------------------------------------------------------

@@ -295,6 +295,9 @@ def serve(
             threshold=threshold,
             pool_tokens=pool_tokens,
         )
+        # a real scheduler holds the server's tokenizer; SGLang 0.5.23's Req keeps only the
+        # prompt's ids (not its text), so the plugin decodes them with it for the features
+        s.tokenizer = runner.tokenizer
         if on_scheduler is not None:
             on_scheduler(s)
         worker = SimpleNamespace(dllm_algorithm=get_algorithm(s.dllm_config), model_runner=runner)
