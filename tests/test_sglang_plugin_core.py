@@ -27,19 +27,23 @@ def test_unset_means_plugin_off():
 def test_env_settings_parse_and_override_the_file(tmp_path):
     f = tmp_path / "dwise.json"
     f.write_text(json.dumps({"bundle": "tiny-bd", "slots": 32, "k": 4, "refine": False}))
-    cfg = load_config({"DWISE_SGLANG_CONFIG": str(f), "DWISE_SGLANG_SLOTS": "8",
-                       "DWISE_SGLANG_AGING": "0.5"})
+    cfg = load_config(
+        {"DWISE_SGLANG_CONFIG": str(f), "DWISE_SGLANG_SLOTS": "8", "DWISE_SGLANG_AGING": "0.5"}
+    )
     assert cfg == PluginConfig(bundle="tiny-bd", slots=8, k=4, refine=False, aging=0.5)
     assert cfg.max_residents == 32
 
 
-@pytest.mark.parametrize("env, match", [
-    ({"DWISE_SGLANG_POLICY": "lifo"}, "POLICY"),
-    ({"DWISE_SGLANG_SLOTS": "0"}, "SLOTS"),
-    ({"DWISE_SGLANG_K": "two"}, "K="),
-    ({"DWISE_SGLANG_REFINE": "maybe"}, "REFINE"),
-    ({"DWISE_SGLANG_AGING": "-1"}, "AGING"),
-])
+@pytest.mark.parametrize(
+    "env, match",
+    [
+        ({"DWISE_SGLANG_POLICY": "lifo"}, "POLICY"),
+        ({"DWISE_SGLANG_SLOTS": "0"}, "SLOTS"),
+        ({"DWISE_SGLANG_K": "two"}, "K="),
+        ({"DWISE_SGLANG_REFINE": "maybe"}, "REFINE"),
+        ({"DWISE_SGLANG_AGING": "-1"}, "AGING"),
+    ],
+)
 def test_bad_settings_name_the_variable(env, match):
     with pytest.raises(ConfigError, match=match):
         load_config({"DWISE_SGLANG_BUNDLE": "tiny-bd", **env})
@@ -78,7 +82,46 @@ def test_monitor_tracks_calibration_and_rank_and_warns_on_drift(tmp_path, caplog
 def test_entry_point_is_declared_and_import_stays_light():
     eps = {ep.name: ep.value for ep in entry_points(group="sglang.srt.plugins")}
     assert eps.get("dwise") == "dwise_predict.sglang.plugin:register"
-    code = ("import sys, dwise_predict.sglang.plugin, dwise_predict.sglang.serving; "
-            "print(sorted(m for m in ('torch', 'sglang', 'lightning') if m in sys.modules))")
+    code = (
+        "import sys, dwise_predict.sglang.plugin, dwise_predict.sglang.serving; "
+        "print(sorted(m for m in ('torch', 'sglang', 'lightning') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_arrivals_are_found_after_the_last_request_seen_or_by_a_full_scan():
+    """SGLang appends arrivals; an abort or a retraction changes the queue otherwise."""
+    from types import SimpleNamespace
+
+    from dwise_predict import load_bundle
+    from dwise_predict.sglang.serving import DwiseServing
+
+    def req(i: int) -> SimpleNamespace:
+        return SimpleNamespace(
+            rid=f"r{i}",
+            origin_input_text="word " * (i + 1),
+            origin_input_ids=[0] * (40 + i),
+            sampling_params=SimpleNamespace(max_new_tokens=64),
+        )
+
+    cfg = PluginConfig(bundle="tiny-bd", slots=2, k=2)
+    st = DwiseServing(
+        cfg,
+        load_bundle("tiny-bd"),
+        block_size=32,
+        kv_pool_tokens=1 << 20,
+        req_slots=4,
+        refine=False,
+    )
+    queue = [req(i) for i in range(5)]
+    assert st.register_arrivals(queue) == 5
+    queue += [req(5), req(6)]  # appended: only the tail is looked at
+    assert st.register_arrivals(queue) == 2 and {"r5", "r6"} <= set(st.reqs)
+    assert st.register_arrivals(queue) == 0
+    del queue[1]  # an abort in the middle, then an arrival: a full scan
+    queue.append(req(7))
+    assert st.register_arrivals(queue) == 1 and "r7" in st.reqs
+    queue.pop()  # the last request left and another came: same length, another tail
+    queue.append(req(8))
+    assert st.register_arrivals(queue) == 1 and "r8" in st.reqs

@@ -128,6 +128,8 @@ class DwiseServing:
         self._pending: _Pending | None = None
         self._resolved: dict[Any, bool] = {}
         self._first_rids: set[Any] = set()
+        #: (length, last request) of SGLang's waiting list when the plugin last looked
+        self._seen: tuple[int, Any] = (0, None)
 
     # -- arrivals -----------------------------------------------------------------------------
     def _text_of(self, req: Any, tokenizer: Any) -> str:
@@ -142,9 +144,27 @@ class DwiseServing:
             return str(tokenizer.decode(list(req.origin_input_ids)))
         return ""
 
+    def _new_in(self, waiting: list[Any]) -> list[Any]:
+        """The requests in ``waiting`` the plugin has not seen, without a scan of the queue.
+
+        SGLang appends arrivals to its waiting list, and only the plugin takes requests out
+        (admission) in this mode, so what is new is what follows the last request seen. When
+        the queue changed otherwise (an abort, a retraction), the whole queue is scanned.
+        """
+        n, tail = self._seen
+        if 0 < n <= len(waiting) and waiting[n - 1] is tail:
+            new = [r for r in waiting[n:] if r.rid not in self.reqs]
+        else:
+            new = [r for r in waiting if r.rid not in self.reqs]
+        self._remember(waiting)
+        return new
+
+    def _remember(self, waiting: list[Any]) -> None:
+        self._seen = (len(waiting), waiting[-1] if waiting else None)
+
     def register_arrivals(self, waiting: list[Any], tokenizer: Any = None) -> int:
         """Give every request new to ``waiting`` its admission estimate and a core row."""
-        new = [r for r in waiting if r.rid not in self.reqs]
+        new = self._new_in(waiting)
         if not new:
             return 0
         X = np.empty((len(new), 3), dtype=np.float64)
@@ -269,8 +289,14 @@ class DwiseServing:
         if plan.admitted.size:
             # plan.admitted holds table rows (all live now); plan.ids holds the ids of plan.rows
             admitted = [self.reqs[rid] for rid in self.core.table.ids[plan.admitted].tolist()]
-            taken = {id(r) for r in admitted}
-            sched.waiting_queue = [r for r in sched.waiting_queue if id(r) not in taken]
+            queue = sched.waiting_queue
+            if 8 * len(admitted) < len(queue):  # a few: list.remove scans at C speed
+                for r in admitted:
+                    queue.remove(r)
+            else:
+                taken = {id(r) for r in admitted}
+                queue = sched.waiting_queue = [r for r in queue if id(r) not in taken]
+            self._remember(queue)
             sched.dllm_manager.add_waiting_reqs(admitted)
         run = [self.reqs[rid] for rid in plan.request_ids]
         self.stats.max_residents = max(self.stats.max_residents, self.core.n_resident)
