@@ -38,22 +38,51 @@ def _wait_ready(port: int, proc: subprocess.Popen, timeout_s: float) -> None:
     raise SystemExit(f"the server was not ready after {timeout_s:.0f} s")
 
 
-def run_one(name: str, args: argparse.Namespace, env: dict[str, str], max_running: int,
-            out_dir: Path) -> dict[str, Any]:
-    server = [sys.executable, "-m", "sglang.launch_server", "--model-path", args.model,
-              "--dllm-algorithm", args.algorithm, "--max-running-requests", str(max_running),
-              "--port", str(args.port), *args.server_args]
+def run_one(
+    name: str, args: argparse.Namespace, env: dict[str, str], max_running: int, out_dir: Path
+) -> dict[str, Any]:
+    server = [
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        args.model,
+        "--dllm-algorithm",
+        args.algorithm,
+        "--max-running-requests",
+        str(max_running),
+        "--port",
+        str(args.port),
+        *args.server_args,
+    ]
     with open(out_dir / f"{name}.server.log", "w") as log:
         proc = subprocess.Popen(server, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             _wait_ready(args.port, proc, args.startup_timeout)
             result = out_dir / f"{name}.jsonl"
             result.unlink(missing_ok=True)
-            subprocess.run([sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang",
-                            "--port", str(args.port), "--dataset-name", args.dataset,
-                            "--num-prompts", str(args.num_prompts),
-                            "--request-rate", args.request_rate, "--seed", str(args.seed),
-                            "--output-file", str(result)], check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "sglang.bench_serving",
+                    "--backend",
+                    "sglang",
+                    "--port",
+                    str(args.port),
+                    "--dataset-name",
+                    args.dataset,
+                    "--num-prompts",
+                    str(args.num_prompts),
+                    "--request-rate",
+                    args.request_rate,
+                    "--seed",
+                    str(args.seed),
+                    "--output-file",
+                    str(result),
+                ],
+                check=True,
+            )
             return dict(json.loads(result.read_text().strip().splitlines()[-1]))
         finally:
             proc.terminate()
@@ -79,20 +108,39 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     stock_env = {k: v for k, v in os.environ.items() if not k.startswith("DWISE_SGLANG_")}
-    plugin_env = {**stock_env, "DWISE_SGLANG_BUNDLE": args.bundle,
-                  "DWISE_SGLANG_SLOTS": str(args.slots), "DWISE_SGLANG_K": str(args.k),
-                  "DWISE_SGLANG_MONITOR_FILE": str(out.with_suffix(".monitor.json"))}
-    runs = {"sglang-fcfs": run_one("stock", args, stock_env, args.slots, out.parent),
-            "dwise-plugin": run_one("dwise", args, plugin_env, args.slots * args.k, out.parent)}
+    plugin_env = {
+        **stock_env,
+        "DWISE_SGLANG_BUNDLE": args.bundle,
+        "DWISE_SGLANG_SLOTS": str(args.slots),
+        "DWISE_SGLANG_K": str(args.k),
+        "DWISE_SGLANG_MONITOR_FILE": str(out.with_suffix(".monitor.json")),
+    }
+    runs = {
+        "sglang-fcfs": run_one("stock", args, stock_env, args.slots, out.parent),
+        "dwise-plugin": run_one("dwise", args, plugin_env, args.slots * args.k, out.parent),
+    }
     keys = ("mean_e2e_latency_ms", "median_e2e_latency_ms", "mean_ttft_ms", "request_throughput")
     print(f"{'':24s}{'sglang-fcfs':>16s}{'dwise-plugin':>16s}")
     for key in keys:
         a, b = runs["sglang-fcfs"].get(key), runs["dwise-plugin"].get(key)
         print(f"{key:24s}{a!s:>16.10s}{b!s:>16.10s}")
-    out.write_text(json.dumps({"model": args.model, "bundle": args.bundle, "slots": args.slots,
-                               "k": args.k, "dataset": args.dataset,
-                               "num_prompts": args.num_prompts, "request_rate": args.request_rate,
-                               "seed": args.seed, "runs": runs}, indent=2) + "\n")
+    out.write_text(
+        json.dumps(
+            {
+                "model": args.model,
+                "bundle": args.bundle,
+                "slots": args.slots,
+                "k": args.k,
+                "dataset": args.dataset,
+                "num_prompts": args.num_prompts,
+                "request_rate": args.request_rate,
+                "seed": args.seed,
+                "runs": runs,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {out}")
     return 0
 

@@ -39,8 +39,12 @@ from .quantize import int8_name, quantize_int8
 #: surface cells are probabilities: FP32 graph vs torch differ by float rounding only
 SURFACE_FP32 = Tolerance(1e-4, 0.0, "surface cells (probabilities); float32 in both, op order only")
 #: INT8 moves cells by a few hundredths; what matters is the cost a scheduler ranks by
-SURFACE_INT8 = Tolerance(0.1, 0.0, "surface cells (probabilities); INT8 weights of a 6-layer "
-                         "encoder move a cell by a few hundredths; the cost gate below decides")
+SURFACE_INT8 = Tolerance(
+    0.1,
+    0.0,
+    "surface cells (probabilities); INT8 weights of a 6-layer "
+    "encoder move a cell by a few hundredths; the cost gate below decides",
+)
 #: the paper's INT8 cost: +0.54% MAE; we allow 1% of the FP32 cost MAE
 COST_MAE_REL = 0.01
 
@@ -51,8 +55,9 @@ def dws_to_onnx(trained: Any, path: str | Path, *, opset: int = DEFAULT_OPSET) -
         import onnx
         import torch
     except ImportError as e:
-        raise MissingDependencyError(f"ONNX export needs torch and onnx ({e}); "
-                                     "pip install 'dwise-predict[train]'") from e
+        raise MissingDependencyError(
+            f"ONNX export needs torch and onnx ({e}); pip install 'dwise-predict[train]'"
+        ) from e
     model = trained.model.eval()
     cfg = trained.config
     ids, mask = trained.tokenizer.encode(["an example prompt", "and a second, longer one"])
@@ -64,22 +69,36 @@ def dws_to_onnx(trained: Any, path: str | Path, *, opset: int = DEFAULT_OPSET) -
         # one ~2 s, and the parity gate below checks the graph either way
         axes = {name: {0: "batch", 1: "length"} for name in INPUTS}
         with _quiet_exporter(), torch.no_grad():
-            torch.onnx.export(model, example, str(raw), input_names=list(INPUTS),
-                              output_names=outputs, opset_version=opset, dynamo=False,
-                              dynamic_axes=axes, verbose=False)
+            torch.onnx.export(
+                model,
+                example,
+                str(raw),
+                input_names=list(INPUTS),
+                output_names=outputs,
+                opset_version=opset,
+                dynamo=False,
+                dynamic_axes=axes,
+                verbose=False,
+            )
         onx = onnx.load(str(raw), load_external_data=True)
     onx.graph.name = "dwise_dws"
-    set_metadata(onx, {
-        "dwise.predictor": "dws",
-        "dwise.precision": "fp32",
-        "dwise.n_blocks": str(cfg.n_blocks),
-        "dwise.max_steps": str(cfg.max_steps),
-        "dwise.inputs": "input_ids, attention_mask (n, L) int64 from the bundle's tokenizer "
-                        "(dws_tokenizer.json) and truncation rule (dws.json)",
-        "dwise.output": "surface (n, N, S): P(output block b needs denoising step s | prompt)"
-                        + ("; baselines (n, 3): output tokens, total steps, direct cost ms"
-                           if len(outputs) > 1 else ""),
-    })
+    set_metadata(
+        onx,
+        {
+            "dwise.predictor": "dws",
+            "dwise.precision": "fp32",
+            "dwise.n_blocks": str(cfg.n_blocks),
+            "dwise.max_steps": str(cfg.max_steps),
+            "dwise.inputs": "input_ids, attention_mask (n, L) int64 from the bundle's tokenizer "
+            "(dws_tokenizer.json) and truncation rule (dws.json)",
+            "dwise.output": "surface (n, N, S): P(output block b needs denoising step s | prompt)"
+            + (
+                "; baselines (n, 3): output tokens, total steps, direct cost ms"
+                if len(outputs) > 1
+                else ""
+            ),
+        },
+    )
     return save_model_atomic(onx, path)
 
 
@@ -109,10 +128,17 @@ def _latency(predictor: DWSPredictor, prompts: list[str], repeats: int = 3) -> f
     return 1e3 * statistics.median(times)
 
 
-def export_dws(trained: Any, folder: str | Path, probes: list[str], *, int8: bool = True,
-               profile: Any = None, true_cost: np.ndarray | None = None,
-               prompt_blocks: np.ndarray | None = None, min_speedup: float = 1.05,
-               ) -> tuple[DWSPredictor, Path | None, list[DWSExportCheck]]:
+def export_dws(
+    trained: Any,
+    folder: str | Path,
+    probes: list[str],
+    *,
+    int8: bool = True,
+    profile: Any = None,
+    true_cost: np.ndarray | None = None,
+    prompt_blocks: np.ndarray | None = None,
+    min_speedup: float = 1.05,
+) -> tuple[DWSPredictor, Path | None, list[DWSExportCheck]]:
     """Export FP32 (+ INT8) into ``folder``; returns the FP32 predictor, the kept INT8 path.
 
     ``probes`` are prompts the gate predicts (held-out prompts, or the training ones when none
@@ -129,9 +155,11 @@ def export_dws(trained: Any, folder: str | Path, probes: list[str], *, int8: boo
     gate = compare(ref, s32, SURFACE_FP32)
     if not gate.passed:
         fp32_path.unlink(missing_ok=True)
-        raise ModelError(f"the DWS ONNX export differs from the torch model by up to "
-                         f"{gate.max_abs_error:.2e} per surface cell (tolerance "
-                         f"{SURFACE_FP32.abs:g}); nothing was written")
+        raise ModelError(
+            f"the DWS ONNX export differs from the torch model by up to "
+            f"{gate.max_abs_error:.2e} per surface cell (tolerance "
+            f"{SURFACE_FP32.abs:g}); nothing was written"
+        )
 
     def cost_mae(surface: np.ndarray) -> float | None:
         if profile is None or true_cost is None or prompt_blocks is None:
@@ -140,8 +168,11 @@ def export_dws(trained: Any, folder: str | Path, probes: list[str], *, int8: boo
 
     mae32 = cost_mae(s32)
     lat32 = _latency(fp32, probes)
-    checks = [DWSExportCheck("dws.onnx", "fp32", True, "parity passed", gate.max_abs_error, mae32,
-                             None, lat32)]
+    checks = [
+        DWSExportCheck(
+            "dws.onnx", "fp32", True, "parity passed", gate.max_abs_error, mae32, None, lat32
+        )
+    ]
     if not int8:
         return fp32, None, checks
     q_path = quantize_int8(fp32_path, int8_name(fp32_path))
@@ -159,9 +190,18 @@ def export_dws(trained: Any, folder: str | Path, probes: list[str], *, int8: boo
     if lat8 * min_speedup > lat32:
         reasons.append(f"not faster than FP32 ({lat8:.2f} vs {lat32:.2f} ms/request)")
     kept = not reasons
-    checks.append(DWSExportCheck(q_path.name, "int8", kept, "; ".join(reasons) or
-                                 "parity passed and faster than FP32", g8.max_abs_error, mae8,
-                                 rel, lat8))
+    checks.append(
+        DWSExportCheck(
+            q_path.name,
+            "int8",
+            kept,
+            "; ".join(reasons) or "parity passed and faster than FP32",
+            g8.max_abs_error,
+            mae8,
+            rel,
+            lat8,
+        )
+    )
     if not kept:
         q_path.unlink(missing_ok=True)
         return fp32, None, checks

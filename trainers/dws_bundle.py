@@ -28,31 +28,48 @@ log = logging.getLogger(__name__)
 PAPER_PROFILE = "paper-llada2.0-mini"
 
 
-def train_dws_module(table: pa.Table, profile: CostProfile, folder: str | Path, *,
-                     config: DWSTrainConfig | None = None, seed: int = 0, int8: bool = True,
-                     probes: int = 64) -> tuple[DWSPredictor, DWSTrained]:
+def train_dws_module(
+    table: pa.Table,
+    profile: CostProfile,
+    folder: str | Path,
+    *,
+    config: DWSTrainConfig | None = None,
+    seed: int = 0,
+    int8: bool = True,
+    probes: int = 64,
+) -> tuple[DWSPredictor, DWSTrained]:
     """Train DWS on ``table`` and export it into ``folder`` (which must outlive the predictor
     until it is saved into a bundle); returns (the bundle module, the torch model)."""
     config = replace(config or DWSTrainConfig(), seed=seed)
     arrays = dws_arrays(table)
     N, S = arrays.shape  # noqa: N806
     if profile.max_steps != S or profile.block_size != arrays.block_size:
-        raise ConfigError(f"the cost profile is for block size {profile.block_size} with "
-                          f"{profile.max_steps} steps per block, the traces for block size "
-                          f"{arrays.block_size} with S = {S}: profile this decoder")
+        raise ConfigError(
+            f"the cost profile is for block size {profile.block_size} with "
+            f"{profile.max_steps} steps per block, the traces for block size "
+            f"{arrays.block_size} with S = {S}: profile this decoder"
+        )
     extra: dict[str, Any] = {}
     try:
         extra[PAPER_PROFILE] = load_cost_profile(PAPER_PROFILE)
     except ConfigError:  # the example is optional for training
-        log.warning("shipped profile %s not found; baselines calibrated for the bundle's only",
-                    PAPER_PROFILE)
+        log.warning(
+            "shipped profile %s not found; baselines calibrated for the bundle's only",
+            PAPER_PROFILE,
+        )
     trained = train_dws(arrays, profile if config.baselines else None, config, profiles=extra)
     sub = arrays.subset(np.arange(arrays.n) < min(probes, arrays.n))
     from dwise_predict.export.onnx_dws import export_dws
 
-    fp32, q, checks = export_dws(trained, folder, sub.prompts, int8=int8, profile=profile,
-                                 true_cost=true_costs(sub, profile),
-                                 prompt_blocks=sub.prompt_blocks)
+    fp32, q, checks = export_dws(
+        trained,
+        folder,
+        sub.prompts,
+        int8=int8,
+        profile=profile,
+        true_cost=true_costs(sub, profile),
+        prompt_blocks=sub.prompt_blocks,
+    )
     fp32.int8_path = q
     fp32.exports = [c.to_json() for c in checks]
     return fp32, trained

@@ -56,9 +56,15 @@ class DWSArrays:
 
     def subset(self, mask: np.ndarray) -> DWSArrays:
         idx = np.flatnonzero(mask)
-        return DWSArrays([self.prompts[i] for i in idx], self.category[idx], self.activity[idx],
-                         [self.rounds_per_block[i] for i in idx], self.prompt_blocks[idx],
-                         self.output_tokens[idx], self.block_size)
+        return DWSArrays(
+            [self.prompts[i] for i in idx],
+            self.category[idx],
+            self.activity[idx],
+            [self.rounds_per_block[i] for i in idx],
+            self.prompt_blocks[idx],
+            self.output_tokens[idx],
+            self.block_size,
+        )
 
 
 def max_steps_from_fingerprint(fingerprint: dict[str, Any] | None, block_size: int) -> int:
@@ -71,8 +77,9 @@ def max_steps_from_fingerprint(fingerprint: dict[str, Any] | None, block_size: i
     return int(block_size)
 
 
-def dws_arrays(traces: str | Path | pa.Table, *, n_blocks: int | None = None,
-               max_steps: int | None = None) -> DWSArrays:
+def dws_arrays(
+    traces: str | Path | pa.Table, *, n_blocks: int | None = None, max_steps: int | None = None
+) -> DWSArrays:
     """Read prompts and activity matrices; ``n_blocks``/``max_steps`` fix the surface's shape
     (evaluation uses the bundle's), else they come from the traces."""
     import json
@@ -84,8 +91,10 @@ def dws_arrays(traces: str | Path | pa.Table, *, n_blocks: int | None = None,
         raise TrainingError("the traces hold no requests; trace some with `dwise-predict trace`")
     prompts = table.column("prompt").to_pylist()
     if any(p is None for p in prompts):
-        raise TraceError("some traces have no prompt text (written with prompts redacted); the DWS "
-                         "predictor reads the prompt: re-trace without redaction")
+        raise TraceError(
+            "some traces have no prompt text (written with prompts redacted); the DWS "
+            "predictor reads the prompt: re-trace without redaction"
+        )
     sizes = set(table.column("block_size").to_pylist())
     if len(sizes) != 1:
         raise TraceError(f"the traces mix block sizes {sorted(sizes)}; keep one decoder per folder")
@@ -95,20 +104,32 @@ def dws_arrays(traces: str | Path | pa.Table, *, n_blocks: int | None = None,
     S = int(max_steps) if max_steps is not None else max_steps_from_fingerprint(fp, bs)  # noqa: N806
     rpb = [list(r) for r in table.column("rounds_per_block").to_pylist()]
     budget = table.column("output_budget").to_numpy()
-    N = int(n_blocks) if n_blocks is not None else max(  # noqa: N806
-        max(math.ceil(int(b) / bs) for b in budget), max(len(r) for r in rpb))
+    N = (
+        int(n_blocks)
+        if n_blocks is not None
+        else max(  # noqa: N806
+            max(math.ceil(int(b) / bs) for b in budget), max(len(r) for r in rpb)
+        )
+    )
     if any(len(r) > N for r in rpb):
-        raise TraceError(f"some traces ran more than the surface's N = {N} output blocks; "
-                         "train on traces with the same output budget")
+        raise TraceError(
+            f"some traces ran more than the surface's N = {N} output blocks; "
+            "train on traces with the same output budget"
+        )
     worst = max(max(r) for r in rpb)
     if worst > S:
-        raise TraceError(f"a block needed {worst} steps but the surface has S = {S} per block; "
-                         "record the decoder's max steps per block in the fingerprint "
-                         "(extra['max_steps_per_block']) or re-trace")
+        raise TraceError(
+            f"a block needed {worst} steps but the surface has S = {S} per block; "
+            "record the decoder's max steps per block in the fingerprint "
+            "(extra['max_steps_per_block']) or re-trace"
+        )
     act = np.stack([activity_matrix(r, S, N) for r in rpb])
-    return DWSArrays(prompts=[str(p) for p in prompts],
-                     category=np.asarray(table.column("category").to_pylist(), dtype=object),
-                     activity=act, rounds_per_block=rpb,
-                     prompt_blocks=table.column("prompt_blocks").to_numpy().astype(np.int64),
-                     output_tokens=table.column("output_tokens").to_numpy().astype(np.int64),
-                     block_size=bs)
+    return DWSArrays(
+        prompts=[str(p) for p in prompts],
+        category=np.asarray(table.column("category").to_pylist(), dtype=object),
+        activity=act,
+        rounds_per_block=rpb,
+        prompt_blocks=table.column("prompt_blocks").to_numpy().astype(np.int64),
+        output_tokens=table.column("output_tokens").to_numpy().astype(np.int64),
+        block_size=bs,
+    )

@@ -62,11 +62,14 @@ class PluginConfig:
             if not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{PREFIX}{name.upper()}={v!r} must be a positive integer")
         if not math.isfinite(self.aging) or self.aging < 0:
-            raise ConfigError(f"{PREFIX}AGING={self.aging!r} must be a finite number >= 0 "
-                              "(0 = off)")
+            raise ConfigError(
+                f"{PREFIX}AGING={self.aging!r} must be a finite number >= 0 (0 = off)"
+            )
         if not self.drift_threshold > 1.0:
-            raise ConfigError(f"{PREFIX}DRIFT_THRESHOLD={self.drift_threshold!r} must be > 1 "
-                              "(a factor: warn when median predicted/actual leaves [1/t, t])")
+            raise ConfigError(
+                f"{PREFIX}DRIFT_THRESHOLD={self.drift_threshold!r} must be > 1 "
+                "(a factor: warn when median predicted/actual leaves [1/t, t])"
+            )
         if not 0.0 < self.kv_limit_frac <= 1.0:
             raise ConfigError(f"{PREFIX}KV_LIMIT_FRAC={self.kv_limit_frac!r} must lie in (0, 1]")
 
@@ -95,14 +98,24 @@ def _coerce(name: str, kind: type, raw: Any) -> Any:
             return float(raw)
         return None if raw is None or str(raw) == "" else str(raw)
     except (TypeError, ValueError):
-        raise ConfigError(f"{PREFIX}{name.upper()}={raw!r} is not a valid "
-                          f"{kind.__name__}") from None
+        raise ConfigError(
+            f"{PREFIX}{name.upper()}={raw!r} is not a valid {kind.__name__}"
+        ) from None
 
 
-_KINDS: dict[str, type] = {"slots": int, "k": int, "monitor_window": int, "monitor_every": int,
-                           "slack_blocks": int, "refine": bool, "allow_mismatch": bool,
-                           "trace_prompt_text": bool, "aging": float, "drift_threshold": float,
-                           "kv_limit_frac": float}
+_KINDS: dict[str, type] = {
+    "slots": int,
+    "k": int,
+    "monitor_window": int,
+    "monitor_every": int,
+    "slack_blocks": int,
+    "refine": bool,
+    "allow_mismatch": bool,
+    "trace_prompt_text": bool,
+    "aging": float,
+    "drift_threshold": float,
+    "kv_limit_frac": float,
+}
 
 
 def load_config(env: Mapping[str, str] | None = None) -> PluginConfig | None:
@@ -115,16 +128,19 @@ def load_config(env: Mapping[str, str] | None = None) -> PluginConfig | None:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
-            raise ConfigError(f"{PREFIX}CONFIG={file!r} cannot be read as JSON ({e}); "
-                              "point it at a JSON object of plugin settings") from e
+            raise ConfigError(
+                f"{PREFIX}CONFIG={file!r} cannot be read as JSON ({e}); "
+                "point it at a JSON object of plugin settings"
+            ) from e
         if not isinstance(data, dict):
             raise ConfigError(f"{PREFIX}CONFIG={file!r} must hold a JSON object")
         values.update(data)
     known = {f.name for f in fields(PluginConfig)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ConfigError(f"{PREFIX}CONFIG names unknown settings {unknown}; "
-                          f"known: {sorted(known)}")
+        raise ConfigError(
+            f"{PREFIX}CONFIG names unknown settings {unknown}; known: {sorted(known)}"
+        )
     for name in known:
         raw = env.get(f"{PREFIX}{name.upper()}")
         if raw is not None:

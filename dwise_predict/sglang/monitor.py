@@ -42,8 +42,9 @@ class QualityMonitor:
     finished: int = 0
     warned: bool = False
 
-    def record(self, actual_rounds: float, admission: float | None,
-               refined_total: float | None) -> None:
+    def record(
+        self, actual_rounds: float, admission: float | None, refined_total: float | None
+    ) -> None:
         """One finished request: its actual denoising rounds and what was predicted."""
         self.finished += 1
         if actual_rounds <= 0 or not math.isfinite(actual_rounds):
@@ -61,30 +62,49 @@ class QualityMonitor:
         a = np.asarray(q, dtype=np.float64)
         ratio = float(np.median(np.maximum(a[:, 0], 1e-9) / a[:, 1]))
         rho = spearman(a[:, 0], a[:, 1])  # None while undefined (< 3 requests, all tied)
-        return {"n": len(q), "median_ratio": round(ratio, 4),
-                "spearman": None if rho is None else round(rho, 4)}
+        return {
+            "n": len(q),
+            "median_ratio": round(ratio, 4),
+            "spearman": None if rho is None else round(rho, 4),
+        }
 
     def snapshot(self) -> dict[str, Any]:
         """The monitor's figures now, and whether they drifted past the threshold."""
         adm, ref = self._stats(self._adm), self._stats(self._ref)
         t = self.drift_threshold
-        drifted = [name for name, s in (("admission", adm), ("refinement", ref))
-                   if s["n"] >= self.window and s["median_ratio"] is not None
-                   and not 1.0 / t <= s["median_ratio"] <= t]
-        return {"finished": self.finished, "window": self.window, "drift_threshold": t,
-                "admission": adm, "refinement": ref, "drifted": drifted}
+        drifted = [
+            name
+            for name, s in (("admission", adm), ("refinement", ref))
+            if s["n"] >= self.window
+            and s["median_ratio"] is not None
+            and not 1.0 / t <= s["median_ratio"] <= t
+        ]
+        return {
+            "finished": self.finished,
+            "window": self.window,
+            "drift_threshold": t,
+            "admission": adm,
+            "refinement": ref,
+            "drifted": drifted,
+        }
 
     def publish(self, path: str | Path | None) -> dict[str, Any]:
         """Log the figures, warn once on drift, and write them atomically to ``path``."""
         snap = self.snapshot()
-        log.info("dwise monitor: admission %s, refinement %s", snap["admission"],
-                 snap["refinement"])
+        log.info(
+            "dwise monitor: admission %s, refinement %s", snap["admission"], snap["refinement"]
+        )
         if snap["drifted"] and not self.warned:
             self.warned = True
-            log.warning("dwise monitor: %s estimates drifted (median predicted/actual outside "
-                        "[%.2f, %.2f] over the last %d requests): retrain the bundle from the "
-                        "serving traces (docs/sglang.md)", " and ".join(snap["drifted"]),
-                        1.0 / self.drift_threshold, self.drift_threshold, self.window)
+            log.warning(
+                "dwise monitor: %s estimates drifted (median predicted/actual outside "
+                "[%.2f, %.2f] over the last %d requests): retrain the bundle from the "
+                "serving traces (docs/sglang.md)",
+                " and ".join(snap["drifted"]),
+                1.0 / self.drift_threshold,
+                self.drift_threshold,
+                self.window,
+            )
         if path is not None:
             write_json(Path(path), snap)
         return snap

@@ -60,17 +60,23 @@ def attach(scheduler: Any, config: PluginConfig) -> Any:
 
     dc = getattr(scheduler, "dllm_config", None)
     if dc is None:
-        raise ConfigError("DWISE_SGLANG_BUNDLE is set but this SGLang server runs no dLLM "
-                          "(--dllm-algorithm is unset): unset DWISE_SGLANG_BUNDLE, or serve a dLLM")
+        raise ConfigError(
+            "DWISE_SGLANG_BUNDLE is set but this SGLang server runs no dLLM "
+            "(--dllm-algorithm is unset): unset DWISE_SGLANG_BUNDLE, or serve a dLLM"
+        )
     if not dc.first_done_first_out_mode:
-        raise ConfigError("the dwise plugin needs SGLang's FDFO dLLM mode (one denoising step "
-                          "per round); sync mode runs a whole block inside one round, so "
-                          "remaining work cannot be counted per round: enable --dllm-fdfo, or "
-                          "unset DWISE_SGLANG_BUNDLE")
+        raise ConfigError(
+            "the dwise plugin needs SGLang's FDFO dLLM mode (one denoising step "
+            "per round); sync mode runs a whole block inside one round, so "
+            "remaining work cannot be counted per round: enable --dllm-fdfo, or "
+            "unset DWISE_SGLANG_BUNDLE"
+        )
     if dc.requires_separate_context_encoding and config.policy in PLANNED:
-        raise ConfigError(f"the {dc.algorithm} algorithm prefills with a variable-length "
-                          "EXTEND, so prompt and denoising blocks cannot share a round: use "
-                          "DWISE_SGLANG_POLICY=fcfs with it")
+        raise ConfigError(
+            f"the {dc.algorithm} algorithm prefills with a variable-length "
+            "EXTEND, so prompt and denoising blocks cannot share a round: use "
+            "DWISE_SGLANG_POLICY=fcfs with it"
+        )
     bundle = load_bundle(config.bundle)
     bundle.check(server_fingerprint(scheduler), allow_mismatch=config.allow_mismatch)
     if config.policy == "dws-sjf" and (bundle.dws is None or bundle.cost_profile is None):
@@ -82,23 +88,40 @@ def attach(scheduler: Any, config: PluginConfig) -> Any:
         )
     refine = config.refine and bundle.refinement is not None
     if config.refine and not refine:
-        log.warning("bundle '%s' has no refinement predictor: ranking by the admission estimate "
-                    "only (train one with `dwise-predict train --only refine`)", bundle.name)
-    state = DwiseServing(config, bundle, block_size=int(dc.block_size),
-                         kv_pool_tokens=int(scheduler.token_to_kv_pool_allocator.size),
-                         req_slots=int(scheduler.req_to_token_pool.size), refine=refine)
+        log.warning(
+            "bundle '%s' has no refinement predictor: ranking by the admission estimate "
+            "only (train one with `dwise-predict train --only refine`)",
+            bundle.name,
+        )
+    state = DwiseServing(
+        config,
+        bundle,
+        block_size=int(dc.block_size),
+        kv_pool_tokens=int(scheduler.token_to_kv_pool_allocator.size),
+        req_slots=int(scheduler.req_to_token_pool.size),
+        refine=refine,
+    )
     if config.trace_dir and int(getattr(scheduler, "tp_rank", 0) or 0) == 0:
         from .traces import ServingTraceSink
 
         state.trace_sink = ServingTraceSink(
-            config.trace_dir, server_fingerprint(scheduler),
+            config.trace_dir,
+            server_fingerprint(scheduler),
             dp_rank=int(getattr(scheduler, "dp_rank", 0) or 0),
-            prompt_text=config.trace_prompt_text, tokenizer=getattr(scheduler, "tokenizer", None))
+            prompt_text=config.trace_prompt_text,
+            tokenizer=getattr(scheduler, "tokenizer", None),
+        )
     state.gauges = gauges_for(scheduler)
     setattr(scheduler, STATE_ATTR, state)
-    log.info("dwise plugin: %s, policy %s, B=%d, k=%d, refinement %s, bundle %s",
-             server_fingerprint(scheduler).short(), config.policy, config.slots, config.k,
-             "on" if refine else "off", bundle.name)
+    log.info(
+        "dwise plugin: %s, policy %s, B=%d, k=%d, refinement %s, bundle %s",
+        server_fingerprint(scheduler).short(),
+        config.policy,
+        config.slots,
+        config.k,
+        "on" if refine else "off",
+        bundle.name,
+    )
     return state
 
 
@@ -141,11 +164,13 @@ def register() -> None:
     HookRegistry.register(f"{SCHEDULER}.__init__", after_init, HookType.AFTER)
 
     if config.policy in PLANNED:
+
         def fetch_waiting(original_fn: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
             return None  # admission is the plan's (compose_round), not SGLang's FIFO top-up
 
-        def process_batches(original_fn: Any, scheduler: Any, adder: Any,
-                            running_batch: Any = None, **kwargs: Any) -> Any:
+        def process_batches(
+            original_fn: Any, scheduler: Any, adder: Any, running_batch: Any = None, **kwargs: Any
+        ) -> Any:
             rb = running_batch if running_batch is not None else kwargs.get("running_batch")
             return _state(scheduler, config).compose_round(scheduler, adder, rb)
 
@@ -155,8 +180,9 @@ def register() -> None:
     if config.policy not in PLANNED:
         return  # fcfs: SGLang's own rounds; the plugin only checked the bundle at start-up
 
-    def batch_result(original_fn: Any, scheduler: Any, batch: Any, result: Any,
-                     *args: Any, **kwargs: Any) -> Any:
+    def batch_result(
+        original_fn: Any, scheduler: Any, batch: Any, result: Any, *args: Any, **kwargs: Any
+    ) -> Any:
         state = _state(scheduler, config)
         state.observe_result(batch, result)
         out = original_fn(scheduler, batch, result, *args, **kwargs)
@@ -166,8 +192,16 @@ def register() -> None:
     HookRegistry.register(f"{MIXIN}.process_batch_result_dllm", batch_result, HookType.AROUND)
 
     if config.refine:
-        def keep_hidden(original_fn: Any, processor: Any, hidden_states: Any, lm_head: Any,
-                        logits_metadata: Any, *args: Any, **kwargs: Any) -> Any:
+
+        def keep_hidden(
+            original_fn: Any,
+            processor: Any,
+            hidden_states: Any,
+            lm_head: Any,
+            logits_metadata: Any,
+            *args: Any,
+            **kwargs: Any,
+        ) -> Any:
             out = original_fn(processor, hidden_states, lm_head, logits_metadata, *args, **kwargs)
             out.hidden_states = hidden_states
             return out

@@ -75,10 +75,12 @@ def missing_targets(targets: tuple[str, ...] = HOOK_TARGETS) -> list[str]:
 
 
 def incompatibility_message(missing: list[str]) -> str:
-    return (f"dwise-predict's SGLang plugin cannot hook {', '.join(missing)} in SGLang "
-            f"{sglang_version() or '(not installed)'}; the plugin supports SGLang "
-            f"{SUPPORTED_SGLANG}: install sglang=={SUPPORTED_SGLANG}, or unset DWISE_SGLANG_BUNDLE "
-            "to serve without the plugin")
+    return (
+        f"dwise-predict's SGLang plugin cannot hook {', '.join(missing)} in SGLang "
+        f"{sglang_version() or '(not installed)'}; the plugin supports SGLang "
+        f"{SUPPORTED_SGLANG}: install sglang=={SUPPORTED_SGLANG}, or unset DWISE_SGLANG_BUNDLE "
+        "to serve without the plugin"
+    )
 
 
 def max_steps_per_block(decoding: str, block_size: int, algo_cfg: dict[str, Any]) -> int | None:
@@ -105,8 +107,9 @@ def server_fingerprint(scheduler: Any) -> ModelFingerprint:
     algo = str(dc.algorithm)
     algo_cfg = dict(dc.algorithm_config or {})
     threshold = float(algo_cfg.get("threshold", DEFAULT_THRESHOLDS.get(algo, float("nan"))))
-    model_id = (getattr(sa, "served_model_name", None) or getattr(sa, "model_path", None)
-                or "unknown")
+    model_id = (
+        getattr(sa, "served_model_name", None) or getattr(sa, "model_path", None) or "unknown"
+    )
     mc = getattr(scheduler, "model_config", None)
     hidden = getattr(mc, "hidden_size", None)
     if hidden is None:
@@ -114,8 +117,13 @@ def server_fingerprint(scheduler: Any) -> ModelFingerprint:
     extra = {k: v for k, v in algo_cfg.items() if k != "threshold"}
     decoding = DECODING_NAMES.get(algo, algo)
     return ModelFingerprint(
-        model_id=str(model_id), block_size=int(dc.block_size), threshold=threshold,
-        decoding=decoding, mask_token_id=int(dc.mask_id),
+        model_id=str(model_id),
+        block_size=int(dc.block_size),
+        threshold=threshold,
+        decoding=decoding,
+        mask_token_id=int(dc.mask_id),
         max_steps_per_block=max_steps_per_block(decoding, int(dc.block_size), algo_cfg),
         hidden_size=int(hidden) if hidden is not None else None,
-        revision=getattr(sa, "revision", None), extra={"sglang_algorithm_config": extra})
+        revision=getattr(sa, "revision", None),
+        extra={"sglang_algorithm_config": extra},
+    )
