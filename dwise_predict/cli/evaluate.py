@@ -84,35 +84,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     names = [n for n in ESTIMATES if n in metrics]
-    print(
-        format_table(
-            ["estimate", "spearman", "within-cat mean", "median ratio"],
-            [
-                [
-                    n,
-                    _fmt(metrics[n]["spearman"]),
-                    _fmt(metrics[n]["within_category_mean_spearman"]),
-                    _fmt(metrics[n]["median_ratio"]),
-                ]
-                for n in names
-            ],
-        )
-    )
-    cats = sorted(metrics["categories"])
-    print()
-    print(
-        format_table(
-            ["category", "n", *(f"ρ {n}" for n in names)],
-            [
-                [
-                    c,
-                    metrics["categories"][c],
-                    *(_fmt(metrics[n]["per_category"][c]["spearman"]) for n in names),
-                ]
-                for c in cats
-            ],
-        )
-    )
+    if names:  # a DWS-only bundle (`train --only dws`) has no round estimates
+        _print_round_tables(metrics, names)
     if args.holdout_category:
         h = holdout_evaluation(
             bundle, args.train_traces, args.traces, args.holdout_category, seed=args.seed
@@ -139,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
                 ],
             )
         )
-    plots = [] if args.no_plots else write_plots(preds, out.parent, stem=out.stem)
+    plots = [] if args.no_plots or not names else write_plots(preds, out.parent, stem=out.stem)
     if bundle.dws is not None:
         plots += _evaluate_dws(bundle, args, metrics, out)
     if plots:
@@ -193,3 +166,35 @@ def _evaluate_dws(
     if args.no_plots:
         return []
     return [write_surface_plot(surface, arrays, out.parent / f"{out.stem}_dws_surfaces.png")]
+
+
+def _print_round_tables(metrics: dict[str, Any], names: list[str]) -> None:
+    print(
+        format_table(
+            ["estimate", "spearman", "within-cat mean", "median ratio"],
+            [
+                [
+                    n,
+                    _fmt(metrics[n]["spearman"]),
+                    _fmt(metrics[n]["within_category_mean_spearman"]),
+                    _fmt(metrics[n]["median_ratio"]),
+                ]
+                for n in names
+            ],
+        )
+    )
+    cats = sorted(metrics["categories"])
+    print()
+    print(
+        format_table(
+            ["category", "n", *(f"ρ {n}" for n in names)],
+            [
+                [
+                    c,
+                    metrics["categories"][c],
+                    *(_fmt(metrics[n]["per_category"][c]["spearman"]) for n in names),
+                ]
+                for c in cats
+            ],
+        )
+    )
