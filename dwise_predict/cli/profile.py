@@ -113,16 +113,26 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
 
 def _measure(args: argparse.Namespace) -> Any:
     """Serve the workload one request at a time; returns the ProfileRun (and writes it)."""
-    from .trace import read_records
-
     if args.threads is not None:
         if args.threads < 1:
             raise ConfigError(f"--threads must be >= 1, got {args.threads}")
         import torch
 
+        # for this command only: `demo` runs the next commands in the same process
+        threads = torch.get_num_threads()
         torch.set_num_threads(args.threads)
+        try:
+            return _serve(args)
+        finally:
+            torch.set_num_threads(threads)
+    return _serve(args)
+
+
+def _serve(args: argparse.Namespace) -> Any:
     from dwise_predict.tracing.adapters import load_adapter
     from dwise_predict.tracing.profile import profile_workload
+
+    from .trace import read_records
 
     records = read_records(args.workload, args.split)
     adapter = load_adapter(args.model)
