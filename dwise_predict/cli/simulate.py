@@ -116,11 +116,17 @@ def _workload(args: argparse.Namespace) -> Any:
 
     table = read_traces(args.traces)
     admission = refined = None
+    cost = None
     if args.bundle:
         from ..bundle import load_bundle
+        from ..runtime import costs_from_bundle
 
-        admission, refined = estimates_from_bundle(load_bundle(args.bundle), table)
-    return Workload.from_requests(requests_from_traces(table, admission, refined))
+        bundle = load_bundle(args.bundle)
+        admission, refined = estimates_from_bundle(bundle, table)
+        if "dws-sjf" in [s.strip() for s in args.policies.split(",")]:
+            cost = costs_from_bundle(bundle, table)
+    workload = Workload.from_requests(requests_from_traces(table, admission, refined))
+    return workload if cost is None else workload.with_estimates(cost=cost)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -16,7 +16,7 @@ from .roundtime import RoundTimeModel
 from .scheduler import Scheduler
 from .simulator import SimulationRun, simulate
 from .synthetic import describe, synthetic_workload
-from .workload import Workload, estimates_from_bundle, requests_from_traces
+from .workload import Workload, costs_from_bundle, estimates_from_bundle, requests_from_traces
 
 __all__ = [
     "DWISE",
@@ -41,6 +41,7 @@ __all__ = [
     "Workload",
     "compare_policies",
     "describe",
+    "costs_from_bundle",
     "estimates_from_bundle",
     "make_arrivals",
     "make_policy",

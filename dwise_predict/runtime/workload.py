@@ -208,6 +208,28 @@ def as_workload(requests: Workload | Sequence[SimRequest]) -> Workload:
     return requests if isinstance(requests, Workload) else Workload.from_requests(list(requests))
 
 
+def costs_from_bundle(bundle: Any, table: pa.Table) -> np.ndarray:
+    """DWS-SJF's score for every trace row: the bundle's DWS surface of the prompt priced by
+    the bundle's cost profile (ms), with the traced prompt blocks as ``m``."""
+    if getattr(bundle, "dws", None) is None or getattr(bundle, "cost_profile", None) is None:
+        raise TraceError(
+            "policy 'dws-sjf' needs a bundle with a DWS predictor and a cost profile "
+            "(`dwise-predict train --cost-profile ...`)"
+        )
+    for c in ("prompt", "prompt_blocks"):
+        if c not in table.column_names:
+            raise TraceError(f"traces lack the column {c!r} DWS-SJF needs")
+    prompts = table.column("prompt").to_pylist()
+    if any(p is None for p in prompts):
+        raise TraceError("the traces' prompts are redacted: DWS predicts from the prompt text")
+    m = table.column("prompt_blocks").to_numpy().astype(np.float64)
+    cost = np.asarray(
+        bundle.cost_profile.expected_cost(bundle.predict_surface(prompts), m), dtype=np.float64
+    )
+    _opt(cost, table.num_rows, "bundle DWS costs")
+    return cost
+
+
 def requests_from_traces(
     table: pa.Table, admission: Any = None, refined: Any = None
 ) -> list[SimRequest]:
