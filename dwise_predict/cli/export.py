@@ -75,9 +75,31 @@ def run(args: argparse.Namespace) -> int:
     )
     for c in report.checks:
         print(f"{c.file}: {c.reason}")
+    dws = _dws_exports(report.bundle)
     for name, why in report.not_applicable.items():
+        if name == "dws" and dws is not None:
+            continue  # ONNX from the start: its gate's records are printed below
         print(f"{name}: not applicable ({why})")
+    for rec in dws or []:
+        mae = rec.get("cost_mae_ms")
+        rel = rec.get("cost_mae_rel_change")
+        print(
+            f"dws: {rec['file']} ({rec['precision']}, written and gated by `train`): "
+            f"{'kept' if rec['kept'] else 'dropped'}, {rec['reason']}; surface max abs err "
+            f"{rec['surface_max_abs_error']:.2g}"
+            + (f", probe cost MAE {mae:.2f} ms" if mae is not None else "")
+            + (f" ({100 * rel:+.2f}% vs FP32)" if rel is not None else "")
+            + f", {rec['latency_ms_per_request']:.2f} ms/request"
+        )
     if args.report:
         write_json(args.report, report.to_dict(), sort_keys=False)
     print(f"exported into {report.bundle}: {', '.join(report.kept_files()) or 'no file kept'}")
     return 0
+
+
+def _dws_exports(bundle: Any) -> list[dict[str, Any]] | None:
+    """The DWS module's export records (its ONNX files are written by `train`), if any."""
+    from ..bundle import load_bundle
+
+    b = load_bundle(bundle)
+    return None if b.dws is None else list(b.dws.exports)
