@@ -43,8 +43,13 @@ def quantize_int8(
     *,
     per_channel: bool = False,
     op_types: tuple[str, ...] = ("MatMul", "Gemm"),
+    exclude: tuple[str, ...] = (),
 ) -> Path:
-    """Write the INT8 dynamic-quantized version of ``src`` (default name: :func:`int8_name`)."""
+    """Write the INT8 dynamic-quantized version of ``src`` (default name: :func:`int8_name`).
+
+    ``exclude`` names nodes kept in FP32 (e.g. a transformer's FFN down-projections, whose
+    inputs carry the activation outliers that per-tensor int8 clips).
+    """
     try:
         import onnx
         from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -73,6 +78,7 @@ def quantize_int8(
                 weight_type=QuantType.QInt8,
                 per_channel=per_channel,
                 op_types_to_quantize=list(op_types),
+                nodes_to_exclude=list(exclude),
             )
         finally:
             root.setLevel(level)
@@ -88,7 +94,8 @@ def quantize_int8(
             **meta,
             "dwise.precision": "int8",
             "dwise.quantization": "dynamic, int8 weights"
-            + (", per channel" if per_channel else ""),
+            + (", per channel" if per_channel else "")
+            + (f", {len(exclude)} nodes kept in fp32" if exclude else ""),
         },
     )
     return save_model_atomic(q, dst)
