@@ -284,3 +284,44 @@ def test_bad_training_inputs(tiny_encoder: Path, tmp_path: Path) -> None:
         train_dws_module(few, planted_profile(block_size=4), tmp_path)
     with pytest.raises(ConfigError):
         DWSTrainConfig(stage_a="everything")
+
+
+def test_dws_only_bundle_evaluates_and_prices_dws_sjf(tiny_encoder: Path, tmp_path: Path) -> None:
+    """`eval` on a bundle trained with --only dws, and DWS-SJF's score from the bundle."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from dwise_predict.trainers.dws import DWSTrainConfig
+    from dwise_predict.trainers.pipeline import train_bundle
+
+    from dwise_predict.cli import main
+    from dwise_predict.runtime import costs_from_bundle
+
+    cfg = DWSTrainConfig(
+        encoder_path=str(tiny_encoder),
+        stage_a="none",
+        stage_b_epochs=5,
+        baseline_epochs=5,
+        window=48,
+        head_tokens=16,
+        num_threads=1,
+    )
+    out = tmp_path / "bundle"
+    train_bundle(
+        labelled_traces(64, seed=4), out, only="dws", cost_profile=planted_profile(), dws_config=cfg
+    )
+    ev = labelled_traces(32, seed=5)
+    pq.write_table(ev, tmp_path / "eval.parquet")
+    argv = ["eval", "--bundle", str(out), "--traces", str(tmp_path / "eval.parquet")]
+    assert main([*argv, "--out", str(tmp_path / "m.json"), "-q"]) == 0  # plots included
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    assert metrics["dws"]["n"] == 32 and "admission" not in metrics
+
+    bundle = dwise_predict.load_bundle(out)
+    cost = costs_from_bundle(bundle, ev)
+    surface = bundle.predict_surface(ev.column("prompt").to_pylist())
+    m = ev.column("prompt_blocks").to_numpy()
+    np.testing.assert_allclose(cost, bundle.cost_profile.expected_cost(surface, m))
+    i = ev.schema.get_field_index("prompt")
+    redacted = ev.set_column(i, "prompt", pa.array([None] * ev.num_rows, pa.string()))
+    with pytest.raises(TraceError, match="redacted"):
+        costs_from_bundle(bundle, redacted)
