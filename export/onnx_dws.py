@@ -38,12 +38,14 @@ from .quantize import int8_name, quantize_int8
 
 #: surface cells are probabilities: FP32 graph vs torch differ by float rounding only
 SURFACE_FP32 = Tolerance(1e-4, 0.0, "surface cells (probabilities); float32 in both, op order only")
-#: INT8 moves cells by a few hundredths; what matters is the cost a scheduler ranks by
+#: a bound on how far INT8 may move a cell; what matters is the cost a scheduler ranks by.
+#: Per-tensor INT8 of the trained all-MiniLM-L6-v2 moved cells by 0.3-0.7 on tiny-bd traces
+#: (docs/dws.md), so there this gate drops the INT8 file
 SURFACE_INT8 = Tolerance(
     0.1,
     0.0,
-    "surface cells (probabilities); INT8 weights of a 6-layer "
-    "encoder move a cell by a few hundredths; the cost gate below decides",
+    "surface cells (probabilities); INT8 weights of a 6-layer encoder may move a cell "
+    "by at most this much; the cost gate below decides too",
 )
 #: the paper's INT8 cost: +0.54% MAE; we allow 1% of the FP32 cost MAE
 COST_MAE_REL = 0.01
