@@ -203,6 +203,14 @@ def test_manifest_records_the_module_and_the_gate(trained: dict) -> None:
     }
     fp32 = next(e for e in entry["exports"] if e["precision"] == "fp32")
     assert fp32["kept"] and fp32["surface_max_abs_error"] < 1e-4
+    int8 = next(e for e in entry["exports"] if e["precision"] == "int8")
+    dev = int8["cost_deviation_rel"]  # the gate: mean |cost change| / mean FP32 cost
+    assert dev is not None and dev >= 0
+    assert int8["kept"] == (
+        dev <= 0.01
+        and int8["surface_max_abs_error"] <= 0.25
+        and int8["latency_ms_per_request"] * 1.05 <= fp32["latency_ms_per_request"]
+    )
     for f in entry["files"]:
         assert f in manifest["files"]
     assert "dws" in manifest["training"] and manifest["training"]["dws"]["N"] == BUDGET // BS

@@ -89,6 +89,11 @@ def run(args: argparse.Namespace) -> int:
             f"{rec['surface_max_abs_error']:.2g}"
             + (f", probe cost MAE {mae:.2f} ms" if mae is not None else "")
             + (f" ({100 * rel:+.2f}% vs FP32)" if rel is not None else "")
+            + (
+                f", cost moved {100 * rec['cost_deviation_rel']:.2f}% of FP32's"
+                if rec.get("cost_deviation_rel") is not None
+                else ""
+            )
             + f", {rec['latency_ms_per_request']:.2f} ms/request"
         )
     if args.report:
