@@ -20,6 +20,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+import _dws_helpers  # noqa: E402
 from synthetic_traces import make_traces, synthetic_featurizer  # noqa: E402
 
 import dwise_predict  # noqa: E402
@@ -38,57 +39,22 @@ BS, BUDGET = 8, 32  # N = 4 output blocks, S = 8 steps
 
 
 def planted_profile(block_size: int = BS, model_id: str = "synthetic/planted-bd") -> CostProfile:
-    b, s = np.arange(BUDGET // block_size)[:, None], np.arange(block_size)[None, :]
-    return CostProfile(
-        alpha_ms=2.0,
-        beta_ms=1.0,
-        K_ms=1.0 + 0.3 * b + 0.05 * s,
-        delta_ms=0.01,
-        block_size=block_size,
-        max_steps=block_size,
-        fingerprint={
-            "model_id": model_id,
-            "block_size": block_size,
-            "decoding": "low_confidence",
-            "threshold": 0.9,
-        },
-    )
+    fingerprint = {
+        "model_id": model_id,
+        "block_size": block_size,
+        "decoding": "low_confidence",
+        "threshold": 0.9,
+    }
+    return _dws_helpers.planted_profile(block_size, BUDGET, fingerprint)
 
 
 def labelled_traces(n: int, seed: int):
-    """Synthetic traces whose prompts open with their category's name: the category sets the
-    work, and a 48-token window would otherwise see only interchangeable filler words."""
-    import pyarrow as pa
-
-    table = make_traces(n, block_size=BS, output_budget=BUDGET, seed=seed)
-    prompts = [
-        " ".join([c] * 4) + ": " + p
-        for c, p in zip(table.column("category").to_pylist(), table.column("prompt").to_pylist())
-    ]
-    i = table.schema.get_field_index("prompt")
-    return table.set_column(i, table.schema.field(i), pa.array(prompts, pa.string()))
+    return _dws_helpers.labelled_traces(n, seed, block_size=BS, output_budget=BUDGET)
 
 
 @pytest.fixture(scope="module")
 def tiny_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A random 1-layer BERT saved like a Hub folder, with MiniLM's real tokenizer."""
-    import torch
-    from dwise_predict.trainers.dws import default_encoder_path
-    from transformers import BertConfig, BertModel
-
-    folder = tmp_path_factory.mktemp("tiny-bert")
-    torch.manual_seed(0)
-    cfg = BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
-    BertModel(cfg).save_pretrained(folder)
-    shutil.copy(default_encoder_path() / "tokenizer.json", folder / "tokenizer.json")
-    return folder
+    return _dws_helpers.save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
 @pytest.fixture(scope="module")

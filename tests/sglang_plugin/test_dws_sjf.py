@@ -9,12 +9,10 @@ the outputs stock SGLang gives it, and a bundle without DWS is refused at start-
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pytest
 from dwise_predict.zoo.tiny_bd.sglang_cpu import (
     TinyBDRunner,
@@ -28,59 +26,28 @@ from dwise_predict.zoo.tiny_bd.sglang_cpu import (
 
 from dwise_predict import load_bundle
 from dwise_predict.bundle import save_bundle
-from dwise_predict.cost import CostProfile
 from dwise_predict.errors import ConfigError
 from dwise_predict.sglang import plugin
 from dwise_predict.sglang.config import load_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from synthetic_traces import make_traces  # noqa: E402
+from _dws_helpers import labelled_traces, planted_profile, save_tiny_bert  # noqa: E402
 
 B, K = 2, 2
 
 
 @pytest.fixture(scope="module")
 def dws_bundle(tmp_path_factory) -> Path:
-    import torch
-    from dwise_predict.trainers.dws import DWSTrainConfig, default_encoder_path
+    from dwise_predict.trainers.dws import DWSTrainConfig
     from dwise_predict.trainers.dws_bundle import train_dws_module
-    from transformers import BertConfig, BertModel
 
     tmp = tmp_path_factory.mktemp("dws-sjf")
-    torch.manual_seed(0)
-    BertModel(
-        BertConfig(
-            vocab_size=30522,
-            hidden_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            intermediate_size=64,
-            max_position_embeddings=128,
-        )
-    ).save_pretrained(tmp / "bert")
-    shutil.copy(default_encoder_path() / "tokenizer.json", tmp / "bert" / "tokenizer.json")
-
     zoo = load_bundle("tiny-bd")
     bs = zoo.fingerprint.block_size
-    table = make_traces(96, block_size=bs, output_budget=128, seed=0)
-    prompts = [
-        " ".join([c] * 4) + ": " + p
-        for c, p in zip(table.column("category").to_pylist(), table.column("prompt").to_pylist())
-    ]
-    i = table.schema.get_field_index("prompt")
-    table = table.set_column(i, table.schema.field(i), pa.array(prompts, pa.string()))
-    blocks, steps = np.arange(128 // bs)[:, None], np.arange(bs)[None, :]
-    profile = CostProfile(
-        alpha_ms=2.0,
-        beta_ms=1.0,
-        K_ms=1.0 + 0.3 * blocks + 0.05 * steps,
-        delta_ms=0.01,
-        block_size=bs,
-        max_steps=bs,
-        fingerprint=zoo.fingerprint.to_dict(),
-    )
+    table = labelled_traces(96, 0, block_size=bs, output_budget=128)
+    profile = planted_profile(bs, 128, zoo.fingerprint.to_dict())
     cfg = DWSTrainConfig(
-        encoder_path=str(tmp / "bert"),
+        encoder_path=str(save_tiny_bert(tmp / "bert")),
         stage_a_epochs=1,
         stage_b_epochs=10,
         baselines=False,
