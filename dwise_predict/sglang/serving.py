@@ -205,8 +205,9 @@ class DwiseServing:
                 score=score,
             )
             self.reqs[req.rid] = req
-            self.tracks[req.rid] = RequestTrack(n_prompt, budget, e, self.core.round_index)
-            self.tracks[req.rid].cost_ms = score
+            self.tracks[req.rid] = RequestTrack(
+                n_prompt, budget, e, self.core.round_index, cost_ms=score
+            )
         return len(new)
 
     # -- one round ------------------------------------------------------------------------------
@@ -302,13 +303,11 @@ class DwiseServing:
         self.stats.max_residents = max(self.stats.max_residents, self.core.n_resident)
         # the round's budget is B blocks, not SGLang's max_running_requests blocks
         adder.rem_dllm_tokens = len(run) * self.block_size
-        decode = [r for r in run if not r.is_dllm_prefill()]
-        prefill = [r for r in run if r.is_dllm_prefill()]
-        self.stats.phase_mismatches += int(
-            np.count_nonzero(
-                plan.prompt != np.fromiter((r.is_dllm_prefill() for r in run), bool, len(run))
-            )
-        )
+        in_prefill = np.fromiter((r.is_dllm_prefill() for r in run), bool, len(run))
+        flags = in_prefill.tolist()  # one is_dllm_prefill() call per request, not three
+        decode = [r for r, p in zip(run, flags) if not p]
+        prefill = [r for r, p in zip(run, flags) if p]
+        self.stats.phase_mismatches += int(np.count_nonzero(plan.prompt != in_prefill))
         self._first_rids = {r.rid for r, f in zip(run, plan.first_denoise.tolist()) if f}
         t1 = time.perf_counter()
         if decode:
