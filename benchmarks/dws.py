@@ -77,6 +77,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/dws.json"))
     args = ap.parse_args()
 
+    from dwise_predict.export.onnx_dws import int8_keep_fp32
     from dwise_predict.export.quantize import quantize_int8
     from dwise_predict.trainers.dws import true_costs
     from dwise_predict.trainers.dws_data import dws_arrays
@@ -95,19 +96,11 @@ def main() -> None:
     tok = bundle.dws.tokenizer
     fp32 = DWSPredictor(bundle.path / ONNX_FILE, tok, cfg, threads=1)
     with tempfile.TemporaryDirectory() as tmp:
-        import onnx
-
         src = bundle.path / ONNX_FILE
-        # INT8 as `train` exports it (per-tensor, every MatMul/Gemm), and a more accurate
-        # variant: per-channel weights, the FFN down-projections (whose inputs carry the
-        # activation outliers per-tensor int8 clips) kept in FP32
-        ffn2 = tuple(
-            n.name
-            for n in onnx.load(str(src)).graph.node
-            if n.op_type == "MatMul"
-            and n.name.endswith("/output/dense/MatMul")
-            and "/attention/" not in n.name
-        )
+        # INT8 per-tensor on every MatMul/Gemm (train's first recipe), and as `train` exports it
+        # now: per-channel weights, the FFN down-projections (whose inputs carry the activation
+        # outliers per-tensor int8 clips) kept in FP32
+        ffn2 = int8_keep_fp32(src)
         variants = {
             "int8": quantize_int8(src, Path(tmp) / "dws.int8.onnx"),
             "int8_pc_ffn2_fp32": quantize_int8(

@@ -189,12 +189,18 @@ def export_dws(
             f"{SURFACE_FP32.abs:g}); nothing was written"
         )
 
-    def cost_mae(surface: np.ndarray) -> float | None:
-        if profile is None or true_cost is None or prompt_blocks is None:
+    def costs(surface: np.ndarray) -> np.ndarray | None:
+        if profile is None or prompt_blocks is None:
             return None
-        return float(np.mean(np.abs(profile.expected_cost(surface, prompt_blocks) - true_cost)))
+        return np.asarray(profile.expected_cost(surface, prompt_blocks), dtype=np.float64)
 
-    mae32 = cost_mae(s32)
+    def cost_mae(cost: np.ndarray | None) -> float | None:
+        if cost is None or true_cost is None:
+            return None
+        return float(np.mean(np.abs(cost - true_cost)))
+
+    c32 = costs(s32)
+    mae32 = cost_mae(c32)
     lat32 = _latency(fp32, probes)
     checks = [
         DWSExportCheck(
@@ -209,16 +215,15 @@ def export_dws(
     q = DWSPredictor(q_path, trained.tokenizer, trained.config)
     s8 = q.predict_surface(probes)
     g8 = compare(ref, s8, SURFACE_INT8)
-    mae8 = cost_mae(s8)
+    c8 = costs(s8)
+    mae8 = cost_mae(c8)
     rel = None if mae8 is None or mae32 is None else (mae8 - mae32) / max(mae32, 1e-12)
     lat8 = _latency(q, probes)
     reasons = []
     dev: float | None = None
     if not g8.passed:
         reasons.append(f"surface error {g8.max_abs_error:.3f} > {SURFACE_INT8.abs:g}")
-    if profile is not None and prompt_blocks is not None:
-        c32 = profile.expected_cost(s32, prompt_blocks)
-        c8 = profile.expected_cost(s8, prompt_blocks)
+    if c32 is not None and c8 is not None:
         dev = float(np.mean(np.abs(c8 - c32)) / max(float(np.mean(c32)), 1e-12))
         if dev > COST_DEV_REL:
             reasons.append(
