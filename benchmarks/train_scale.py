@@ -103,14 +103,20 @@ def _status(key: str) -> int:
     return 0
 
 
+def _bare_bundle(ensemble: Any, where: str) -> Any:
+    """A bundle of just ``ensemble``, in memory, for evaluation (no manifest, no fingerprint)."""
+    from dwise_predict.bundle import Bundle
+
+    fingerprint: Any = None
+    return Bundle(Path(where), {}, fingerprint, {ensemble.kind: ensemble})
+
+
 def child(args: argparse.Namespace) -> dict[str, Any]:
     """One measured run in this process (see the module doc); returns its figures."""
     from dwise_predict.trainers.dataset import trace_arrays
     from dwise_predict.trainers.evaluate import evaluate_arrays, evaluate_source
     from dwise_predict.trainers.refinement import RefinementConfig, train_refinement
     from dwise_predict.trainers.streaming import ParquetSource
-
-    from dwise_predict.bundle import Bundle
 
     # a 2,048-row shuffle window (16 MiB of hidden states): the window, its normalized copy and
     # the chunks it was joined from are what training holds at once
@@ -124,12 +130,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     warm = ParquetSource(args.traces).read(0, 1024)
     warm_cfg = RefinementConfig(epochs=1, chunk_rows=512, window_chunks=4)
     warm_ens = train_refinement(warm, warm_cfg)
-    warm_bundle = Bundle(
-        path=Path(args.traces),
-        manifest={},
-        fingerprint=None,  # type: ignore[arg-type]
-        modules={warm_ens.kind: warm_ens},
-    )
+    warm_bundle = _bare_bundle(warm_ens, args.traces)
     evaluate_arrays(warm_bundle, warm, cfg.chunk_rows)
     del warm, warm_ens, warm_bundle
     gc.collect()
@@ -151,12 +152,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             ensemble = train_refinement(arrays, cfg)
             del arrays
         train_s = time.perf_counter() - t0
-        bundle = Bundle(
-            path=Path(args.traces),
-            manifest={},
-            fingerprint=None,  # type: ignore[arg-type]
-            modules={ensemble.kind: ensemble},
-        )
+        bundle = _bare_bundle(ensemble, args.traces)
         t1 = time.perf_counter()
         if args.run == "streaming":
             evs = ParquetSource(args.eval)
