@@ -21,6 +21,13 @@ from dwise_predict.zoo.tiny_bd.data import (
     render_prompt,
     token_budget_batches,
 )
+from dwise_predict.zoo.tiny_bd.free_text import (
+    CLOSINGS,
+    OPENINGS,
+    ContentPools,
+    free_text_examples,
+    free_text_sources,
+)
 from dwise_predict.zoo.tiny_bd.generate import _extend, generate, prefill
 from dwise_predict.zoo.tiny_bd.io import WEIGHTS_DIR, from_pretrained, save_pretrained
 from dwise_predict.zoo.tiny_bd.model import TinyBDModel
@@ -325,6 +332,17 @@ def test_probe_reports_letter_accuracy_per_kind_and_easy_math_on_eval_requests()
     assert 0.0 <= out["mcq_letter_accuracy"] <= 1.0 and 0.0 <= out["easy_math_exact_match"] <= 1.0
 
 
+def test_free_text_probe_counts_tokens_per_round_as_the_report_does() -> None:
+    from dwise_predict.zoo.tiny_bd.probe import free_text
+
+    out = free_text("tiny-bd", n_per_category=3, categories=("chat",))
+    chat = out["chat"]
+    assert chat["requests"] == 3 and 0.0 <= chat["budget_hit_share"] <= 1.0
+    # every committed position counts (EOS padding included): at least one token a round
+    assert chat["median_tokens_per_round"] >= 1.0 and chat["rounds_per_block_p90_over_p10"] >= 1.0
+    assert "instruction" not in out
+
+
 def test_model_card_lists_every_stage_of_a_continued_checkpoint() -> None:
     """A checkpoint continued twice nests its history two deep in training.json; the card must
     show all three commands in order, with the settings that moved since (lr, padding weight)."""
@@ -407,3 +425,95 @@ def test_math_skills_run_on_the_shipped_model_over_the_reports_problems():
     assert set(out["share_right"]) == set(MATH_SKILLS)
     assert all(0.0 <= v <= 1.0 for v in out["share_right"].values())
     assert out["no_parseable_step"] <= out["problems"]
+
+
+# ---------------------------------------------------------------- free text and long contexts
+
+
+def _pools() -> ContentPools:
+    sentences = tuple(f"Sentence number {i} talks about topic {i % 7}." for i in range(200))
+    lines = tuple(f"value_{i} = compute({i})" for i in range(40))
+    return ContentPools(sentences, lines)
+
+
+def test_free_text_responses_mix_scaffolding_and_content_and_fit_the_budget() -> None:
+    prompts = [
+        ("How do I bake bread at home?", "chat"),
+        ("Write a haiku about rain, all lowercase.", "instruction"),
+        ("Complete the following Python function:\n\ndef add_two(a, b):\n    pass", "code"),
+    ]
+    ex = free_text_examples(prompts, 600, seed=3, pools=_pools(), max_chars=230)
+    assert len(ex) == 600 and all(len(e.response) <= 230 for e in ex)
+    share = {c: sum(e.category == c for e in ex) / len(ex) for c in ("chat", "instruction", "code")}
+    assert share["chat"] > share["instruction"] > share["code"] > 0.08
+    for e in ex:
+        opening, closing = OPENINGS[e.category], CLOSINGS[e.category]
+        assert e.response.startswith(opening) and e.response.endswith(closing)
+        if e.category == "code":
+            assert "def add_two(a, b):" in e.response  # the signature is copied
+        else:
+            content = [s for s in _pools().sentences if s in e.response]
+            assert 1 <= len(content) <= 3
+    echoes = [e for e in ex if e.category == "chat" and 'You asked: "How do I' in e.response]
+    assert len(echoes) > 50  # the prompt's first words, copied
+    assert len({e.response for e in ex}) > 500  # distinct responses, not a few repeated
+    again = free_text_examples(prompts, 600, seed=3, pools=_pools(), max_chars=230)
+    assert [e.response for e in again] == [e.response for e in ex]
+    with pytest.raises(TrainingError, match="no free-text prompts"):
+        free_text_examples([], 5, seed=0, pools=_pools())
+
+
+def test_free_text_sources_skip_eval_prompts_and_their_conversations() -> None:
+    from dwise_predict.tracing.workload.sources import load_humaneval
+
+    he = load_humaneval()
+    eval_prompts = {"secret eval question", he[0].prompt}
+    convs = {
+        "a": {
+            "conversations": [
+                {"from": "human", "value": "a training question"},
+                {"from": "gpt", "value": "A training reply sentence goes here. Another one!"},
+            ]
+        },
+        "b": {
+            "conversations": [
+                {"from": "human", "value": "secret eval question"},
+                {"from": "gpt", "value": "An eval reply that must stay out of training."},
+                {"from": "human", "value": "a follow-up in the eval conversation"},
+                {"from": "gpt", "value": "Also kept out of training, every word of it."},
+            ]
+        },
+    }
+    prompts, pools = free_text_sources(convs, eval_prompts)
+    texts = {p for p, _ in prompts}
+    assert ("a training question", "chat") in prompts
+    assert not texts & eval_prompts and "a follow-up in the eval conversation" not in texts
+    assert "A training reply sentence goes here." in pools.sentences
+    assert not any("eval" in s.lower() for s in pools.sentences)
+    assert sum(c == "code" for _, c in prompts) == len(he) - 1
+    assert {c for _, c in prompts} == {"chat", "instruction", "code"}
+
+
+def test_long_context_share_draws_eval_length_haystacks_that_are_kept() -> None:
+    long = generated_examples(
+        "long_context", 6, seed=2, exclude=set(), long_share=1.0, long_chars=(4000, 6000)
+    )
+    assert all(4000 <= len(e.prompt) <= 6300 for e in long)
+    short = generated_examples("long_context", 6, seed=2, exclude=set())
+    assert all(len(e.prompt) <= 1300 for e in short)
+    splits = SimpleNamespace(train=[], eval=[])
+    cfg = DataConfig(
+        n_generated=20,
+        real_repeats=0,
+        mix={"long_context": 1.0},
+        long_context_long_share=0.5,
+        long_context_long_chars=(4000, 6000),
+    )
+    ts = build_training_set(cfg, seed=1, splits=splits, conversations={})
+    lengths = sorted(e.n_tokens for e in ts.examples)
+    assert ts.counts["long_context"] == 20 and ts.dropped_too_long == 0
+    assert lengths[-1] > 4000 > cfg.max_len  # kept under long_max_len, not max_len
+    with pytest.raises(TrainingError, match="unknown task families"):
+        build_training_set(
+            DataConfig(n_generated=5, mix={"poetry": 1.0}), splits=splits, conversations={}
+        )

@@ -38,6 +38,10 @@ DEFAULT_MIX: dict[str, float] = {
     "long_context": 0.03,
 }
 
+#: every task family ``--mix`` may name; ``free_text`` = scaffolded free-text responses
+#: (:mod:`.free_text`), the others are the workload's own generators
+FAMILIES: tuple[str, ...] = ("math", "mcq", "synthetic", "long_context", "free_text")
+
 #: default math difficulty weights: (1-op 1-2 digit, 1-2 digit up to 3 ops, any difficulty)
 DEFAULT_MATH_WEIGHTS: tuple[float, float, float] = (0.35, 0.25, 0.40)
 
@@ -79,6 +83,15 @@ class DataConfig:
     max_len: int = 1280
     #: haystack length of the training multi-needle prompts (eval ones are 4-12K chars)
     long_context_chars: tuple[int, int] = (700, 1100)
+    #: share of the multi-needle prompts drawn at the eval lengths instead (``long_chars``);
+    #: such sequences may be up to ``long_max_len`` tokens (one per batch)
+    long_context_long_share: float = 0.0
+    long_context_long_chars: tuple[int, int] = (4000, 12000)
+    long_max_len: int = 12_800
+    #: longest free-text response in characters (it must end inside the output budget), and the
+    #: longest free-text two-stream sequence (their prompts are up to 1,500 characters)
+    free_text_max_chars: int = 230
+    free_text_max_len: int = 2048
     #: math knob weights: (1-op 1-2 digit, 1-2 digit up to 3 ops, any difficulty)
     math_weights: tuple[float, float, float] = DEFAULT_MATH_WEIGHTS
     #: the workload whose train split is used and whose eval split is excluded
@@ -188,6 +201,8 @@ def _turn_pairs(conv: Any) -> list[tuple[str, str]]:
 def _knob_samplers(
     long_context_chars: tuple[int, int],
     math_weights: Sequence[float] = DEFAULT_MATH_WEIGHTS,
+    long_share: float = 0.0,
+    long_chars: tuple[int, int] = (4000, 12000),
 ) -> dict[str, list[tuple[float, Callable[[random.Random], dict[str, Any]]]]]:
     """Per task family: (weight, knob sampler). Easy problems are over-weighted so the model
     learns content there, while hard ones keep the within-category difficulty range."""
@@ -206,7 +221,10 @@ def _knob_samplers(
             (0.7, lambda r: {}),
             (0.3, lambda r: {"length": r.randint(25, 64)}),
         ],
-        "long_context": [(1.0, lambda r: {"chars_range": long_context_chars})],
+        "long_context": [
+            (1.0 - long_share, lambda r: {"chars_range": long_context_chars}),
+            (long_share, lambda r: {"chars_range": long_chars}),
+        ],
     }
 
 
@@ -217,6 +235,8 @@ def generated_examples(
     exclude: set[str],
     long_context_chars: tuple[int, int] = (700, 1100),
     math_weights: Sequence[float] = DEFAULT_MATH_WEIGHTS,
+    long_share: float = 0.0,
+    long_chars: tuple[int, int] = (4000, 12000),
 ) -> list[TrainingExample]:
     """``n`` fresh examples of one task family, prompts distinct and not in ``exclude``.
 
@@ -226,7 +246,7 @@ def generated_examples(
     from dwise_predict.tracing.workload import GENERATORS
 
     make = GENERATORS[family]
-    samplers = _knob_samplers(long_context_chars, math_weights)[family]
+    samplers = _knob_samplers(long_context_chars, math_weights, long_share, long_chars)[family]
     weights = [w for w, _ in samplers]
     rng = random.Random(f"tiny-bd-train:{seed}:{family}")
     out: list[TrainingExample] = []
@@ -284,17 +304,31 @@ def build_training_set(
         conversations = {str(c.get("id")): c for c in convs if isinstance(c, dict)}
     real = [e for e in real_examples(splits.train, conversations) if e.prompt not in eval_prompts]
     exclude = set(eval_prompts) | {r.prompt for r in splits.train}
+    unknown = sorted(set(config.mix) - set(FAMILIES))
+    if unknown:
+        raise TrainingError(f"unknown task families {unknown}; known: {', '.join(FAMILIES)}")
     generated: list[TrainingExample] = []
+    free_text: list[TrainingExample] = []
     for family, share in config.mix.items():
+        n = int(round(share * config.n_generated))
+        if family == "free_text":
+            if n:
+                from .free_text import free_text_examples, free_text_sources
+
+                prompts, pools = free_text_sources(conversations, eval_prompts)
+                free_text = free_text_examples(prompts, n, seed, pools, config.free_text_max_chars)
+            continue
         generated += generated_examples(
             family,
-            int(round(share * config.n_generated)),
+            n,
             seed,
             exclude,
             config.long_context_chars,
             config.math_weights,
+            config.long_context_long_share,
+            config.long_context_long_chars,
         )
-    leaked = [e.prompt for e in real + generated if e.prompt in eval_prompts]
+    leaked = [e.prompt for e in real + generated + free_text if e.prompt in eval_prompts]
     if leaked:
         raise TrainingError(
             f"{len(leaked)} training prompts are in the eval split (first: {leaked[0][:60]!r}); "
@@ -307,9 +341,15 @@ def build_training_set(
         "max_len": config.max_len,
     }
     real_enc, real_dropped = encode_examples(real, **kw)
-    gen_enc, gen_dropped = encode_examples(generated, **kw)
-    encoded = real_enc * config.real_repeats + gen_enc
-    dropped = real_dropped * config.real_repeats + gen_dropped
+    long = [e for e in generated if len(e.prompt) > config.long_context_chars[1] + 200]
+    short = [e for e in generated if len(e.prompt) <= config.long_context_chars[1] + 200]
+    gen_enc, gen_dropped = encode_examples(short, **kw)
+    free_enc, free_dropped = encode_examples(
+        free_text, **{**kw, "max_len": config.free_text_max_len}
+    )
+    long_enc, long_dropped = encode_examples(long, **{**kw, "max_len": config.long_max_len})
+    encoded = real_enc * config.real_repeats + gen_enc + free_enc + long_enc
+    dropped = real_dropped * config.real_repeats + gen_dropped + free_dropped + long_dropped
     random.Random(f"tiny-bd-shuffle:{seed}").shuffle(encoded)
     counts = Counter(e.category for e in encoded)
     return TrainingSet(

@@ -12,6 +12,12 @@ prompt? -- on eval-split requests (never trained on):
 * math: exact match of the decoded answer on one-step problems with 1-2 digit operands
   (threshold 0.95), the easiest arithmetic the eval split holds.
 
+``--free-text N`` adds how free text decodes (a minute or two for N = 24 per category): on the
+first N chat, instruction and long-context eval requests, the median tokens committed per
+round (EOS padding of the last block included, as the report counts it), the p90/p10 of rounds
+per block and the budget-hit share -- what a real dLLM's free text looks like (several tokens
+a round on predictable spans, one on content; most requests stop).
+
 ``--math-skills`` adds where arithmetic goes wrong (two minutes): on the 1-2 digit problems among
 the report's first 1,000 eval requests, how often the first worked step copies the first operand,
 picks the operator, copies the second operand, and computes its own operands right, and how often
@@ -90,6 +96,44 @@ def probe(
         "easy_math_exact_match": round(right / max(1, len(easy)), 3),
         "easy_math_n": len(easy),
     }
+
+
+def free_text(
+    checkpoint: str,
+    n_per_category: int = 24,
+    threshold: float = 0.95,
+    categories: tuple[str, ...] = ("chat", "instruction", "long_context"),
+) -> dict[str, Any]:
+    """Tokens per round, rounds-per-block spread and budget hits on free-text eval requests."""
+    import numpy as np
+
+    from .data import DataConfig
+
+    eval_records, tb = _eval_split_and_model(checkpoint)
+    model = tb.model.eval()
+    budget = DataConfig().max_new_tokens
+    out: dict[str, Any] = {"checkpoint": checkpoint, "revision": tb.revision}
+    for cat in categories:
+        recs = [r for r in eval_records if r.category == cat][:n_per_category]
+        per_round, per_block, hits = [], [], []
+        for r in recs:
+            ids = tb.tokenizer.encode(render_prompt(r.prompt)).ids
+            with torch.inference_mode():
+                g = generate(model, ids, threshold=threshold, max_new_tokens=budget)
+            blocks = len(g.rounds_per_block)
+            per_round.append(blocks * model.config.block_size / max(1, g.total_rounds))
+            per_block.append(g.total_rounds / max(1, blocks))
+            hits.append(not g.finished_eos)
+        if not recs:
+            continue
+        p10, p90 = np.percentile(per_block, [10, 90])
+        out[cat] = {
+            "requests": len(recs),
+            "median_tokens_per_round": round(float(np.median(per_round)), 2),
+            "rounds_per_block_p90_over_p10": round(float(p90 / max(p10, 1e-9)), 2),
+            "budget_hit_share": round(float(np.mean(hits)), 3),
+        }
+    return out
 
 
 _STEP = re.compile(r"(\d+) ([-+*/]) (\d+) = (\d+)\.")
@@ -181,10 +225,20 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also break arithmetic into sub-skills on the report's 1-2 digit problems (2 min)",
     )
+    ap.add_argument(
+        "--free-text",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also decode the first N chat, instruction and long-context eval requests: "
+        "tokens per round, rounds-per-block spread, budget hits",
+    )
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     out = probe(args.checkpoint, args.mcq, args.math)
+    if args.free_text:
+        out["free_text"] = free_text(args.checkpoint, args.free_text)
     if args.math_skills:
         out["math_skills"] = math_skills(args.checkpoint)
     print(json.dumps(out, indent=2))

@@ -43,6 +43,7 @@ from dwise_predict.errors import TrainingError
 from .config import TinyBDConfig
 from .data import (
     DEFAULT_MIX,
+    FAMILIES,
     DataConfig,
     EncodedExample,
     TrainingSet,
@@ -409,10 +410,9 @@ def parse_mix(text: str) -> dict[str, float]:
     for part in text.split(","):
         name, sep, value = part.partition("=")
         name = name.strip()
-        if not sep or name not in DEFAULT_MIX:
+        if not sep or name not in FAMILIES:
             raise TrainingError(
-                f"bad --mix entry {part!r}: use FAMILY=SHARE "
-                f"with FAMILY in {', '.join(DEFAULT_MIX)}"
+                f"bad --mix entry {part!r}: use FAMILY=SHARE with FAMILY in {', '.join(FAMILIES)}"
             )
         try:
             mix[name] = float(value)
@@ -468,6 +468,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"math difficulty weights easy,medium,any (default: {default_weights})",
     )
+    ap.add_argument(
+        "--long-context-long-share",
+        type=float,
+        default=DataConfig.long_context_long_share,
+        help="share of the multi-needle prompts drawn at the eval lengths (4-12K characters; "
+        "each such sequence is a batch of its own)",
+    )
     ap.add_argument("--loss-weighting", choices=("none", "inv_t"), default="none")
     ap.add_argument(
         "--pad-weight",
@@ -522,7 +529,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.math_weights:
         data_kw["math_weights"] = tuple(float(w) for w in args.math_weights.split(","))
     data_config = DataConfig(
-        n_generated=args.n_generated, real_repeats=args.real_repeats, **data_kw
+        n_generated=args.n_generated,
+        real_repeats=args.real_repeats,
+        long_context_long_share=args.long_context_long_share,
+        **data_kw,
     )
     log_csv = args.log_csv or Path("runs/tiny-bd-train/train_log.csv")
     t0 = time.monotonic()
