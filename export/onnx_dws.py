@@ -164,6 +164,7 @@ def export_dws(
     true_cost: np.ndarray | None = None,
     prompt_blocks: np.ndarray | None = None,
     min_speedup: float = 1.05,
+    int8_embeddings: bool = False,
 ) -> tuple[DWSPredictor, Path | None, list[DWSExportCheck]]:
     """Export FP32 (+ INT8) into ``folder``; returns the FP32 predictor, the kept INT8 path.
 
@@ -172,6 +173,11 @@ def export_dws(
     (:func:`int8_keep_fp32`); it is kept when it is faster and, with ``profile`` and
     ``prompt_blocks``, moves the expected cost by at most 1% of the FP32 cost on average. The
     cost MAE against ``true_cost`` is recorded for both files.
+
+    ``int8_embeddings`` also quantizes the embedding tables (``Gather``): for
+    all-MiniLM-L6-v2 the word embeddings are 47 of the FP32 file's 90 MB, so the INT8 file
+    shrinks from 69 MB to 34 MB, for a little more cost deviation (the same gate decides).
+    Used for INT8-only bundles, where size is the point.
     """
     from dwise_predict.errors import ModelError
 
@@ -210,7 +216,11 @@ def export_dws(
     if not int8:
         return fp32, None, checks
     q_path = quantize_int8(
-        fp32_path, int8_name(fp32_path), per_channel=True, exclude=int8_keep_fp32(fp32_path)
+        fp32_path,
+        int8_name(fp32_path),
+        per_channel=True,
+        exclude=int8_keep_fp32(fp32_path),
+        op_types=("MatMul", "Gemm", "Gather") if int8_embeddings else ("MatMul", "Gemm"),
     )
     q = DWSPredictor(q_path, trained.tokenizer, trained.config)
     s8 = q.predict_surface(probes)

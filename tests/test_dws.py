@@ -299,3 +299,43 @@ def test_dws_only_bundle_evaluates_and_prices_dws_sjf(tiny_encoder: Path, tmp_pa
     redacted = ev.set_column(i, "prompt", pa.array([None] * ev.num_rows, pa.string()))
     with pytest.raises(TraceError, match="redacted"):
         costs_from_bundle(bundle, redacted)
+
+
+def test_int8_only_module_ships_one_onnx_file_and_survives_reprofiling(
+    trained: dict, tmp_path: Path
+) -> None:
+    from dwise_predict.export.quantize import quantize_int8
+
+    from dwise_predict.bundle.dws import write_bundle_dws
+    from dwise_predict.cost import write_bundle_cost_profile
+    from dwise_predict.errors import BundleError
+    from dwise_predict.predictors.dws import DWSPredictor
+
+    src = dwise_predict.load_bundle(trained["path"])
+    work = tmp_path / "int8"
+    work.mkdir()
+    q = quantize_int8(src.dws.path.with_name("dws.onnx"), work / "dws.int8.onnx", per_channel=True)
+    only = DWSPredictor(q, src.dws.tokenizer, src.dws.config, exports=src.dws.exports)
+    only.ship_fp32 = False
+    out = write_bundle_dws(trained["path"], only, out=tmp_path / "b8")
+    manifest = json.loads((out / "manifest.json").read_text())
+    entry = manifest["predictors"]["dws"]
+    assert "dws.onnx" not in manifest["files"] and "dws.int8.onnx" in manifest["files"]
+    assert not (out / "dws.onnx").exists()
+    assert entry["precision"] == "int8" and entry["fp32_shipped"] is False
+    bundle = dwise_predict.load_bundle(out)
+    prompts = trained["eval"].column("prompt").to_pylist()[:8]
+    assert bundle.dws.precision == "int8" and bundle.dws.ship_fp32 is False
+    np.testing.assert_allclose(
+        bundle.predict_cost(prompts), src.predict_cost(prompts), rtol=0.1
+    )  # INT8 of a random 1-layer BERT: near, not equal
+    with pytest.raises(BundleError, match="int8=True"):
+        DWSPredictor.load(out, int8=False)
+    # a new revision (re-profiling) copies the one file and keeps it INT8-only
+    again = write_bundle_cost_profile(out, planted_profile(), out=tmp_path / "b8-reprofiled")
+    assert (again / "dws.int8.onnx").read_bytes() == (out / "dws.int8.onnx").read_bytes()
+    assert not (again / "dws.onnx").exists()
+    assert dwise_predict.load_bundle(again).predict_cost(prompts).shape == (8,)
+    # saved again as a module (e.g. a bundle rebuilt around it): still one file
+    write_bundle_dws(again, dwise_predict.load_bundle(again).dws, out=tmp_path / "b8-rewritten")
+    assert not (tmp_path / "b8-rewritten" / "dws.onnx").exists()

@@ -69,7 +69,15 @@ def train_dws_module(
         profile=profile,
         true_cost=true_costs(sub, profile),
         prompt_blocks=sub.prompt_blocks,
+        int8_embeddings=config.int8_only,
     )
+    exports = [c.to_json() for c in checks]
+    if config.int8_only and q is not None:
+        only = DWSPredictor(q, trained.tokenizer, trained.config, exports=exports)
+        only.ship_fp32 = False
+        return only, trained
+    if config.int8_only:
+        log.warning("the DWS INT8 export failed its gate; the bundle ships the FP32 file")
     fp32.int8_path = q
-    fp32.exports = [c.to_json() for c in checks]
+    fp32.exports = exports
     return fp32, trained

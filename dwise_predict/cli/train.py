@@ -55,6 +55,13 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
         "--dws-epochs", type=int, metavar="N", help="DWS stage A (encoder) epochs (default: 3)"
     )
     p.add_argument(
+        "--dws-int8-only",
+        action="store_true",
+        help="ship the DWS predictor as its INT8 ONNX file alone when it passes its gate "
+        "(embedding tables quantized too: about a third of the FP32 file; FP32 is shipped "
+        "when the gate drops INT8)",
+    )
+    p.add_argument(
         "--model",
         metavar="NAME_OR_PATH",
         help="served model whose tokenizer and chat template the bundle carries, so it predicts "
@@ -123,12 +130,12 @@ def run(args: argparse.Namespace) -> int:
     epochs = {"epochs": args.epochs} if args.epochs else {}
     rcfg = RefinementConfig(**epochs, num_workers=args.workers)
     dcfg = None
-    if args.dws_encoder or args.dws_epochs:
+    if args.dws_encoder or args.dws_epochs or args.dws_int8_only:
         from dataclasses import replace
 
         from dwise_predict.trainers.dws import DWSTrainConfig
 
-        dcfg = DWSTrainConfig(encoder_path=args.dws_encoder)
+        dcfg = DWSTrainConfig(encoder_path=args.dws_encoder, int8_only=args.dws_int8_only)
         dcfg = replace(dcfg, stage_a_epochs=args.dws_epochs) if args.dws_epochs else dcfg
     out = train_bundle(
         args.traces,

@@ -244,6 +244,9 @@ class DWSPredictor:
         self.outputs = tuple(o.name for o in self.session.get_outputs())
         self.int8_path = Path(int8_path) if int8_path is not None else None
         self.exports = list(exports or [])
+        #: whether :meth:`save` writes the FP32 file too; False for an INT8-only module (the
+        #: FP32 encoder is 90 MB for all-MiniLM-L6-v2, its INT8 file about a third of that)
+        self.ship_fp32 = True
         shape = (
             int(self.meta.get("dwise.n_blocks", -1)),
             int(self.meta.get("dwise.max_steps", -1)),
@@ -294,12 +297,20 @@ class DWSPredictor:
         """Write the ONNX file(s), tokenizer and ``dws.json`` into ``folder``; returns the names.
 
         The FP32 file is the one this predictor was built from, unless it runs the INT8 file
-        (loaded from a bundle that kept one): then both are copied from beside it."""
+        (loaded from a bundle that kept one): then both are copied from beside it. An INT8-only
+        module (``ship_fp32`` False) writes the INT8 file alone."""
         folder = Path(folder)
         fp32 = self.path if self.precision == "fp32" else self.path.with_name(ONNX_FILE)
         int8 = self.int8_path or (self.path if self.precision == "int8" else None)
-        write_bytes(folder / ONNX_FILE, fp32.read_bytes())
-        names = [ONNX_FILE]
+        if int8 is None and not self.ship_fp32:
+            raise BundleError(
+                "an INT8-only DWS module needs an INT8 file, but its INT8 export was dropped "
+                "by the parity gate; ship the FP32 file (leave --dws-int8-only off)"
+            )
+        names = []
+        if self.ship_fp32:
+            write_bytes(folder / ONNX_FILE, fp32.read_bytes())
+            names.append(ONNX_FILE)
         if int8 is not None:
             write_bytes(folder / INT8_FILE, int8.read_bytes())
             names.append(INT8_FILE)
@@ -322,6 +333,7 @@ class DWSPredictor:
             "pooling": c.pooling,
             "truncation": asdict(c.truncation),
             "precision": "int8" if has_int8 else "fp32",
+            "fp32_shipped": self.ship_fp32,
             "n_params": int(c.info.get("encoder_params", 0) + c.info.get("head_params", 0)),
             "exports": self.exports,
         }
@@ -362,6 +374,17 @@ class DWSPredictor:
             raise BundleIntegrityError(f"{root}/{CONFIG_FILE} is not valid JSON ({e})") from e
         tok = DWSTokenizer.from_file(path(TOKENIZER_FILE), config)
         exports = list((entry or {}).get("exports") or [])
+        if not has(ONNX_FILE):
+            if not has(INT8_FILE):
+                raise BundleError(f"{root} has neither {ONNX_FILE} nor {INT8_FILE}")
+            if not int8:
+                raise BundleError(
+                    f"{root} ships the DWS predictor as {INT8_FILE} only (trained with "
+                    "--dws-int8-only); load it with int8=True, or retrain to get the FP32 file"
+                )
+            only = cls(path(INT8_FILE), tok, config, threads=threads, exports=exports)
+            only.ship_fp32 = False
+            return only
         if int8 and has(INT8_FILE):
             return cls(path(INT8_FILE), tok, config, threads=threads, exports=exports)
         return cls(path(ONNX_FILE), tok, config, threads=threads, exports=exports)
