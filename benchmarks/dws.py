@@ -106,7 +106,17 @@ def main() -> None:
             "int8_pc_ffn2_fp32": quantize_int8(
                 src, Path(tmp) / "dws.int8pc.onnx", per_channel=True, exclude=ffn2
             ),
+            # what `train --dws-int8-only` ships: the same, with the embedding tables in INT8
+            "int8_only_bundle": quantize_int8(
+                src,
+                Path(tmp) / "dws.int8emb.onnx",
+                per_channel=True,
+                exclude=ffn2,
+                op_types=("MatMul", "Gemm", "Gather"),
+            ),
         }
+        size_mb = {k: v.stat().st_size / 1e6 for k, v in variants.items()}
+        size_mb["fp32_onnx"] = src.stat().st_size / 1e6
         preds = {k: DWSPredictor(v, tok, cfg, threads=1) for k, v in variants.items()}
         preds["fp32_onnx"] = fp32
         ev = dws_arrays(read_traces(args.traces), n_blocks=cfg.n_blocks, max_steps=cfg.max_steps)
@@ -136,7 +146,7 @@ def main() -> None:
         f"DWS predictor, one request per call, 1 thread, tokenisation included "
         f"({platform.machine()}, {os.cpu_count()} cpus, shared)"
     )
-    cols = ["int8", "int8_pc_ffn2_fp32", "fp32_onnx", "torch_fp32"]
+    cols = ["int8", "int8_pc_ffn2_fp32", "int8_only_bundle", "fp32_onnx", "torch_fp32"]
     print(f"{'prompts':26s} " + " ".join(f"{c:>18s}" for c in cols) + f" {'INT8/FP32':>10s}")
     for name, r in rows.items():
         ps, lens = (short, lengths) if name == "42 tokens" else (own, own_len)
@@ -146,6 +156,12 @@ def main() -> None:
             + " ".join(f"{r[c]:18.1f}" for c in cols)
             + f" {r['int8'] / r['fp32_onnx']:9.2f}x"
         )
+    for name, r in rows.items():
+        print(
+            f"{name}: speed-up over FP32 ONNX "
+            + ", ".join(f"{k} {r[k] / r['fp32_onnx']:.2f}x" for k in variants)
+        )
+    print("file size MB: " + ", ".join(f"{k} {v:.1f}" for k, v in size_mb.items()))
     rel = {k: (mae[k] - mae["fp32_onnx"]) / mae["fp32_onnx"] for k in variants}
     for k in variants:
         print(
@@ -173,10 +189,13 @@ def main() -> None:
             **{f"{k}_rel_change": rel[k] for k in variants},
         },
         "surface_max_abs_diff_vs_fp32": {k: max_err[k] for k in variants},
+        "file_size_mb": size_mb,
         "int8_variants": {
-            "int8": "per-tensor int8 weights, every MatMul/Gemm (what `train` exports)",
+            "int8": "per-tensor int8 weights, every MatMul/Gemm (train's first recipe)",
             "int8_pc_ffn2_fp32": "per-channel int8 weights, the 6 FFN "
             "down-projections kept in fp32",
+            "int8_only_bundle": "as int8_pc_ffn2_fp32, embedding tables in int8 too "
+            "(`train --dws-int8-only`)",
         },
         "goals": {"int8_req_per_s_at_42": 150, "int8_over_fp32": 2.0, "cost_mae_rel": 0.01},
         "paper": {"int8_req_per_s_minilm_l12": 84, "speedup": 2.32, "cost_mae_rel": 0.0054},
