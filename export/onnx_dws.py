@@ -34,7 +34,7 @@ from dwise_predict.predictors.dws import (
 from ._onnx_files import save_model_atomic, set_metadata
 from .onnx_refinement import DEFAULT_OPSET, _quiet_exporter
 from .parity import Tolerance, compare
-from .quantize import int8_name, quantize_int8
+from .quantize import embeddings_int8_per_row, int8_name, quantize_int8
 
 #: surface cells are probabilities: FP32 graph vs torch differ by float rounding only
 SURFACE_FP32 = Tolerance(1e-4, 0.0, "surface cells (probabilities); float32 in both, op order only")
@@ -174,10 +174,10 @@ def export_dws(
     ``prompt_blocks``, moves the expected cost by at most 1% of the FP32 cost on average. The
     cost MAE against ``true_cost`` is recorded for both files.
 
-    ``int8_embeddings`` also quantizes the embedding tables (``Gather``): for
-    all-MiniLM-L6-v2 the word embeddings are 47 of the FP32 file's 90 MB, so the INT8 file
-    shrinks from 69 MB to 34 MB, for a little more cost deviation (the same gate decides).
-    Used for INT8-only bundles, where size is the point.
+    ``int8_embeddings`` also stores the embedding tables as int8, one scale per row
+    (:func:`~.quantize.embeddings_int8_per_row`): for all-MiniLM-L6-v2 the word embeddings are
+    47 of the FP32 file's 90 MB, so the INT8 file shrinks from 69 MB to 34 MB (the same gate
+    decides). Used for INT8-only bundles, where size is the point.
     """
     from dwise_predict.errors import ModelError
 
@@ -215,13 +215,15 @@ def export_dws(
     ]
     if not int8:
         return fp32, None, checks
+    source = fp32_path
+    if int8_embeddings:
+        source = folder / "dws.int8-embeddings.onnx"
+        embeddings_int8_per_row(fp32_path, source)
     q_path = quantize_int8(
-        fp32_path,
-        int8_name(fp32_path),
-        per_channel=True,
-        exclude=int8_keep_fp32(fp32_path),
-        op_types=("MatMul", "Gemm", "Gather") if int8_embeddings else ("MatMul", "Gemm"),
+        source, int8_name(fp32_path), per_channel=True, exclude=int8_keep_fp32(fp32_path)
     )
+    if source != fp32_path:
+        source.unlink(missing_ok=True)
     q = DWSPredictor(q_path, trained.tokenizer, trained.config)
     s8 = q.predict_surface(probes)
     g8 = compare(ref, s8, SURFACE_INT8)

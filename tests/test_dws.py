@@ -339,3 +339,29 @@ def test_int8_only_module_ships_one_onnx_file_and_survives_reprofiling(
     # saved again as a module (e.g. a bundle rebuilt around it): still one file
     write_bundle_dws(again, dwise_predict.load_bundle(again).dws, out=tmp_path / "b8-rewritten")
     assert not (tmp_path / "b8-rewritten" / "dws.onnx").exists()
+
+
+def test_embedding_tables_go_int8_one_scale_per_row(trained: dict, tmp_path: Path) -> None:
+    import onnx
+    from dwise_predict.export.quantize import embeddings_int8_per_row
+    from onnx import numpy_helper
+
+    from dwise_predict.predictors.dws import DWSPredictor
+
+    src = dwise_predict.load_bundle(trained["path"]).dws
+    fp32_file = src.path.with_name("dws.onnx")
+    dst = tmp_path / "rows.onnx"
+    assert embeddings_int8_per_row(fp32_file, dst) >= 1  # the 30,522-token word table at least
+    before = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(fp32_file)).graph.initializer}
+    after = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(dst)).graph.initializer}
+    words = next(n for n in before if n.endswith("word_embeddings.weight"))
+    assert words not in after and after[f"{words}.int8"].dtype == np.int8
+    w, q, s = before[words], after[f"{words}.int8"], after[f"{words}.row_scale"]
+    assert s.shape == (w.shape[0], 1)
+    # each row within half an int8 step of its own scale
+    assert np.all(np.abs(q * s - w) <= 0.5 * s + 1e-7)
+    prompts = trained["eval"].column("prompt").to_pylist()[:16]
+    rows = DWSPredictor(dst, src.tokenizer, src.config)
+    fp32 = DWSPredictor(fp32_file, src.tokenizer, src.config)
+    assert np.abs(rows.predict_surface(prompts) - fp32.predict_surface(prompts)).max() < 0.02
+    assert dst.stat().st_size < 0.5 * fp32_file.stat().st_size
