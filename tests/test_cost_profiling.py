@@ -191,5 +191,8 @@ def test_a_profile_for_another_decoder_is_refused_and_the_bundle_left_alone(
     b = dwise_predict.load_bundle(bundle_copy)
     with pytest.raises(FingerprintMismatchError):
         b.with_cost_profile(load_cost_profile("paper-llada2.0-mini"))  # LLaDA2.0-mini, not tiny-bd
+    own = b.cost_profile  # the zoo bundle's measured tiny-bd profile
     priced = b.with_cost_profile(load_cost_profile("paper-llada2.0-mini"), allow_mismatch=True)
-    assert priced.cost_profile is not None and b.cost_profile is None
+    assert priced.cost_profile is not None and priced.cost_profile is not own
+    assert priced.cost_profile.alpha_ms != own.alpha_ms
+    assert b.cost_profile is own  # re-pricing returns a new bundle; this one is unchanged

@@ -110,3 +110,24 @@ def test_registry_imports_without_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_shipped_tiny_bd_bundle_prices_requests_with_its_int8_dws_and_no_torch():
+    """The zoo bundle carries DWS as its INT8 file alone (the FP32 encoder is 90 MB) and its
+    measured cost profile; a scheduler process prices prompts without torch or transformers."""
+    entry = resolve("tiny-bd")
+    manifest = json.loads((entry.local_path / "manifest.json").read_text())
+    dws = manifest["predictors"]["dws"]
+    assert dws["precision"] == "int8" and dws["fp32_shipped"] is False
+    assert "dws.int8.onnx" in manifest["files"] and "dws.onnx" not in manifest["files"]
+    assert (entry.local_path / "dws.int8.onnx").stat().st_size < 40e6
+    code = (
+        "import sys, json, dwise_predict as d; b = d.load_bundle('tiny-bd'); "
+        "c = b.predict_cost(['What is 2 + 3?', 'Write a long essay about the history of "
+        "rivers, with ten sections and a summary.']); "
+        "print(json.dumps([c.tolist(), 'torch' in sys.modules, 'transformers' in sys.modules]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    costs, torch_loaded, transformers_loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not torch_loaded and not transformers_loaded
+    assert all(c > 0 for c in costs) and costs[1] > costs[0]  # an essay outweighs a sum
