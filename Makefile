@@ -50,7 +50,7 @@ test-sglang: $(SG_STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check dwise_predict tracing trainers export zoo tests benchmarks
-	$(VENV)/bin/ruff format --check --exclude zoo/bundles dwise_predict tracing trainers export zoo tests benchmarks
+	$(VENV)/bin/ruff format --check --exclude zoo/bundles --exclude tests/fixtures dwise_predict tracing trainers export zoo tests benchmarks
 	$(VENV)/bin/mypy dwise_predict tracing trainers export zoo
 
 bench: $(STAMP)
