@@ -181,6 +181,9 @@ def test_manifest_records_the_module_and_the_gate(trained: dict) -> None:
         assert f in manifest["files"]
     assert "dws" in manifest["training"] and manifest["training"]["dws"]["N"] == BUDGET // BS
     assert "DWS surface 4 x 8" in (trained["path"] / "README.md").read_text()
+    # the encoder is named, not located: no path of the training machine in a bundle
+    assert entry["encoder"] == trained["config"].encoder_path.rsplit("/", 1)[-1]
+    assert "/" not in entry["encoder"]
     assert "cost_profile" in manifest["predictors"]
 
 

