@@ -109,8 +109,12 @@ def dws_bundle_costs(path: Path, reqs, runner) -> dict:
     return dict(zip([r.rid for r in reqs], bundle.predict_cost(texts, prompt_tokens=tokens)))
 
 
-def test_dws_sjf_refuses_a_bundle_without_dws():
+def test_dws_sjf_refuses_a_bundle_without_dws(tmp_path):
+    zoo = load_bundle("tiny-bd")  # has DWS since v0.4.0: keep only the DWISE predictors
+    plain = save_bundle(
+        tmp_path / "no-dws", [zoo.admission, zoo.refinement], fingerprint=zoo.fingerprint
+    )
     s = make_scheduler(max_running_requests=B * K)
-    env = plugin_env("tiny-bd", slots=B, k=K, policy="dws-sjf")
+    env = plugin_env(str(plain), slots=B, k=K, policy="dws-sjf")
     with environ(env), pytest.raises(ConfigError, match="no DWS predictor"):
         plugin.attach(s, load_config())
