@@ -77,8 +77,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/dws.json"))
     args = ap.parse_args()
 
-    from dwise_predict.export.onnx_dws import int8_keep_fp32
-    from dwise_predict.export.quantize import embeddings_int8_per_row, quantize_int8
+    from dwise_predict.export.onnx_dws import quantize_dws
+    from dwise_predict.export.quantize import quantize_int8
     from dwise_predict.trainers.dws import true_costs
     from dwise_predict.trainers.dws_data import dws_arrays
 
@@ -98,20 +98,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         src = bundle.path / ONNX_FILE
         # INT8 per-tensor on every MatMul/Gemm (train's first recipe), and as `train` exports it
-        # now: per-channel weights, the FFN down-projections (whose inputs carry the activation
-        # outliers per-tensor int8 clips) kept in FP32
-        ffn2 = int8_keep_fp32(src)
+        # now (quantize_dws): per-channel weights, the FFN down-projections (whose inputs carry
+        # the activation outliers per-tensor int8 clips) kept in FP32
         variants = {
             "int8": quantize_int8(src, Path(tmp) / "dws.int8.onnx"),
-            "int8_pc_ffn2_fp32": quantize_int8(
-                src, Path(tmp) / "dws.int8pc.onnx", per_channel=True, exclude=ffn2
-            ),
+            "int8_pc_ffn2_fp32": quantize_dws(src, Path(tmp) / "dws.int8pc.onnx"),
             # what `train --dws-int8-only` ships: the same, embedding tables int8 per row
-            "int8_only_bundle": quantize_int8(
-                embeddings_int8_per_row(src, Path(tmp) / "rows.onnx") and Path(tmp) / "rows.onnx",
-                Path(tmp) / "dws.int8emb.onnx",
-                per_channel=True,
-                exclude=ffn2,
+            "int8_only_bundle": quantize_dws(
+                src, Path(tmp) / "dws.int8emb.onnx", int8_embeddings=True
             ),
         }
         size_mb = {k: v.stat().st_size / 1e6 for k, v in variants.items()}

@@ -73,6 +73,20 @@ def int8_keep_fp32(onnx_path: str | Path) -> tuple[str, ...]:
     )
 
 
+def quantize_dws(fp32_path: str | Path, dst: str | Path, *, int8_embeddings: bool = False) -> Path:
+    """The DWS INT8 recipe: per-channel weights, :func:`int8_keep_fp32` nodes in FP32 and, with
+    ``int8_embeddings``, the embedding tables int8 one scale per row. The one place it is
+    written: ``train`` exports with it and ``benchmarks/dws.py`` measures it."""
+    fp32_path, dst = Path(fp32_path), Path(dst)
+    keep = int8_keep_fp32(fp32_path)
+    if not int8_embeddings:
+        return quantize_int8(fp32_path, dst, per_channel=True, exclude=keep)
+    with tempfile.TemporaryDirectory(prefix="dwise-int8-rows-") as tmp:
+        rows = Path(tmp) / fp32_path.name
+        embeddings_int8_per_row(fp32_path, rows)
+        return quantize_int8(rows, dst, per_channel=True, exclude=keep)
+
+
 def dws_to_onnx(trained: Any, path: str | Path, *, opset: int = DEFAULT_OPSET) -> Path:
     """Export ``trained`` (a ``DWSTrained``) to ``path`` (FP32); returns the path."""
     try:
@@ -215,15 +229,7 @@ def export_dws(
     ]
     if not int8:
         return fp32, None, checks
-    source = fp32_path
-    if int8_embeddings:
-        source = folder / "dws.int8-embeddings.onnx"
-        embeddings_int8_per_row(fp32_path, source)
-    q_path = quantize_int8(
-        source, int8_name(fp32_path), per_channel=True, exclude=int8_keep_fp32(fp32_path)
-    )
-    if source != fp32_path:
-        source.unlink(missing_ok=True)
+    q_path = quantize_dws(fp32_path, int8_name(fp32_path), int8_embeddings=int8_embeddings)
     q = DWSPredictor(q_path, trained.tokenizer, trained.config)
     s8 = q.predict_surface(probes)
     g8 = compare(ref, s8, SURFACE_INT8)
