@@ -318,8 +318,9 @@ def test_int8_only_module_ships_one_onnx_file_and_survives_reprofiling(
     work = tmp_path / "int8"
     work.mkdir()
     q = quantize_int8(src.dws.path.with_name("dws.onnx"), work / "dws.int8.onnx", per_channel=True)
-    only = DWSPredictor(q, src.dws.tokenizer, src.dws.config, exports=src.dws.exports)
-    only.ship_fp32 = False
+    only = DWSPredictor(
+        q, src.dws.tokenizer, src.dws.config, exports=src.dws.exports, ship_fp32=False
+    )
     out = write_bundle_dws(trained["path"], only, out=tmp_path / "b8")
     manifest = json.loads((out / "manifest.json").read_text())
     entry = manifest["predictors"]["dws"]

@@ -73,8 +73,7 @@ def train_dws_module(
     )
     exports = [c.to_json() for c in checks]
     if config.int8_only and q is not None:
-        only = DWSPredictor(q, trained.tokenizer, trained.config, exports=exports)
-        only.ship_fp32 = False
+        only = DWSPredictor(q, trained.tokenizer, trained.config, exports=exports, ship_fp32=False)
         return only, trained
     if config.int8_only:
         log.warning("the DWS INT8 export failed its gate; the bundle ships the FP32 file")

@@ -232,6 +232,7 @@ class DWSPredictor:
         batch_size: int = 32,
         int8_path: str | Path | None = None,
         exports: list[dict[str, Any]] | None = None,
+        ship_fp32: bool = True,
     ) -> None:
         from .onnx_runtime import open_session
 
@@ -246,7 +247,7 @@ class DWSPredictor:
         self.exports = list(exports or [])
         #: whether :meth:`save` writes the FP32 file too; False for an INT8-only module (the
         #: FP32 encoder is 90 MB for all-MiniLM-L6-v2, its INT8 file about a third of that)
-        self.ship_fp32 = True
+        self.ship_fp32 = ship_fp32
         shape = (
             int(self.meta.get("dwise.n_blocks", -1)),
             int(self.meta.get("dwise.max_steps", -1)),
@@ -382,9 +383,9 @@ class DWSPredictor:
                     f"{root} ships the DWS predictor as {INT8_FILE} only (trained with "
                     "--dws-int8-only); load it with int8=True, or retrain to get the FP32 file"
                 )
-            only = cls(path(INT8_FILE), tok, config, threads=threads, exports=exports)
-            only.ship_fp32 = False
-            return only
+            return cls(
+                path(INT8_FILE), tok, config, threads=threads, exports=exports, ship_fp32=False
+            )
         if int8 and has(INT8_FILE):
             return cls(path(INT8_FILE), tok, config, threads=threads, exports=exports)
         return cls(path(ONNX_FILE), tok, config, threads=threads, exports=exports)
