@@ -42,6 +42,10 @@ DEFAULT_MIX: dict[str, float] = {
 #: (:mod:`.free_text`), the others are the workload's own generators
 FAMILIES: tuple[str, ...] = ("math", "mcq", "synthetic", "long_context", "free_text")
 
+#: the generators' difficulty knobs a training example keeps (``target_chars``: a haystack's
+#: drawn length, which decides the sequence-length limit it is encoded under)
+KNOB_KEYS = ("digits", "ops", "kind", "task", "length", "n_needles", "n_options", "target_chars")
+
 #: default math difficulty weights: (1-op 1-2 digit, 1-2 digit up to 3 ops, any difficulty)
 DEFAULT_MATH_WEIGHTS: tuple[float, float, float] = (0.35, 0.25, 0.40)
 
@@ -270,11 +274,7 @@ def generated_examples(
                 rec.reference or "",
                 category,
                 "generated",
-                {
-                    k: v
-                    for k, v in rec.meta.items()
-                    if k in ("digits", "ops", "kind", "task", "length", "n_needles", "n_options")
-                },
+                {k: v for k, v in rec.meta.items() if k in KNOB_KEYS},
             )
         )
     return out
@@ -341,8 +341,10 @@ def build_training_set(
         "max_len": config.max_len,
     }
     real_enc, real_dropped = encode_examples(real, **kw)
-    long = [e for e in generated if len(e.prompt) > config.long_context_chars[1] + 200]
-    short = [e for e in generated if len(e.prompt) <= config.long_context_chars[1] + 200]
+    # haystacks drawn at the eval lengths go under long_max_len; everything else under max_len
+    is_long = [e.knobs.get("target_chars", 0) > config.long_context_chars[1] for e in generated]
+    long = [e for e, x in zip(generated, is_long) if x]
+    short = [e for e, x in zip(generated, is_long) if not x]
     gen_enc, gen_dropped = encode_examples(short, **kw)
     free_enc, free_dropped = encode_examples(
         free_text, **{**kw, "max_len": config.free_text_max_len}
