@@ -22,6 +22,9 @@ from dwise_predict.zoo.tiny_bd.data import (
     token_budget_batches,
 )
 from dwise_predict.zoo.tiny_bd.free_text import (
+    BRIEF_CLOSINGS,
+    BRIEF_OPENINGS,
+    CLARIFY,
     CLOSINGS,
     OPENINGS,
     ContentPools,
@@ -461,6 +464,43 @@ def test_free_text_responses_mix_scaffolding_and_content_and_fit_the_budget() ->
     assert [e.response for e in again] == [e.response for e in ex]
     with pytest.raises(TrainingError, match="no free-text prompts"):
         free_text_examples([], 5, seed=0, pools=_pools())
+
+
+def test_by_ending_style_lets_the_prompts_last_character_pick_the_share_of_fixed_text() -> None:
+    prompts = [
+        ("How do I bake bread at home?", "chat"),
+        ("Tell me about bread.", "chat"),
+        ("bread recipe ideas", "chat"),
+        ("Write a haiku about rain, all lowercase.", "instruction"),
+        ("Can you write a haiku about rain?", "instruction"),
+        ("haiku: rain", "instruction"),
+    ]
+    ex = free_text_examples(prompts, 900, seed=5, pools=_pools(), style="by_ending")
+    assert len(ex) == 900 and all(len(e.response) <= 230 for e in ex)
+    shapes: dict[tuple[str, str], set[str]] = {}
+    for e in ex:
+        content = [s for s in _pools().sentences if s in e.response]
+        if e.response in CLARIFY[e.category]:
+            shape = "fixed"
+            assert not content
+        elif e.response.startswith(BRIEF_OPENINGS[e.category]):
+            shape = "brief"
+            assert len(content) == 1 and e.response.endswith(BRIEF_CLOSINGS[e.category])
+        else:
+            shape = "list"
+            assert e.response.startswith(OPENINGS[e.category]) and 1 <= len(content) <= 3
+        shapes.setdefault((e.category, e.prompt), set()).add(shape)
+    # one shape per prompt, and the ending decides it
+    assert shapes == {
+        ("chat", "How do I bake bread at home?"): {"brief"},
+        ("chat", "Tell me about bread."): {"list"},
+        ("chat", "bread recipe ideas"): {"fixed"},
+        ("instruction", "Write a haiku about rain, all lowercase."): {"brief"},
+        ("instruction", "Can you write a haiku about rain?"): {"list"},
+        ("instruction", "haiku: rain"): {"fixed"},
+    }
+    with pytest.raises(TrainingError, match="unknown free-text style 'short'"):
+        free_text_examples(prompts, 5, seed=0, pools=_pools(), style="short")
 
 
 def test_free_text_sources_skip_eval_prompts_and_their_conversations() -> None:

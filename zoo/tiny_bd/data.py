@@ -96,6 +96,8 @@ class DataConfig:
     #: longest free-text two-stream sequence (their prompts are up to 1,500 characters)
     free_text_max_chars: int = 230
     free_text_max_len: int = 2048
+    #: how free-text responses are shaped (:data:`.free_text.STYLES`)
+    free_text_style: str = "list"
     #: math knob weights: (1-op 1-2 digit, 1-2 digit up to 3 ops, any difficulty)
     math_weights: tuple[float, float, float] = DEFAULT_MATH_WEIGHTS
     #: the workload whose train split is used and whose eval split is excluded
@@ -316,7 +318,9 @@ def build_training_set(
                 from .free_text import free_text_examples, free_text_sources
 
                 prompts, pools = free_text_sources(conversations, eval_prompts)
-                free_text = free_text_examples(prompts, n, seed, pools, config.free_text_max_chars)
+                free_text = free_text_examples(
+                    prompts, n, seed, pools, config.free_text_max_chars, config.free_text_style
+                )
             continue
         generated += generated_examples(
             family,

@@ -73,6 +73,46 @@ CLOSINGS: dict[str, tuple[str, ...]] = {
     ),
 }
 
+#: how a response's share of fixed text is chosen: ``list`` (stage 6) gives every chat and
+#: instruction response the same shape (scaffold around 1-3 content items); ``by_ending``
+#: (stage 7) lets the prompt's last character pick it, see :func:`shaped_response`
+STYLES: tuple[str, ...] = ("list", "by_ending")
+
+#: whole fixed replies for prompts that do not end a sentence (a pasted snippet, a fragment):
+#: every byte is predictable once the first word is committed
+CLARIFY: dict[str, tuple[str, ...]] = {
+    "chat": (
+        "Sure, I can help with that. Could you tell me a bit more about what you need, so that "
+        "I can give you a useful answer?",
+        "Happy to help! To give you the best answer, I need a little more context. What exactly "
+        "would you like me to do with this?",
+        "Thanks for sharing this. Before I answer, could you tell me more about your goal and "
+        "any details that matter to you?",
+    ),
+    "instruction": (
+        "Understood. I will follow your instructions carefully. Please share any extra details "
+        "you would like me to include.",
+        "Got it. Before I start, could you confirm the format and the length you would like for "
+        "the final text?",
+    ),
+}
+
+#: openings and closings of a brief answer (one content sentence between them)
+BRIEF_OPENINGS: dict[str, tuple[str, ...]] = {
+    "chat": ("Good question! In short:", "Great question. The short answer is this:"),
+    "instruction": ("Here is the text you asked for:", "As requested, in one sentence:"),
+}
+BRIEF_CLOSINGS: dict[str, tuple[str, ...]] = {
+    "chat": (
+        "I hope this helps! Let me know if you have any other questions.",
+        "If you have any other questions, feel free to ask. I am always happy to help!",
+    ),
+    "instruction": (
+        "I hope this meets your needs. Let me know if you would like any changes.",
+        "Let me know if you would like a longer version or a different tone.",
+    ),
+}
+
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 _WORD = re.compile(r"[A-Za-z][A-Za-z'-]*")
 _DEF = re.compile(r"^def (\w+)\((.*?)\)[^:\n]*:", re.MULTILINE)
@@ -151,6 +191,42 @@ def chat_response(prompt: str, category: str, pools: ContentPools, rng: random.R
     return text + "\n\n" + rng.choice(CLOSINGS[category])
 
 
+def prompt_ending(prompt: str) -> str:
+    """``"?"`` (a question), ``"."`` (a sentence or command) or ``"other"`` (a fragment, code, a
+    list): the last non-space character, the feature :func:`shaped_response` keys on.
+
+    Why the last character: it sits right before the response, so even a small model reads it
+    reliably, and a decoder that always commits its most likely path then gives different
+    prompts different shapes (a random choice per example would collapse to one shape).
+    """
+    tail = prompt.rstrip()[-1:]
+    return "?" if tail == "?" else "." if tail in (".", "!") else "other"
+
+
+def shaped_response(prompt: str, category: str, pools: ContentPools, rng: random.Random) -> str:
+    """A chat or instruction response whose share of fixed text follows the prompt's ending.
+
+    * chat: a question gets a brief answer (opening, one short content sentence, closing), a
+      sentence gets :func:`chat_response`'s list, a fragment gets a whole fixed
+      clarifying reply;
+    * instruction: a sentence gets a brief answer, a question the list, a fragment the
+      clarifying reply.
+
+    Fixed text commits several tokens a round and content one, so the shapes give rounds per
+    block a spread inside each category, as the kinds of text do in a real dLLM's traffic.
+    """
+    ending = prompt_ending(prompt)
+    brief, full = ("?", ".") if category == "chat" else (".", "?")
+    if ending == brief:
+        short = [s for s in (rng.choice(pools.sentences) for _ in range(8)) if len(s) <= 50]
+        sentence = short[0] if short else rng.choice(pools.sentences)
+        opening = rng.choice(BRIEF_OPENINGS[category])
+        return f"{opening} {sentence}\n\n{rng.choice(BRIEF_CLOSINGS[category])}"
+    if ending == full:
+        return chat_response(prompt, category, pools, rng)
+    return rng.choice(CLARIFY[category])
+
+
 def code_response(prompt: str, pools: ContentPools, rng: random.Random) -> str:
     """Opening, the prompt's own signature copied, 1-4 body lines, a return, closing."""
     sigs = _DEF.findall(prompt)
@@ -170,13 +246,17 @@ def free_text_examples(
     seed: int,
     pools: ContentPools,
     max_chars: int = 230,
+    style: str = "list",
 ) -> list[TrainingExample]:
     """``n`` (prompt, scaffolded response) pairs over ``prompts`` = (text, category) pairs.
 
     Categories are drawn by :data:`CATEGORY_WEIGHTS` (among those with prompts), then a prompt
     of that category, each time with a fresh response; responses over ``max_chars``
     characters are redrawn, so every one ends, EOS included, inside the 256-token budget.
+    ``style`` (one of :data:`STYLES`) picks how chat and instruction responses are shaped.
     """
+    if style not in STYLES:
+        raise TrainingError(f"unknown free-text style {style!r}; known: {', '.join(STYLES)}")
     if not prompts:
         raise TrainingError("no free-text prompts left after excluding the eval split")
     if len(pools.sentences) < 100 or len(pools.code_lines) < 20:
@@ -198,6 +278,8 @@ def free_text_examples(
             response = (
                 code_response(prompt, pools, rng)
                 if category == "code"
+                else shaped_response(prompt, category, pools, rng)
+                if style == "by_ending"
                 else chat_response(prompt, category, pools, rng)
             )
             if len(response) <= max_chars:

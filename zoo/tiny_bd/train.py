@@ -50,6 +50,7 @@ from .data import (
     build_training_set,
     token_budget_batches,
 )
+from .free_text import STYLES
 from .model import TinyBDModel
 from .two_stream import TwoStreamBatch, collate
 
@@ -475,6 +476,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="share of the multi-needle prompts drawn at the eval lengths (4-12K characters; "
         "each such sequence is a batch of its own)",
     )
+    ap.add_argument(
+        "--free-text-style",
+        choices=STYLES,
+        default=DataConfig.free_text_style,
+        help="list: every chat/instruction response is scaffold around 1-3 content items "
+        "(stage 6); by_ending: the prompt's last character picks a brief answer, a list or a "
+        "whole fixed reply (stage 7)",
+    )
     ap.add_argument("--loss-weighting", choices=("none", "inv_t"), default="none")
     ap.add_argument(
         "--pad-weight",
@@ -532,6 +541,7 @@ def main(argv: list[str] | None = None) -> int:
         n_generated=args.n_generated,
         real_repeats=args.real_repeats,
         long_context_long_share=args.long_context_long_share,
+        free_text_style=args.free_text_style,
         **data_kw,
     )
     log_csv = args.log_csv or Path("runs/tiny-bd-train/train_log.csv")
