@@ -5,7 +5,8 @@ process runs the predictor. Inputs ``input_ids`` and ``attention_mask`` ``(n, L)
 and length dynamic; the tokenizer and truncation rule live in the bundle), outputs ``surface``
 ``(n, N, S)`` and, when the baselines were trained, ``baselines`` ``(n, 3)`` (evaluation only).
 
-INT8 is onnxruntime's dynamic quantization of the MatMul/Gemm weights (:mod:`.quantize`). The
+INT8 is onnxruntime's dynamic quantization of the MatMul/Gemm weights (:mod:`.quantize`), per
+channel, after the few activation-outlier channels are split off into FP32 (:mod:`.outliers`). The
 gate compares each exported file with the torch model on held-out prompts, on the surface
 (max abs error per cell) and on what a scheduler consumes, the expected cost (relative error
 of the cost MAE); an INT8 file is kept only when it passes and is faster than FP32 in the same
@@ -33,6 +34,7 @@ from dwise_predict.predictors.dws import (
 
 from ._onnx_files import save_model_atomic, set_metadata
 from .onnx_refinement import DEFAULT_OPSET, _quiet_exporter
+from .outliers import split_activation_outliers
 from .parity import Tolerance, compare
 from .quantize import embeddings_int8_per_row, int8_name, quantize_int8
 
@@ -55,11 +57,12 @@ COST_DEV_REL = 0.01
 
 
 def int8_keep_fp32(onnx_path: str | Path) -> tuple[str, ...]:
-    """The nodes kept in FP32 by the DWS INT8 recipe: each encoder layer's FFN down-projection.
+    """Each encoder layer's FFN down-projection: the nodes the first per-channel recipe kept in
+    FP32 (the benchmark still measures it as a peer of :func:`quantize_dws`).
 
-    Its input is the GELU output, which carries the activation outliers that INT8 clips; with
-    them in FP32 and per-channel weights elsewhere, the cost moved 0.27% on held-out prompts
-    instead of 2.1% (per-tensor, everything quantized), at 2.2x the FP32 speed instead of 3.2x.
+    Their input is the GELU output, which carries activation outliers that INT8 clips; keeping
+    the whole product in FP32 costs a third of the encoder's arithmetic (1.9x FP32 instead of
+    ~2.6x), where splitting off the outlier channels (:mod:`.outliers`) costs almost nothing.
     """
     import onnx
 
@@ -73,18 +76,37 @@ def int8_keep_fp32(onnx_path: str | Path) -> tuple[str, ...]:
     )
 
 
-def quantize_dws(fp32_path: str | Path, dst: str | Path, *, int8_embeddings: bool = False) -> Path:
-    """The DWS INT8 recipe: per-channel weights, :func:`int8_keep_fp32` nodes in FP32 and, with
+#: how many probe prompts calibrate the outlier split (one prompt per call, so no padding
+#: enters the channel peaks)
+CALIBRATION_PROMPTS = 128
+
+
+def calibration_feeds(tokenizer: Any, prompts: list[str]) -> list[dict[str, np.ndarray]]:
+    """ONNX feeds of the first :data:`CALIBRATION_PROMPTS` prompts, one prompt per feed."""
+    return [
+        dict(zip(INPUTS, tokenizer.encode([p]), strict=True)) for p in prompts[:CALIBRATION_PROMPTS]
+    ]
+
+
+def quantize_dws(
+    fp32_path: str | Path,
+    dst: str | Path,
+    feeds: list[dict[str, np.ndarray]],
+    *,
+    int8_embeddings: bool = False,
+) -> Path:
+    """The DWS INT8 recipe: the activation-outlier channels of every MatMul input, measured on
+    the calibration ``feeds``, split off into small FP32 products
+    (:func:`~.outliers.split_activation_outliers`); every other weight int8 per channel; with
     ``int8_embeddings``, the embedding tables int8 one scale per row. The one place it is
     written: ``train`` exports with it and ``benchmarks/dws.py`` measures it."""
     fp32_path, dst = Path(fp32_path), Path(dst)
-    keep = int8_keep_fp32(fp32_path)
-    if not int8_embeddings:
-        return quantize_int8(fp32_path, dst, per_channel=True, exclude=keep)
-    with tempfile.TemporaryDirectory(prefix="dwise-int8-rows-") as tmp:
-        rows = Path(tmp) / fp32_path.name
-        embeddings_int8_per_row(fp32_path, rows)
-        return quantize_int8(rows, dst, per_channel=True, exclude=keep)
+    with tempfile.TemporaryDirectory(prefix="dwise-int8-") as tmp:
+        split_path = Path(tmp) / f"split.{fp32_path.name}"
+        split = split_activation_outliers(fp32_path, split_path, feeds)
+        if int8_embeddings:
+            embeddings_int8_per_row(split_path, split_path)
+        return quantize_int8(split_path, dst, per_channel=True, exclude=split.fp32_nodes)
 
 
 def dws_to_onnx(trained: Any, path: str | Path, *, opset: int = DEFAULT_OPSET) -> Path:
@@ -183,10 +205,10 @@ def export_dws(
     """Export FP32 (+ INT8) into ``folder``; returns the FP32 predictor, the kept INT8 path.
 
     ``probes`` are prompts the gate predicts (held-out prompts, or the training ones when none
-    are held out). INT8 is per-channel with the FFN down-projections in FP32
-    (:func:`int8_keep_fp32`); it is kept when it is faster and, with ``profile`` and
-    ``prompt_blocks``, moves the expected cost by at most 1% of the FP32 cost on average. The
-    cost MAE against ``true_cost`` is recorded for both files.
+    are held out); the first :data:`CALIBRATION_PROMPTS` of them also calibrate the INT8
+    recipe's outlier split (:func:`quantize_dws`). INT8 is kept when it is faster and, with
+    ``profile`` and ``prompt_blocks``, moves the expected cost by at most 1% of the FP32 cost
+    on average. The cost MAE against ``true_cost`` is recorded for both files.
 
     ``int8_embeddings`` also stores the embedding tables as int8, one scale per row
     (:func:`~.quantize.embeddings_int8_per_row`): for all-MiniLM-L6-v2 the word embeddings are
@@ -229,7 +251,8 @@ def export_dws(
     ]
     if not int8:
         return fp32, None, checks
-    q_path = quantize_dws(fp32_path, int8_name(fp32_path), int8_embeddings=int8_embeddings)
+    feeds = calibration_feeds(fp32.tokenizer, probes)
+    q_path = quantize_dws(fp32_path, int8_name(fp32_path), feeds, int8_embeddings=int8_embeddings)
     q = DWSPredictor(q_path, trained.tokenizer, trained.config)
     s8 = q.predict_surface(probes)
     g8 = compare(ref, s8, SURFACE_INT8)
