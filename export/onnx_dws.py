@@ -57,7 +57,7 @@ COST_DEV_REL = 0.01
 
 
 def int8_keep_fp32(onnx_path: str | Path) -> tuple[str, ...]:
-    """Each encoder layer's FFN down-projection: the nodes the first per-channel recipe kept in
+    """Each encoder layer's FFN down-projection: the nodes the second INT8 recipe kept in
     FP32 (the benchmark still measures it as a peer of :func:`quantize_dws`).
 
     Their input is the GELU output, which carries activation outliers that INT8 clips; keeping
