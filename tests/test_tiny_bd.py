@@ -24,6 +24,7 @@ from dwise_predict.zoo.tiny_bd.data import (
 from dwise_predict.zoo.tiny_bd.free_text import (
     BRIEF_CLOSINGS,
     BRIEF_OPENINGS,
+    CATEGORY_WEIGHTS,
     CLARIFY,
     CLOSINGS,
     OPENINGS,
@@ -35,7 +36,12 @@ from dwise_predict.zoo.tiny_bd.generate import _extend, generate, prefill
 from dwise_predict.zoo.tiny_bd.io import WEIGHTS_DIR, from_pretrained, save_pretrained
 from dwise_predict.zoo.tiny_bd.model import TinyBDModel
 from dwise_predict.zoo.tiny_bd.tokenizer import EOS, MASK, build_tokenizer
-from dwise_predict.zoo.tiny_bd.train import diffusion_loss, lr_factor, parse_mix
+from dwise_predict.zoo.tiny_bd.train import (
+    diffusion_loss,
+    lr_factor,
+    parse_free_text_categories,
+    parse_mix,
+)
 from dwise_predict.zoo.tiny_bd.two_stream import CLEAN, NOISY, PROMPT, collate
 
 from dwise_predict.errors import ModelError, TrainingError
@@ -557,3 +563,30 @@ def test_long_context_share_draws_eval_length_haystacks_that_are_kept() -> None:
         build_training_set(
             DataConfig(n_generated=5, mix={"poetry": 1.0}), splits=splits, conversations={}
         )
+
+
+def test_free_text_category_weights_are_settable_and_checked() -> None:
+    prompts = [
+        ("How do I bake bread at home?", "chat"),
+        ("Write a haiku about rain, all lowercase.", "instruction"),
+        ("Complete the following Python function:\n\ndef add_two(a, b):\n    pass", "code"),
+    ]
+    weights = parse_free_text_categories("chat=0.2, instruction=0.8")
+    assert weights == {"chat": 0.2, "instruction": 0.8}
+    ex = free_text_examples(prompts, 500, seed=3, pools=_pools(), category_weights=weights)
+    share = {c: sum(e.category == c for e in ex) / len(ex) for c in ("chat", "instruction", "code")}
+    assert share["code"] == 0 and 0.72 < share["instruction"] < 0.88
+    # the default is the module's weights, so earlier stages' data reproduces
+    default = free_text_examples(prompts, 50, seed=3, pools=_pools())
+    explicit = free_text_examples(
+        prompts, 50, seed=3, pools=_pools(), category_weights=dict(CATEGORY_WEIGHTS)
+    )
+    assert [e.response for e in default] == [e.response for e in explicit]
+    with pytest.raises(TrainingError, match="unknown free-text categories"):
+        parse_free_text_categories("chat=0.5,poetry=0.5")
+    with pytest.raises(TrainingError, match="CATEGORY=WEIGHT"):
+        parse_free_text_categories("chat")
+    with pytest.raises(TrainingError, match="positive sum"):
+        parse_free_text_categories("chat=0,instruction=0")
+    with pytest.raises(TrainingError, match="no free-text prompts in the weighted"):
+        free_text_examples(prompts[:1], 5, seed=0, pools=_pools(), category_weights={"code": 1})

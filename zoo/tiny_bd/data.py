@@ -48,6 +48,9 @@ KNOB_KEYS = ("digits", "ops", "kind", "task", "length", "n_needles", "n_options"
 
 #: default math difficulty weights: (1-op 1-2 digit, 1-2 digit up to 3 ops, any difficulty)
 DEFAULT_MATH_WEIGHTS: tuple[float, float, float] = (0.35, 0.25, 0.40)
+#: share of free-text examples per category (eval: chat 30%, instruction 6%, code 4%); the
+#: scarce instruction and code prompts are reused, each time with a fresh response
+FREE_TEXT_CATEGORY_WEIGHTS: dict[str, float] = {"chat": 0.6, "instruction": 0.25, "code": 0.15}
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,10 @@ class DataConfig:
     free_text_max_len: int = 2048
     #: how free-text responses are shaped (:data:`.free_text.STYLES`)
     free_text_style: str = "list"
+    #: free-text examples per category (relative weights)
+    free_text_categories: dict[str, float] = field(
+        default_factory=lambda: dict(FREE_TEXT_CATEGORY_WEIGHTS)
+    )
     #: math knob weights: (1-op 1-2 digit, 1-2 digit up to 3 ops, any difficulty)
     math_weights: tuple[float, float, float] = DEFAULT_MATH_WEIGHTS
     #: the workload whose train split is used and whose eval split is excluded
@@ -319,7 +326,13 @@ def build_training_set(
 
                 prompts, pools = free_text_sources(conversations, eval_prompts)
                 free_text = free_text_examples(
-                    prompts, n, seed, pools, config.free_text_max_chars, config.free_text_style
+                    prompts,
+                    n,
+                    seed,
+                    pools,
+                    config.free_text_max_chars,
+                    config.free_text_style,
+                    config.free_text_categories,
                 )
             continue
         generated += generated_examples(

@@ -23,17 +23,14 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from dwise_predict.errors import TrainingError
 
+from .data import FREE_TEXT_CATEGORY_WEIGHTS as CATEGORY_WEIGHTS
 from .data import TrainingExample
-
-#: share of free-text examples per category (eval: chat 30%, instruction 6%, code 4%); the
-#: scarce instruction and code prompts are reused, each time with a fresh response
-CATEGORY_WEIGHTS: dict[str, float] = {"chat": 0.6, "instruction": 0.25, "code": 0.15}
 
 #: templated openings, per category (predictable once their first bytes are committed)
 OPENINGS: dict[str, tuple[str, ...]] = {
@@ -240,6 +237,21 @@ def code_response(prompt: str, pools: ContentPools, rng: random.Random) -> str:
     return rng.choice(OPENINGS["code"]) + "\n\n" + code + "\n\n" + rng.choice(CLOSINGS["code"])
 
 
+def check_category_weights(weights: Mapping[str, float]) -> dict[str, float]:
+    """The free-text category weights, refused unless they name known categories with
+    non-negative weights and a positive total."""
+    unknown = sorted(set(weights) - set(CATEGORY_WEIGHTS))
+    if unknown:
+        raise TrainingError(
+            f"unknown free-text categories {unknown}; known: {', '.join(CATEGORY_WEIGHTS)}"
+        )
+    if any(not w >= 0 for w in weights.values()) or sum(weights.values()) <= 0:
+        raise TrainingError(
+            f"free-text category weights must be >= 0 with a positive sum, got {dict(weights)}"
+        )
+    return dict(weights)
+
+
 def free_text_examples(
     prompts: Sequence[tuple[str, str]],
     n: int,
@@ -247,16 +259,19 @@ def free_text_examples(
     pools: ContentPools,
     max_chars: int = 230,
     style: str = "list",
+    category_weights: Mapping[str, float] | None = None,
 ) -> list[TrainingExample]:
     """``n`` (prompt, scaffolded response) pairs over ``prompts`` = (text, category) pairs.
 
-    Categories are drawn by :data:`CATEGORY_WEIGHTS` (among those with prompts), then a prompt
-    of that category, each time with a fresh response; responses over ``max_chars``
-    characters are redrawn, so every one ends, EOS included, inside the 256-token budget.
-    ``style`` (one of :data:`STYLES`) picks how chat and instruction responses are shaped.
+    Categories are drawn by ``category_weights`` (default :data:`CATEGORY_WEIGHTS`; among
+    those with prompts), then a prompt of that category, each time with a fresh response;
+    responses over ``max_chars`` characters are redrawn, so every one ends, EOS included,
+    inside the 256-token budget. ``style`` (one of :data:`STYLES`) picks how chat and
+    instruction responses are shaped.
     """
     if style not in STYLES:
         raise TrainingError(f"unknown free-text style {style!r}; known: {', '.join(STYLES)}")
+    category_weights = check_category_weights(category_weights or CATEGORY_WEIGHTS)
     if not prompts:
         raise TrainingError("no free-text prompts left after excluding the eval split")
     if len(pools.sentences) < 100 or len(pools.code_lines) < 20:
@@ -268,8 +283,12 @@ def free_text_examples(
     by_cat: dict[str, list[str]] = {}
     for prompt, category in prompts:
         by_cat.setdefault(category, []).append(prompt)
-    cats = [c for c in CATEGORY_WEIGHTS if c in by_cat]
-    weights = [CATEGORY_WEIGHTS[c] for c in cats]
+    cats = [c for c in category_weights if c in by_cat and category_weights[c] > 0]
+    if not cats:
+        raise TrainingError(
+            f"no free-text prompts in the weighted categories {dict(category_weights)}"
+        )
+    weights = [category_weights[c] for c in cats]
     out: list[TrainingExample] = []
     while len(out) < n:
         category = rng.choices(cats, weights)[0]

@@ -44,13 +44,14 @@ from .config import TinyBDConfig
 from .data import (
     DEFAULT_MIX,
     FAMILIES,
+    FREE_TEXT_CATEGORY_WEIGHTS,
     DataConfig,
     EncodedExample,
     TrainingSet,
     build_training_set,
     token_budget_batches,
 )
-from .free_text import STYLES
+from .free_text import STYLES, check_category_weights
 from .model import TinyBDModel
 from .two_stream import TwoStreamBatch, collate
 
@@ -426,6 +427,21 @@ def parse_mix(text: str) -> dict[str, float]:
     return mix
 
 
+def parse_free_text_categories(text: str) -> dict[str, float]:
+    """``"chat=0.45,instruction=0.4,code=0.15"`` -> weights, checked by the free-text module."""
+    weights: dict[str, float] = {}
+    for part in text.split(","):
+        name, sep, value = part.partition("=")
+        try:
+            weights[name.strip()] = float(value)
+        except ValueError:
+            raise TrainingError(
+                f"bad --free-text-categories entry {part!r}: use CATEGORY=WEIGHT, "
+                "e.g. chat=0.45,instruction=0.4,code=0.15"
+            ) from None
+    return check_category_weights(weights)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m dwise_predict.zoo.tiny_bd.train",
@@ -484,6 +500,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(stage 6); by_ending: the prompt's last character picks a brief answer, a list or a "
         "whole fixed reply (stage 7)",
     )
+    default_cats = ",".join(f"{k}={v}" for k, v in FREE_TEXT_CATEGORY_WEIGHTS.items())
+    ap.add_argument(
+        "--free-text-categories",
+        default=None,
+        help=f"free-text examples per category, relative weights (default: {default_cats})",
+    )
     ap.add_argument("--loss-weighting", choices=("none", "inv_t"), default="none")
     ap.add_argument(
         "--pad-weight",
@@ -535,6 +557,8 @@ def main(argv: list[str] | None = None) -> int:
     data_kw: dict[str, Any] = {}
     if args.mix:
         data_kw["mix"] = parse_mix(args.mix)
+    if args.free_text_categories:
+        data_kw["free_text_categories"] = parse_free_text_categories(args.free_text_categories)
     if args.math_weights:
         data_kw["math_weights"] = tuple(float(w) for w in args.math_weights.split(","))
     data_config = DataConfig(
