@@ -24,6 +24,9 @@ from .fingerprint import text_hash
 #: column order of the feature matrix; bundles record it and refuse another order
 FEATURE_NAMES: tuple[str, ...] = ("word_count", "newline_count", "prompt_tokens")
 
+#: a prompt no user writes, rendered once to find what the chat template wraps around a prompt
+_PROMPT_SENTINEL = "\x00dwise-prompt\x00"
+
 
 def word_count(text: str) -> int:
     return len(text.split())
@@ -87,6 +90,18 @@ class PromptFeaturizer:
         self.chat_template = ChatTemplate(chat_template) if chat_template else None
         self.add_special_tokens = add_special_tokens
         self.template_kwargs = dict(template_kwargs or {})
+        self._frame = self._template_frame()
+
+    def _template_frame(self) -> tuple[str, str] | None:
+        """What the chat template puts before and after a user prompt, or None when it does
+        not wrap the prompt as one unchanged piece of text."""
+        if self.chat_template is None:
+            return None
+        rendered = self.render(_PROMPT_SENTINEL)
+        if rendered.count(_PROMPT_SENTINEL) != 1:
+            return None
+        prefix, _, suffix = rendered.partition(_PROMPT_SENTINEL)
+        return prefix, suffix
 
     @classmethod
     def from_files(
@@ -129,6 +144,26 @@ class PromptFeaturizer:
         if self.chat_template is None:
             return prompt
         return self.chat_template.render(prompt, **self.template_kwargs)
+
+    def user_text(self, text: str) -> str:
+        """The user's prompt inside ``text`` when ``text`` is one prompt rendered by this chat
+        template, else ``text`` unchanged.
+
+        A server's request holds the prompt after the chat template, but traces record word and
+        newline counts of the raw prompt, and so do the features a bundle was trained on; the
+        template's own words and newlines would shift every served request's features. Only an
+        exact frame is removed: text that is not a templated prompt is never cut.
+        """
+        if self._frame is None:
+            return text
+        prefix, suffix = self._frame
+        if (
+            len(text) >= len(prefix) + len(suffix)
+            and text.startswith(prefix)
+            and text.endswith(suffix)
+        ):
+            return text[len(prefix) : len(text) - len(suffix)]
+        return text
 
     def token_count(self, prompt: str) -> int:
         return len(

@@ -26,6 +26,23 @@ def test_features_count_words_newlines_and_templated_tokens(byte_tokenizer):
     assert x[:, 2].tolist() == [len("hello world\nagain") + 10, 1 + 10]
 
 
+def test_user_text_unwraps_exactly_one_templated_prompt(byte_tokenizer):
+    tpl = "<u>{{ messages[0]['content'] }}</u>{% if add_generation_prompt %}<a>{% endif %}"
+    f = PromptFeaturizer(byte_tokenizer, tpl)
+    raw = "two words\nand a newline"
+    assert f.user_text(f.render(raw)) == raw
+    assert f.user_text(f.render("")) == ""
+    # text that is not one templated prompt is never cut
+    for text in (raw, "<u>half a frame", "</u><a>", "<u>x</u>"):
+        assert f.user_text(text) == text
+    # the features of the unwrapped prompt are the raw prompt's, template words excluded
+    assert f([f.user_text(f.render(raw))]).tolist() == f([raw]).tolist()
+    # no template, or one that does not carry the prompt through unchanged: nothing removed
+    assert PromptFeaturizer(byte_tokenizer).user_text("<u>x</u><a>") == "<u>x</u><a>"
+    upper = PromptFeaturizer(byte_tokenizer, "<u>{{ messages[0]['content'] | upper }}</u>")
+    assert upper.user_text("<u>X</u>") == "<u>X</u>"
+
+
 def test_bad_inputs(byte_tokenizer):
     f = PromptFeaturizer(byte_tokenizer)
     assert f([]).shape == (0, 3)

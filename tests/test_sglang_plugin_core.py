@@ -125,3 +125,41 @@ def test_arrivals_are_found_after_the_last_request_seen_or_by_a_full_scan():
     queue.pop()  # the last request left and another came: same length, another tail
     queue.append(req(8))
     assert st.register_arrivals(queue) == 1 and "r8" in st.reqs
+
+
+def test_served_prompts_lose_the_chat_template_before_their_features():
+    """SGLang's requests hold the prompt after the chat template (or only its ids); the bundle
+    was trained on raw prompts, so a served request must get the raw prompt's estimate."""
+    from types import SimpleNamespace
+
+    from dwise_predict import load_bundle
+    from dwise_predict.sglang.prompt import served_prompt
+    from dwise_predict.sglang.serving import DwiseServing
+
+    bundle = load_bundle("tiny-bd")
+    f = bundle.admission.featurizer
+    raw = "Summarise the following notes.\nfirst note\nsecond note"
+    templated = f.render(raw)
+    ids = f.tokenizer.encode(templated).ids
+    sp = SimpleNamespace(max_new_tokens=64)
+    by_text = SimpleNamespace(
+        rid="t", origin_input_text=templated, origin_input_ids=ids, sampling_params=sp
+    )
+    by_ids = SimpleNamespace(
+        rid="i", origin_input_text=None, origin_input_ids=ids, sampling_params=sp
+    )
+    assert served_prompt(by_text, None, f) == raw
+    assert served_prompt(by_ids, f.tokenizer, f) == raw
+    assert served_prompt(by_ids, None, f) == ""  # no text and no tokenizer: token count only
+    st = DwiseServing(
+        PluginConfig(bundle="tiny-bd", slots=2, k=2),
+        bundle,
+        block_size=32,
+        kv_pool_tokens=1 << 20,
+        req_slots=4,
+        refine=False,
+    )
+    assert st.register_arrivals([by_text, by_ids], tokenizer=f.tokenizer) == 2
+    expected = float(bundle.predict_admission([raw])[0])
+    assert st.tracks["t"].admission == pytest.approx(expected)
+    assert st.tracks["i"].admission == pytest.approx(expected)

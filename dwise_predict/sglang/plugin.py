@@ -110,6 +110,7 @@ def attach(scheduler: Any, config: PluginConfig) -> Any:
             dp_rank=int(getattr(scheduler, "dp_rank", 0) or 0),
             prompt_text=config.trace_prompt_text,
             tokenizer=getattr(scheduler, "tokenizer", None),
+            featurizer=state.featurizer,
         )
     state.gauges = gauges_for(scheduler)
     setattr(scheduler, STATE_ATTR, state)

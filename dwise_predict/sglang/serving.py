@@ -38,6 +38,7 @@ from ..features import newline_count, word_count
 from ..runtime import DWISE, DWSSJF, RoundPlan, RoundResult, Scheduler
 from .config import PLANNED, PluginConfig
 from .monitor import QualityMonitor
+from .prompt import served_prompt
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,9 @@ class DwiseServing:
             )
         self.config = config
         self.bundle = bundle
+        admission = getattr(bundle, "admission", None)
+        #: unwraps served prompts from the chat template the bundle was traced with
+        self.featurizer = getattr(admission, "featurizer", None)
         self.block_size = int(block_size)
         self.refine = refine
         # a frozen dataclass satisfies Policy at runtime
@@ -132,18 +136,6 @@ class DwiseServing:
         self._seen: tuple[int, Any] = (0, None)
 
     # -- arrivals -----------------------------------------------------------------------------
-    def _text_of(self, req: Any, tokenizer: Any) -> str:
-        """The prompt text after the chat template: SGLang 0.5.23's ``Req`` takes the text but
-        keeps only the ids, so the ids are decoded with the scheduler's tokenizer (a server
-        started with ``--skip-tokenizer-init`` has none: the text features are then 0 and the
-        estimate rests on the token count; docs/sglang.md)."""
-        text = getattr(req, "origin_input_text", None)
-        if text:
-            return str(text)
-        if tokenizer is not None:
-            return str(tokenizer.decode(list(req.origin_input_ids)))
-        return ""
-
     def _new_in(self, waiting: list[Any]) -> list[Any]:
         """The requests in ``waiting`` the plugin has not seen, without a scan of the queue.
 
@@ -170,7 +162,7 @@ class DwiseServing:
         X = np.empty((len(new), 3), dtype=np.float64)
         texts = []
         for i, req in enumerate(new):
-            texts.append(self._text_of(req, tokenizer))
+            texts.append(served_prompt(req, tokenizer, self.featurizer))
             # the token count is SGLang's own, i.e. after the chat template was applied
             X[i] = (word_count(texts[-1]), newline_count(texts[-1]), len(req.origin_input_ids))
         est = np.asarray(self.bundle.predict_admission_features(X), dtype=np.float64)

@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from ..features import newline_count, word_count
+from ..features import PromptFeaturizer, newline_count, word_count
 from ..fingerprint import ModelFingerprint
 from ..traces import TRACE_SCHEMA_VERSION
+from .prompt import served_prompt
 
 
 class ServingTraceSink:
@@ -39,6 +40,7 @@ class ServingTraceSink:
         prompt_text: bool = False,
         shard_size: int = 1000,
         tokenizer: Any = None,
+        featurizer: PromptFeaturizer | None = None,
     ) -> None:
         from ..tracing.writer import TraceWriter  # pyarrow only; imported when traces are on
 
@@ -46,14 +48,13 @@ class ServingTraceSink:
         self.fingerprint = fingerprint
         self.prompt_text = prompt_text
         self.tokenizer = tokenizer
+        self.featurizer = featurizer
         self.writer = TraceWriter(self.folder, fingerprint, shard_size=shard_size, resume=True)
 
     def row(self, rid: Any, req: Any, track: Any) -> dict[str, Any]:
         """One trace row (the current schema) for a finished request."""
         fp = self.fingerprint
-        text = getattr(req, "origin_input_text", None) or ""
-        if not text and self.tokenizer is not None:
-            text = str(self.tokenizer.decode(list(req.origin_input_ids)))
+        text = served_prompt(req, self.tokenizer, self.featurizer)
         out_ids = list(req.output_ids)
         rounds = [int(r) for r in track.rounds_per_block]
         hidden = None if track.hidden is None else np.asarray(track.hidden, np.float32).tolist()
