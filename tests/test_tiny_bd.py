@@ -590,3 +590,15 @@ def test_free_text_category_weights_are_settable_and_checked() -> None:
         parse_free_text_categories("chat=0,instruction=0")
     with pytest.raises(TrainingError, match="no free-text prompts in the weighted"):
         free_text_examples(prompts[:1], 5, seed=0, pools=_pools(), category_weights={"code": 1})
+
+
+def test_report_plots_the_loss_curves_in_training_order() -> None:
+    from dwise_predict.zoo.tiny_bd.report import _stage_order
+
+    names = ["train_log_stage10.csv", "train_log_stage2.csv", "train_log_stage1.csv"]
+    ordered = sorted((Path(n) for n in names), key=_stage_order)
+    assert [p.name for p in ordered] == [
+        "train_log_stage1.csv",
+        "train_log_stage2.csv",
+        "train_log_stage10.csv",
+    ]

@@ -305,6 +305,12 @@ def load_stats(
 # ---------------------------------------------------------------- plots and markdown
 
 
+def _stage_order(log: Path) -> tuple[int, str]:
+    """``train_log_stage10.csv`` after ``train_log_stage9.csv``: stages in training order."""
+    digits = re.findall(r"\d+", log.stem)
+    return (int(digits[-1]) if digits else -1, log.stem)
+
+
 def plot(
     per_tau: dict[str, list[RequestStats]], img_dir: Path, weights_dir: Path | None = None
 ) -> list[str]:
@@ -356,7 +362,11 @@ def plot(
     save_figure(fig, img_dir / "tiny-bd-rounds-per-block.png", dpi=110, bbox_inches=None)
     names.append("tiny-bd-rounds-per-block.png")
     plt.close(fig)
-    logs = sorted(weights_dir.glob("train_log*.csv")) if weights_dir is not None else []
+    logs = (
+        sorted(weights_dir.glob("train_log*.csv"), key=_stage_order)
+        if weights_dir is not None
+        else []
+    )
     if logs:
         fig, ax = plt.subplots(figsize=(7, 3.4))
         offset = 0
