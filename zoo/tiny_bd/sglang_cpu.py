@@ -34,7 +34,7 @@ import torch
 from .generate import _extend
 from .io import from_pretrained
 from .model import KV
-from .tokenizer import MASK
+from .tokenizer import EOS, MASK
 
 
 def install_torchvision_shim() -> None:
@@ -309,8 +309,15 @@ def serve(
         for spec in requests:
             sp = SamplingParams(max_new_tokens=spec.max_new_tokens, temperature=0.0)
             sp.normalize(None)
+            # a server gives every Req the model's EOS ids (ModelConfig.hf_eos_token_id), so a
+            # request finishes at its EOS instead of running to max_new_tokens
             req = Req(
-                spec.rid, spec.text, array("q", spec.input_ids), sp, dllm_config=s.dllm_config
+                spec.rid,
+                spec.text,
+                array("q", spec.input_ids),
+                sp,
+                eos_token_ids={EOS},
+                dllm_config=s.dllm_config,
             )
             by_rid[spec.rid] = req
             s.waiting_queue.append(req)
