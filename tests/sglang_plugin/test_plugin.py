@@ -19,6 +19,7 @@ from dwise_predict.zoo.tiny_bd.sglang_cpu import (
     serve,
     server_args,
 )
+from dwise_predict.zoo.tiny_bd.tokenizer import EOS
 
 from dwise_predict import read_traces
 from dwise_predict.errors import ConfigError, FingerprintMismatchError
@@ -121,6 +122,16 @@ def test_plugin_mixes_phases_and_keeps_outputs(requests, runner, stock, tmp_path
         work = t["prompt_blocks"] + sum(r + 1 for r in t["rounds_per_block"])
         assert work == res.forwards[t["request_id"]] == stock.forwards[t["request_id"]]
     assert sum(t["first_round_hidden"] is not None for t in traces) == state.stats.refinements
+    # requests stop at their EOS (a server gives each Req the model's EOS ids), not the budget
+    stopped = [r for r in requests if len(res.output_ids[r.rid]) < r.max_new_tokens]
+    assert stopped and all(res.output_ids[r.rid][-1] == EOS for r in stopped)
+    # features and traces count the raw prompt's words and newlines, not the chat template's
+    for t in traces:
+        raw = (
+            by_id[t["request_id"]].text.removeprefix("<|user|>\n").removesuffix("\n<|assistant|>\n")
+        )
+        assert raw != by_id[t["request_id"]].text
+        assert (t["word_count"], t["newline_count"]) == (len(raw.split()), raw.count("\n"))
 
 
 def test_whitelisted_away_leaves_sglang_stock(requests, runner, stock):
