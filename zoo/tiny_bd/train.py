@@ -431,7 +431,7 @@ def parse_free_text_categories(text: str) -> dict[str, float]:
     """``"chat=0.45,instruction=0.4,code=0.15"`` -> weights, checked by the free-text module."""
     weights: dict[str, float] = {}
     for part in text.split(","):
-        name, sep, value = part.partition("=")
+        name, _, value = part.partition("=")  # no "=": value "" fails float() below
         try:
             weights[name.strip()] = float(value)
         except ValueError:
