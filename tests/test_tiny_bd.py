@@ -352,6 +352,33 @@ def test_free_text_probe_counts_tokens_per_round_as_the_report_does() -> None:
     assert "instruction" not in out
 
 
+def test_validate_scores_checkpoints_on_requests_outside_the_reports_set(tmp_path: Path) -> None:
+    """Choosing a checkpoint must not read the requests the report then measures it on."""
+    from dwise_predict.tracing.workload import build_workload
+    from dwise_predict.zoo.tiny_bd.data import DataConfig
+    from dwise_predict.zoo.tiny_bd.probe import validate
+    from dwise_predict.zoo.tiny_bd.report import REPORT_REQUESTS
+
+    from dwise_predict.traces import read_traces
+
+    out = validate("tiny-bd", tmp_path / "val", n_scored=24, n_free_text=10, threads=1)
+    dc = DataConfig()
+    ev = build_workload(dc.workload_train_size, dc.workload_eval_size, dc.workload_seed).eval
+    reported = {r.id for r in ev[:REPORT_REQUESTS]}
+    traced = read_traces(tmp_path / "val", columns=["request_id", "category"]).to_pylist()
+    assert traced and not reported & {t["request_id"] for t in traced}
+    val = ev[REPORT_REQUESTS:]
+    for cat in ("mcq", "math"):
+        n = sum(r.category == cat for r in val[:24])
+        assert out["accuracy"][cat]["requests"] == n > 0
+        assert 0.0 <= out["accuracy"][cat]["exact_match"] <= 1.0
+    chat = out["chat"]
+    assert chat["requests"] == sum(r.category == "chat" for r in val[:10]) > 0
+    assert chat["median_tokens_per_round"] >= 1.0 and chat["rounds_per_block_p90_over_p10"] >= 1.0
+    # a rerun reuses the traces and scores the same
+    assert validate("tiny-bd", tmp_path / "val", n_scored=24, n_free_text=10) == out
+
+
 def test_model_card_lists_every_stage_of_a_continued_checkpoint() -> None:
     """A checkpoint continued twice nests its history two deep in training.json; the card must
     show all three commands in order, with the settings that moved since (lr, padding weight)."""

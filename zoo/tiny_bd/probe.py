@@ -1,11 +1,13 @@
-"""A one-minute content check of a tiny-bd checkpoint, for watching snapshots during training.
+r"""A one-minute content check of a tiny-bd checkpoint, for watching snapshots during training.
 
     python -m dwise_predict.zoo.tiny_bd.probe runs/tiny-bd-train/snapshot
     python -m dwise_predict.zoo.tiny_bd.probe tiny-bd --mcq 300 --math 60
 
 The full report (``report.py``) traces 2,000 requests and takes half an hour; this answers the
 question a long training run raises every ten minutes -- has the model started to read the
-prompt? -- on eval-split requests (never trained on):
+prompt? -- on *validation* requests: the eval-split requests (never trained on) after the
+report's first 1,000, so a checkpoint chosen by the probe is measured by the report on requests
+that played no part in choosing it:
 
 * mcq: accuracy of the answer letter with everything but the letter given (the letter is what
   decoding picks last; chance is 1/options), per kind;
@@ -22,7 +24,16 @@ a round on predictable spans, one on content; most requests stop).
 the report's first 1,000 eval requests, how often the first worked step copies the first operand,
 picks the operator, copies the second operand, and computes its own operands right, and how often
 "The answer is N" copies the last step's result. Exact match needs all of them, so this shows
-which skill a run is still missing long before exact match moves.
+which skill a run is still missing long before exact match moves. It diagnoses the report's
+figures, so it alone reads the report's requests.
+
+``--validate DIR`` chooses between finished checkpoints (five minutes each on two cores): it
+traces about 1,400 validation requests exactly as the report traces its 1,000 and scores what the
+report's goals name -- mcq and math exact match, and for chat and instruction the median tokens
+committed per round, the spread of rounds per block and budget hits::
+
+    python -m dwise_predict.zoo.tiny_bd.probe runs/tiny-bd-train/stage12 \
+        --validate runs/val/stage12 --threads 2
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ import json
 import re
 import sys
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,13 +54,21 @@ from .io import from_pretrained
 from .toys import letter_accuracy
 
 
-def _eval_split_and_model(checkpoint: str) -> tuple[list[Any], Any]:
-    """The eval split the model was trained to never see, and the checkpoint loaded for decoding."""
+def _eval_split_and_model(checkpoint: str, validation: bool = True) -> tuple[list[Any], Any]:
+    """The eval split the model was trained to never see, and the checkpoint loaded for decoding.
+
+    With ``validation`` (the default) only the eval requests after the report's first
+    :data:`~.report.REPORT_REQUESTS`: a checkpoint watched or chosen on these is then measured by
+    the report on requests that played no part in choosing it.
+    """
     from dwise_predict.tracing.workload import build_workload
+
+    from .report import REPORT_REQUESTS
 
     dc = DataConfig()
     splits = build_workload(dc.workload_train_size, dc.workload_eval_size, dc.workload_seed)
-    return splits.eval, from_pretrained(checkpoint)
+    records = splits.eval[REPORT_REQUESTS:] if validation else splits.eval
+    return records, from_pretrained(checkpoint)
 
 
 def _decode(tb: Any, prompt: str, threshold: float, max_new_tokens: int) -> str:
@@ -181,7 +201,7 @@ def math_skills(
 ) -> dict[str, Any]:
     """Sub-skill shares on the ``max_digits``-digit math problems among the first ``n_requests``
     eval requests (the report's set), decoded with up to 128 new tokens."""
-    eval_records, tb = _eval_split_and_model(checkpoint)
+    eval_records, tb = _eval_split_and_model(checkpoint, validation=False)
     recs = [
         r
         for r in eval_records[:n_requests]
@@ -205,6 +225,65 @@ def math_skills(
         "no_parseable_step": unparsed,
         "share_right": {k: round(v / n, 3) for k, v in counts.items()},
     }
+
+
+def validate(
+    checkpoint: str,
+    out_dir: Path,
+    n_scored: int = 2000,
+    n_free_text: int = 800,
+    threshold: float = 0.95,
+    threads: int | None = None,
+) -> dict[str, Any]:
+    """The report's own measures on validation requests, for choosing between checkpoints.
+
+    Traces, as the report does, the mcq and math requests among the first ``n_scored``
+    validation requests and the chat and instruction requests among the first ``n_free_text``
+    (defaults: about 540 mcq, 580 math, 240 chat and 50 instruction, five minutes on two cores),
+    and scores exact match, the per-request median of tokens committed per round, the spread of
+    rounds per block and budget hits. The traces stay in ``out_dir``, so a rerun only scores.
+    """
+    import numpy as np
+
+    from .report import BUDGET, accuracy, load_stats, spread, trace_eval
+
+    records, tb = _eval_split_and_model(checkpoint)
+    chosen = [r for r in records[:n_scored] if r.category in ("mcq", "math")] + [
+        r for r in records[:n_free_text] if r.category in ("chat", "instruction")
+    ]
+    if not chosen:
+        raise ValueError("no validation requests chosen; raise n_scored or n_free_text")
+    by_id = {r.id: r for r in chosen}
+    trace_eval(checkpoint, chosen, threshold, out_dir, 32, False, threads)
+    stats, _ = load_stats(out_dir, by_id)
+    by_cat: dict[str, list[Any]] = defaultdict(list)
+    for st in stats:
+        if st.request_id in by_id:
+            by_cat[st.category].append(st)
+    out: dict[str, Any] = {
+        "checkpoint": checkpoint,
+        "revision": tb.revision,
+        "threshold": threshold,
+        "budget": BUDGET,
+        "accuracy": {
+            k: {"requests": v["requests"], "exact_match": round(v["exact_match"], 4)}
+            for k, v in accuracy(by_cat).items()
+        },
+    }
+    block = tb.model.config.block_size
+    for cat in ("chat", "instruction"):
+        g = by_cat.get(cat, [])
+        if not g:
+            continue
+        out[cat] = {
+            "requests": len(g),
+            "median_tokens_per_round": round(
+                float(np.median([s.output_blocks * block / max(1, s.total_rounds) for s in g])), 3
+            ),
+            "rounds_per_block_p90_over_p10": round(spread([s.rounds_per_block for s in g]), 2),
+            "budget_hit_share": round(float(np.mean([s.hit_budget for s in g])), 3),
+        }
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,9 +312,19 @@ def main(argv: list[str] | None = None) -> int:
         help="also decode the first N chat, instruction and long-context eval requests: "
         "tokens per round, rounds-per-block spread, budget hits",
     )
+    ap.add_argument(
+        "--validate",
+        type=Path,
+        metavar="DIR",
+        help="instead, trace the validation requests into DIR and score them as the report does "
+        "(mcq and math exact match, chat and instruction tokens per round; 5 min on 2 cores)",
+    )
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.validate is not None:
+        print(json.dumps(validate(args.checkpoint, args.validate, threads=args.threads), indent=2))
+        return 0
     out = probe(args.checkpoint, args.mcq, args.math)
     if args.free_text:
         out["free_text"] = free_text(args.checkpoint, args.free_text)

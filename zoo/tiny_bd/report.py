@@ -40,6 +40,9 @@ from .card import MEASURED_HEADING
 
 DEFAULT_THRESHOLDS = (0.95, 0.8)
 BUDGET = 256
+#: the report measures the first REPORT_REQUESTS eval requests; checkpoints are watched and
+#: chosen on the eval requests after them (``probe.py``), so no figure here picks its own model
+REPORT_REQUESTS = 1000
 FIGURES_BEGIN = "<!-- figures:begin (written by python -m dwise_predict.zoo.tiny_bd.report) -->"
 FIGURES_END = "<!-- figures:end -->"
 CATEGORY_ORDER = ("chat", "instruction", "code", "math", "mcq", "long_context")
@@ -508,7 +511,10 @@ def main(argv: list[str] | None = None) -> int:
         help="docs folder (reference-model.md/.json, img/)",
     )
     ap.add_argument(
-        "--n", type=int, default=1000, help="eval requests to trace (the first N of the eval split)"
+        "--n",
+        type=int,
+        default=REPORT_REQUESTS,
+        help="eval requests to trace (the first N of the eval split)",
     )
     ap.add_argument("--model", default="tiny-bd", help="'tiny-bd' or a checkpoint folder")
     ap.add_argument("--thresholds", default=",".join(map(str, DEFAULT_THRESHOLDS)))
