@@ -629,3 +629,44 @@ def test_report_plots_the_loss_curves_in_training_order() -> None:
         "train_log_stage2.csv",
         "train_log_stage10.csv",
     ]
+
+
+def test_merge_writes_the_weighted_mean_of_one_chains_checkpoints(tmp_path: Path) -> None:
+    """A merge is a checkpoint like any other: the weighted mean of its inputs' weights, a
+    training.json that keeps the heaviest input's history, and a card that names the merge."""
+    import json
+
+    from dwise_predict.zoo.tiny_bd.io import from_pretrained, save_pretrained
+    from dwise_predict.zoo.tiny_bd.merge import MergeInput, merge_checkpoints, parse_input
+
+    from dwise_predict.errors import TrainingError
+
+    a, b = (
+        save_pretrained(tiny_model(0), tmp_path / "a"),
+        save_pretrained(tiny_model(1), tmp_path / "b"),
+    )
+    (b / "training.json").write_text(
+        json.dumps({"command": "train --seed 1", "result": {"steps": 9}})
+    )
+    out = merge_checkpoints([parse_input(f"{a}=1"), parse_input(f"{b}=3")], tmp_path / "m", "merge")
+    sa, sb = tiny_model(0).state_dict(), tiny_model(1).state_dict()
+    merged = from_pretrained(out).model.state_dict()
+    for k, v in merged.items():
+        torch.testing.assert_close(v, 0.25 * sa[k] + 0.75 * sb[k])
+    training = json.loads((out / "training.json").read_text())
+    assert [m["weight"] for m in training["merge"]] == [0.25, 0.75]
+    assert training["previous_stage"]["command"] == "train --seed 1"  # b weighs most
+    card = (out / "README.md").read_text()
+    assert "train --seed 1" in card and "weighted average of the weights" in card
+
+    other = TinyBDModel(TinyBDConfig(d_model=16, n_layers=1, n_heads=2, d_ff=16, block_size=BS))
+    c = save_pretrained(other, tmp_path / "c")
+    with pytest.raises(TrainingError, match="another architecture"):
+        merge_checkpoints([MergeInput(a, 1.0), MergeInput(c, 1.0)], tmp_path / "x")
+    with pytest.raises(TrainingError, match="not all zero"):
+        merge_checkpoints([MergeInput(a, 0.0), MergeInput(b, 0.0)], tmp_path / "x")
+    with pytest.raises(TrainingError, match="must be a number"):
+        parse_input(f"{a}=half")
+    with pytest.raises(TrainingError, match="at least two"):
+        merge_checkpoints([MergeInput(a, 1.0)], tmp_path / "x")
+    assert not (tmp_path / "x").exists()  # a refused merge writes nothing

@@ -33,6 +33,9 @@ def _stage_line(i: int, stage: dict[str, Any], numbered: bool) -> str:
     """One stage's result and the settings its command line does not show when the defaults moved
     since (stages 1-2 ran when lr defaulted to 3e-3 and the loss was the plain mean)."""
     r, c = stage.get("result", {}), stage.get("train_config", {})
+    if "merge" in stage:  # written by merge.py: no training, a weighted mean of checkpoints
+        parts = ", ".join(f"{m['revision']} x {m['weight']:g}" for m in stage["merge"])
+        return f"- {f'stage {i}: ' if numbered else ''}weighted average of the weights: {parts}"
     return (
         f"- {f'stage {i}: ' if numbered else ''}steps: {r.get('steps')}, seconds: "
         f"{r.get('seconds')}, final loss: {r.get('final_loss')}, stopped by the time budget: "
