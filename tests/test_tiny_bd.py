@@ -356,7 +356,7 @@ def test_validate_scores_checkpoints_on_requests_outside_the_reports_set(tmp_pat
     """Choosing a checkpoint must not read the requests the report then measures it on."""
     from dwise_predict.tracing.workload import build_workload
     from dwise_predict.zoo.tiny_bd.data import DataConfig
-    from dwise_predict.zoo.tiny_bd.probe import validate
+    from dwise_predict.zoo.tiny_bd.probe import compare_validations, validate
     from dwise_predict.zoo.tiny_bd.report import REPORT_REQUESTS
 
     from dwise_predict.traces import read_traces
@@ -377,6 +377,19 @@ def test_validate_scores_checkpoints_on_requests_outside_the_reports_set(tmp_pat
     assert chat["median_tokens_per_round"] >= 1.0 and chat["rounds_per_block_p90_over_p10"] >= 1.0
     # a rerun reuses the traces and scores the same
     assert validate("tiny-bd", tmp_path / "val", n_scored=24, n_free_text=10) == out
+    same = compare_validations(tmp_path / "val", tmp_path / "val")
+    assert same["mcq"]["requests"] == out["accuracy"]["mcq"]["requests"]
+    assert same["mcq"]["only_a_right"] == same["mcq"]["only_b_right"] == 0
+    assert same["math"]["mcnemar_p"] == 1.0
+
+
+def test_mcnemar_p_is_the_exact_two_sided_binomial_test() -> None:
+    from dwise_predict.zoo.tiny_bd.probe import mcnemar_p
+
+    assert mcnemar_p(0, 0) == 1.0 and mcnemar_p(3, 3) == 1.0
+    assert mcnemar_p(10, 0) == pytest.approx(2 / 2**10)
+    assert mcnemar_p(1, 4) == mcnemar_p(4, 1) == pytest.approx(2 * (1 + 5) / 32)
+    assert mcnemar_p(65, 55) == pytest.approx(0.4114, abs=1e-4)  # stage 5 vs 10, docs
 
 
 def test_model_card_lists_every_stage_of_a_continued_checkpoint() -> None:

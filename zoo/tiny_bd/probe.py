@@ -34,12 +34,17 @@ committed per round, the spread of rounds per block and budget hits::
 
     python -m dwise_predict.zoo.tiny_bd.probe runs/tiny-bd-train/stage12 \
         --validate runs/val/stage12 --threads 2
+
+``--against OTHER_DIR`` adds, request by request, where it and another checkpoint's validation
+traces disagree on mcq and math, with an exact McNemar p: two checkpoints' totals differ by a
+few requests either way, and only the disagreements say whether that is more than chance.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from collections import defaultdict
@@ -54,6 +59,18 @@ from .io import from_pretrained
 from .toys import letter_accuracy
 
 
+def _validation_records(validation: bool = True) -> list[Any]:
+    """The eval split (never trained on); with ``validation``, only the requests after the
+    report's first :data:`~.report.REPORT_REQUESTS`."""
+    from dwise_predict.tracing.workload import build_workload
+
+    from .report import REPORT_REQUESTS
+
+    dc = DataConfig()
+    splits = build_workload(dc.workload_train_size, dc.workload_eval_size, dc.workload_seed)
+    return splits.eval[REPORT_REQUESTS:] if validation else splits.eval
+
+
 def _eval_split_and_model(checkpoint: str, validation: bool = True) -> tuple[list[Any], Any]:
     """The eval split the model was trained to never see, and the checkpoint loaded for decoding.
 
@@ -61,14 +78,7 @@ def _eval_split_and_model(checkpoint: str, validation: bool = True) -> tuple[lis
     :data:`~.report.REPORT_REQUESTS`: a checkpoint watched or chosen on these is then measured by
     the report on requests that played no part in choosing it.
     """
-    from dwise_predict.tracing.workload import build_workload
-
-    from .report import REPORT_REQUESTS
-
-    dc = DataConfig()
-    splits = build_workload(dc.workload_train_size, dc.workload_eval_size, dc.workload_seed)
-    records = splits.eval[REPORT_REQUESTS:] if validation else splits.eval
-    return records, from_pretrained(checkpoint)
+    return _validation_records(validation), from_pretrained(checkpoint)
 
 
 def _decode(tb: Any, prompt: str, threshold: float, max_new_tokens: int) -> str:
@@ -286,6 +296,55 @@ def validate(
     return out
 
 
+def mcnemar_p(only_a: int, only_b: int) -> float:
+    """Two-sided exact McNemar p: how likely a split of the disagreements at least this uneven
+    is when the two checkpoints are equally good (a binomial test at 1/2)."""
+    n, k = only_a + only_b, min(only_a, only_b)
+    if n == 0:
+        return 1.0
+    return min(1.0, 2 * sum(math.comb(n, j) for j in range(k + 1)) / 2**n)
+
+
+def compare_validations(dir_a: Path, dir_b: Path) -> dict[str, Any]:
+    """Request by request, where two ``--validate`` runs disagree on mcq and math exact match.
+
+    Two checkpoints' totals on a few hundred requests differ by a few either way; whether that
+    difference is real depends on how many requests each alone gets right, which totals hide.
+    """
+    from dwise_predict.traces import read_traces
+
+    from .report import math_correct, mcq_correct
+
+    records = {r.id: r for r in _validation_records()}
+    scorers = {"mcq": mcq_correct, "math": math_correct}
+
+    def right(d: Path) -> dict[str, tuple[str, bool]]:
+        cols = ["request_id", "category", "output_text"]
+        out = {}
+        for t in read_traces(d, columns=cols, validate=False).to_pylist():
+            rec = records.get(t["request_id"])
+            if rec is not None and t["category"] in scorers:
+                ok = scorers[t["category"]](t["output_text"] or "", rec.meta.get("answer"))
+                out[t["request_id"]] = (t["category"], bool(ok))
+        return out
+
+    a, b = right(dir_a), right(dir_b)
+    result: dict[str, Any] = {"a": str(dir_a), "b": str(dir_b)}
+    for cat in scorers:
+        ids = [i for i, (c, _) in a.items() if c == cat and i in b]
+        only_a = sum(a[i][1] and not b[i][1] for i in ids)
+        only_b = sum(b[i][1] and not a[i][1] for i in ids)
+        result[cat] = {
+            "requests": len(ids),
+            "right_a": sum(a[i][1] for i in ids),
+            "right_b": sum(b[i][1] for i in ids),
+            "only_a_right": only_a,
+            "only_b_right": only_b,
+            "mcnemar_p": round(mcnemar_p(only_a, only_b), 4),
+        }
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m dwise_predict.zoo.tiny_bd.probe",
@@ -319,11 +378,23 @@ def main(argv: list[str] | None = None) -> int:
         help="instead, trace the validation requests into DIR and score them as the report does "
         "(mcq and math exact match, chat and instruction tokens per round; 5 min on 2 cores)",
     )
+    ap.add_argument(
+        "--against",
+        type=Path,
+        metavar="OTHER_DIR",
+        help="with --validate: also compare, request by request, with another checkpoint's "
+        "--validate DIR (disagreements on mcq and math, exact McNemar p)",
+    )
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.against is not None and args.validate is None:
+        ap.error("--against compares two --validate runs; give --validate DIR too")
     if args.validate is not None:
-        print(json.dumps(validate(args.checkpoint, args.validate, threads=args.threads), indent=2))
+        out = validate(args.checkpoint, args.validate, threads=args.threads)
+        if args.against is not None:
+            out["against"] = compare_validations(args.against, args.validate)
+        print(json.dumps(out, indent=2))
         return 0
     out = probe(args.checkpoint, args.mcq, args.math)
     if args.free_text:
