@@ -359,6 +359,7 @@ def test_validate_scores_checkpoints_on_requests_outside_the_reports_set(tmp_pat
     from dwise_predict.zoo.tiny_bd.probe import compare_validations, validate
     from dwise_predict.zoo.tiny_bd.report import REPORT_REQUESTS
 
+    from dwise_predict.errors import ConfigError
     from dwise_predict.traces import read_traces
 
     out = validate("tiny-bd", tmp_path / "val", n_scored=24, n_free_text=10, threads=1)
@@ -377,6 +378,8 @@ def test_validate_scores_checkpoints_on_requests_outside_the_reports_set(tmp_pat
     assert chat["median_tokens_per_round"] >= 1.0 and chat["rounds_per_block_p90_over_p10"] >= 1.0
     # a rerun reuses the traces and scores the same
     assert validate("tiny-bd", tmp_path / "val", n_scored=24, n_free_text=10) == out
+    with pytest.raises(ConfigError, match="no validation requests"):
+        validate("tiny-bd", tmp_path / "none", n_scored=0, n_free_text=0)
     same = compare_validations(tmp_path / "val", tmp_path / "val")
     assert same["mcq"]["requests"] == out["accuracy"]["mcq"]["requests"]
     assert same["mcq"]["only_a_right"] == same["mcq"]["only_b_right"] == 0

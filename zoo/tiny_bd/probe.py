@@ -53,6 +53,8 @@ from typing import Any
 
 import torch
 
+from dwise_predict.errors import ConfigError
+
 from .data import DataConfig, TrainingExample, encode_examples, render_prompt
 from .generate import generate
 from .io import from_pretrained
@@ -262,7 +264,7 @@ def validate(
         r for r in records[:n_free_text] if r.category in ("chat", "instruction")
     ]
     if not chosen:
-        raise ValueError("no validation requests chosen; raise n_scored or n_free_text")
+        raise ConfigError("no validation requests chosen; raise n_scored or n_free_text")
     by_id = {r.id: r for r in chosen}
     trace_eval(checkpoint, chosen, threshold, out_dir, 32, False, threads)
     stats, _ = load_stats(out_dir, by_id)
