@@ -259,7 +259,7 @@ def validate(
 
     from .report import BUDGET, accuracy, load_stats, spread, trace_eval
 
-    records, tb = _eval_split_and_model(checkpoint)
+    records = _validation_records()
     chosen = [r for r in records[:n_scored] if r.category in ("mcq", "math")] + [
         r for r in records[:n_free_text] if r.category in ("chat", "instruction")
     ]
@@ -267,14 +267,14 @@ def validate(
         raise ConfigError("no validation requests chosen; raise n_scored or n_free_text")
     by_id = {r.id: r for r in chosen}
     trace_eval(checkpoint, chosen, threshold, out_dir, 32, False, threads)
-    stats, _ = load_stats(out_dir, by_id)
+    stats, fingerprint = load_stats(out_dir, by_id)  # the traced model's revision and block
     by_cat: dict[str, list[Any]] = defaultdict(list)
     for st in stats:
         if st.request_id in by_id:
             by_cat[st.category].append(st)
     out: dict[str, Any] = {
         "checkpoint": checkpoint,
-        "revision": tb.revision,
+        "revision": fingerprint["revision"],
         "threshold": threshold,
         "budget": BUDGET,
         "accuracy": {
@@ -282,7 +282,7 @@ def validate(
             for k, v in accuracy(by_cat).items()
         },
     }
-    block = tb.model.config.block_size
+    block = int(fingerprint["block_size"])
     for cat in ("chat", "instruction"):
         g = by_cat.get(cat, [])
         if not g:
