@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -40,6 +41,7 @@ from dwise_predict.zoo.tiny_bd.train import (
     diffusion_loss,
     lr_factor,
     parse_free_text_categories,
+    parse_mcq_kinds,
     parse_mix,
 )
 from dwise_predict.zoo.tiny_bd.two_stream import CLEAN, NOISY, PROMPT, collate
@@ -239,10 +241,29 @@ def test_math_weights_steer_the_difficulty_of_generated_problems() -> None:
 
 def test_parse_mix_reads_shares_and_names_bad_entries() -> None:
     assert parse_mix("math=0.45, mcq=0.35") == {"math": 0.45, "mcq": 0.35}
-    with pytest.raises(TrainingError, match="FAMILY=SHARE"):
+    with pytest.raises(TrainingError, match="unknown --mix families"):
         parse_mix("poetry=0.5")
-    with pytest.raises(TrainingError, match="give a number"):
+    with pytest.raises(TrainingError, match="NAME=WEIGHT"):
         parse_mix("math=lots")
+    with pytest.raises(TrainingError, match="NAME=WEIGHT"):
+        parse_mix("math")
+    with pytest.raises(TrainingError, match=">= 0"):
+        parse_mix("math=-0.1")
+
+
+def test_mcq_kind_weights_steer_the_generated_kinds() -> None:
+    weights = parse_mcq_kinds("largest=3, smallest=1")
+    assert weights == {"largest": 3.0, "smallest": 1.0}
+    steered = generated_examples("mcq", 400, seed=4, exclude=set(), mcq_kind_weights=weights)
+    kinds = Counter(e.knobs["kind"] for e in steered)
+    assert set(kinds) == {"largest", "smallest"}
+    assert 2.3 < kinds["largest"] / kinds["smallest"] < 4.0
+    uniform = generated_examples("mcq", 60, seed=4, exclude=set())
+    assert len({e.knobs["kind"] for e in uniform}) == 6
+    with pytest.raises(TrainingError, match="unknown mcq kinds"):
+        parse_mcq_kinds("biggest=1")
+    with pytest.raises(TrainingError, match="positive sum"):
+        parse_mcq_kinds("largest=0")
 
 
 def test_token_budget_batches_respect_the_budget_and_cover_everything() -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +107,10 @@ class DataConfig:
     )
     #: math knob weights: (1-op 1-2 digit, 1-2 digit up to 3 ops, any difficulty)
     math_weights: tuple[float, float, float] = DEFAULT_MATH_WEIGHTS
+    #: multiple-choice kinds (relative weights); ``None`` draws the kinds uniformly, as the eval
+    #: split does. Weighting the kinds that are mid-way through learning gives them the
+    #: examples they need within a short stage.
+    mcq_kind_weights: dict[str, float] | None = None
     #: the workload whose train split is used and whose eval split is excluded
     workload_train_size: int = 2048
     workload_eval_size: int = 4096
@@ -211,14 +215,36 @@ def _turn_pairs(conv: Any) -> list[tuple[str, str]]:
 # ---------------------------------------------------------------- generated tasks
 
 
+def check_mcq_kind_weights(weights: Mapping[str, float]) -> dict[str, float]:
+    """Multiple-choice kind weights, refused unless they name known kinds with non-negative
+    weights and a positive total."""
+    from dwise_predict.tracing.workload import MCQ_KINDS
+
+    unknown = sorted(set(weights) - set(MCQ_KINDS))
+    if unknown:
+        raise TrainingError(f"unknown mcq kinds {unknown}; known: {', '.join(MCQ_KINDS)}")
+    if any(not w >= 0 for w in weights.values()) or sum(weights.values()) <= 0:
+        raise TrainingError(
+            f"mcq kind weights must be >= 0 with a positive sum, got {dict(weights)}"
+        )
+    return dict(weights)
+
+
+def _fixed_knobs(**knobs: Any) -> Callable[[random.Random], dict[str, Any]]:
+    return lambda r: dict(knobs)
+
+
 def _knob_samplers(
     long_context_chars: tuple[int, int],
     math_weights: Sequence[float] = DEFAULT_MATH_WEIGHTS,
     long_share: float = 0.0,
     long_chars: tuple[int, int] = (4000, 12000),
+    mcq_kind_weights: Mapping[str, float] | None = None,
 ) -> dict[str, list[tuple[float, Callable[[random.Random], dict[str, Any]]]]]:
     """Per task family: (weight, knob sampler). Easy problems are over-weighted so the model
     learns content there, while hard ones keep the within-category difficulty range."""
+    if mcq_kind_weights is not None:
+        mcq_kind_weights = check_mcq_kind_weights(mcq_kind_weights)
     if len(math_weights) != 3 or min(math_weights) < 0 or sum(math_weights) <= 0:
         raise TrainingError(
             f"math_weights must be 3 non-negative weights (easy, medium, any), got {math_weights}"
@@ -229,7 +255,10 @@ def _knob_samplers(
             (math_weights[1], lambda r: {"digits": r.choice((1, 2)), "ops": r.randint(1, 3)}),
             (math_weights[2], lambda r: {}),
         ],
-        "mcq": [(1.0, lambda r: {})],
+        # uniform kinds keep the draws of the stages trained before kinds could be weighted
+        "mcq": [(1.0, lambda r: {})]
+        if mcq_kind_weights is None
+        else [(w, _fixed_knobs(kind=kind)) for kind, w in mcq_kind_weights.items()],
         "synthetic": [
             (0.7, lambda r: {}),
             (0.3, lambda r: {"length": r.randint(25, 64)}),
@@ -250,6 +279,7 @@ def generated_examples(
     math_weights: Sequence[float] = DEFAULT_MATH_WEIGHTS,
     long_share: float = 0.0,
     long_chars: tuple[int, int] = (4000, 12000),
+    mcq_kind_weights: Mapping[str, float] | None = None,
 ) -> list[TrainingExample]:
     """``n`` fresh examples of one task family, prompts distinct and not in ``exclude``.
 
@@ -259,7 +289,9 @@ def generated_examples(
     from dwise_predict.tracing.workload import GENERATORS
 
     make = GENERATORS[family]
-    samplers = _knob_samplers(long_context_chars, math_weights, long_share, long_chars)[family]
+    samplers = _knob_samplers(
+        long_context_chars, math_weights, long_share, long_chars, mcq_kind_weights
+    )[family]
     weights = [w for w, _ in samplers]
     rng = random.Random(f"tiny-bd-train:{seed}:{family}")
     out: list[TrainingExample] = []
@@ -344,6 +376,7 @@ def build_training_set(
             config.math_weights,
             config.long_context_long_share,
             config.long_context_long_chars,
+            config.mcq_kind_weights,
         )
     leaked = [e.prompt for e in real + generated + free_text if e.prompt in eval_prompts]
     if leaked:

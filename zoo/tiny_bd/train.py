@@ -49,6 +49,7 @@ from .data import (
     EncodedExample,
     TrainingSet,
     build_training_set,
+    check_mcq_kind_weights,
     token_budget_batches,
 )
 from .free_text import STYLES, check_category_weights
@@ -406,40 +407,43 @@ def train(
     return model, result
 
 
-def parse_mix(text: str) -> dict[str, float]:
-    """``"math=0.45,mcq=0.35"`` -> ``{"math": 0.45, "mcq": 0.35}`` over the known task families."""
-    mix: dict[str, float] = {}
+def parse_weights(text: str, flag: str, example: str) -> dict[str, float]:
+    """``"a=0.4,b=0.6"`` -> ``{"a": 0.4, "b": 0.6}``; the caller checks the names and totals."""
+    weights: dict[str, float] = {}
     for part in text.split(","):
         name, sep, value = part.partition("=")
-        name = name.strip()
-        if not sep or name not in FAMILIES:
-            raise TrainingError(
-                f"bad --mix entry {part!r}: use FAMILY=SHARE with FAMILY in {', '.join(FAMILIES)}"
-            )
         try:
-            mix[name] = float(value)
+            if not sep:
+                raise ValueError
+            weights[name.strip()] = float(value)
         except ValueError:
             raise TrainingError(
-                f"bad --mix share {value!r} for {name}: give a number such as 0.4"
+                f"bad {flag} entry {part!r}: use NAME=WEIGHT, e.g. {example}"
             ) from None
-        if mix[name] < 0:
-            raise TrainingError(f"--mix share for {name} is negative")
+    return weights
+
+
+def parse_mix(text: str) -> dict[str, float]:
+    """``"math=0.45,mcq=0.35"`` -> ``{"math": 0.45, "mcq": 0.35}`` over the known task families."""
+    mix = parse_weights(text, "--mix", "math=0.45,mcq=0.35")
+    unknown = sorted(set(mix) - set(FAMILIES))
+    if unknown:
+        raise TrainingError(f"unknown --mix families {unknown}; known: {', '.join(FAMILIES)}")
+    negative = sorted(name for name, share in mix.items() if not share >= 0)
+    if negative:
+        raise TrainingError(f"--mix shares must be >= 0; {negative} are not")
     return mix
 
 
 def parse_free_text_categories(text: str) -> dict[str, float]:
     """``"chat=0.45,instruction=0.4,code=0.15"`` -> weights, checked by the free-text module."""
-    weights: dict[str, float] = {}
-    for part in text.split(","):
-        name, _, value = part.partition("=")  # no "=": value "" fails float() below
-        try:
-            weights[name.strip()] = float(value)
-        except ValueError:
-            raise TrainingError(
-                f"bad --free-text-categories entry {part!r}: use CATEGORY=WEIGHT, "
-                "e.g. chat=0.45,instruction=0.4,code=0.15"
-            ) from None
-    return check_category_weights(weights)
+    example = "chat=0.45,instruction=0.4,code=0.15"
+    return check_category_weights(parse_weights(text, "--free-text-categories", example))
+
+
+def parse_mcq_kinds(text: str) -> dict[str, float]:
+    """``"largest=0.3,smallest=0.3,..."`` -> multiple-choice kind weights, checked."""
+    return check_mcq_kind_weights(parse_weights(text, "--mcq-kinds", "largest=0.3,sum=0.1"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -506,6 +510,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"free-text examples per category, relative weights (default: {default_cats})",
     )
+    ap.add_argument(
+        "--mcq-kinds",
+        default=None,
+        help="multiple-choice kinds, relative weights, e.g. largest=0.3,smallest=0.3,"
+        "alphabetical=0.2,reverse=0.1,sum=0.05,most_letters=0.05 (default: uniform, as in the "
+        "eval split)",
+    )
     ap.add_argument("--loss-weighting", choices=("none", "inv_t"), default="none")
     ap.add_argument(
         "--pad-weight",
@@ -559,6 +570,8 @@ def main(argv: list[str] | None = None) -> int:
         data_kw["mix"] = parse_mix(args.mix)
     if args.free_text_categories:
         data_kw["free_text_categories"] = parse_free_text_categories(args.free_text_categories)
+    if args.mcq_kinds:
+        data_kw["mcq_kind_weights"] = parse_mcq_kinds(args.mcq_kinds)
     if args.math_weights:
         data_kw["math_weights"] = tuple(float(w) for w in args.math_weights.split(","))
     data_config = DataConfig(
