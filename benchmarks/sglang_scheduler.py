@@ -15,8 +15,9 @@ per request, what the simulator needs to replay it (prompt tokens, rounds per bl
 admission and refined estimates the plugin computed) and what each real run did with it
 (forwards, first-block and completion rounds). Then the project's simulator replays the same
 requests with the same B and k, and the two are printed side by side. Finally the plugin's own
-per-round cost is measured at 1,024 residents + 3,072 waiting, next to the core's figure from
-``benchmarks/results/scheduler.json``.
+per-round cost is measured at 1,024 residents + 3,072 waiting, alternating with the core
+runtime's own cost in the same state (``benchmarks/scheduler.py``), so the ratio of the two is a
+same-run figure.
 
     .venv-sglang/bin/python benchmarks/sglang_scheduler.py --requests 64 --slots 16 \
         --out benchmarks/results/sglang_scheduler.json
@@ -243,18 +244,30 @@ def simulate_same(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def core_reference() -> dict[str, Any] | None:
-    """The core runtime's own per-round figures (benchmarks/scheduler.py), if measured."""
-    ref_file = Path(__file__).parent / "results" / "scheduler.json"
-    if not ref_file.exists():
-        return None
-    doc = json.loads(ref_file.read_text())
-    per = doc.get("per_round_us_median", {})
-    return {
-        "source": "benchmarks/results/scheduler.json",
-        "config": doc.get("config"),
-        "dwise_runtime_churn_us": round(per["dwise_runtime_churn_us"], 1),
-        "dwise_runtime_at_cap_us": round(per["dwise_runtime_at_cap_us"], 1),
+def overhead_next_to_core(reps: int = 3, rounds: int = 300) -> tuple[dict[str, Any], dict]:
+    """The plugin's per-round cost and the core runtime's own, measured alternately in this
+    process (``reps`` times each, medians), so the ratio does not depend on the machine's mood.
+
+    The core's figure is ``benchmarks/scheduler.py``'s "churn" state: the same 1,024 residents +
+    3,072 waiting, B = 128, 2 finishes and 2 arrivals a round, without SGLang's requests.
+    """
+    sys.path.insert(0, str(Path(__file__).parent))
+    from scheduler import bench_runtime  # benchmarks/scheduler.py
+
+    plugin, core = [], []
+    for _ in range(reps):
+        plugin.append(overhead(rounds=rounds))
+        core.append(bench_runtime(rounds, churn=True))
+    ov = dict(plugin[0])
+    for key in ("plugin_us_per_round_median", "plugin_us_per_round_p90"):
+        ov[key] = round(statistics.median(p[key] for p in plugin), 1)
+    core_us = statistics.median(core)
+    ratio = ov["plugin_us_per_round_median"] / core_us
+    return ov, {
+        "source": "benchmarks/scheduler.py bench_runtime(churn=True), in this run",
+        "reps": reps,
+        "dwise_runtime_churn_us": round(core_us, 1),
+        "plugin_over_core": round(ratio, 2),
     }
 
 
@@ -416,8 +429,7 @@ def finish(doc: dict[str, Any], path: Path, command: str) -> dict[str, Any]:
     runs = doc["runs"]
     sim = simulate_same(doc)
     print("measuring the plugin's per-round overhead ...", flush=True)
-    ov = overhead()
-    core_ref = core_reference()
+    ov, core_ref = overhead_next_to_core()
     tracks = doc["tracks"]
     out = {
         "sglang_version": doc["sglang_version"],
@@ -440,7 +452,7 @@ def finish(doc: dict[str, Any], path: Path, command: str) -> dict[str, Any]:
         "plugin_stats": doc["plugin_stats"],
         "simulator": sim,
         "overhead": ov,
-        "core_overhead_reference": core_ref,
+        "core_same_run": core_ref,
         "monitor": doc["monitor"],
         "runs_file": str(path.with_suffix(".runs.json")),
         "command": command,
@@ -474,15 +486,11 @@ def finish(doc: dict[str, Any], path: Path, command: str) -> dict[str, Any]:
             f"{r['mean_completion_rounds']:>11.1f}{m['mean_completion_rounds']:>10.1f}"
             f"{m['mean_completion_rounds_rel_diff']:>8.1%}{m['work_equal']:>5d}/{doc['requests']}"
         )
-    core = (
-        f"core alone {core_ref['dwise_runtime_churn_us']} us churn, "
-        f"{core_ref['dwise_runtime_at_cap_us']} us at cap"
-        if core_ref is not None
-        else "core alone: run benchmarks/scheduler.py"
-    )
     print(
         f"\nplugin overhead at {ov['residents']} residents + {ov['waiting']} waiting, "
-        f"B={ov['slots']}: {ov['plugin_us_per_round_median']} us/round median ({core})"
+        f"B={ov['slots']}: {ov['plugin_us_per_round_median']} us/round median; the core alone "
+        f"{core_ref['dwise_runtime_churn_us']} us in the same run "
+        f"({core_ref['plugin_over_core']}x; medians of {core_ref['reps']} alternating runs)"
     )
     write_json(path, out)
     print(f"wrote {path}")
