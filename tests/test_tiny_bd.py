@@ -648,7 +648,7 @@ def test_free_text_category_weights_are_settable_and_checked() -> None:
     assert [e.response for e in default] == [e.response for e in explicit]
     with pytest.raises(TrainingError, match="unknown free-text categories"):
         parse_free_text_categories("chat=0.5,poetry=0.5")
-    with pytest.raises(TrainingError, match="CATEGORY=WEIGHT"):
+    with pytest.raises(TrainingError, match="NAME=WEIGHT"):
         parse_free_text_categories("chat")
     with pytest.raises(TrainingError, match="positive sum"):
         parse_free_text_categories("chat=0,instruction=0")
