@@ -215,19 +215,25 @@ def _turn_pairs(conv: Any) -> list[tuple[str, str]]:
 # ---------------------------------------------------------------- generated tasks
 
 
+def check_named_weights(
+    weights: Mapping[str, float], known: Iterable[str], what: str
+) -> dict[str, float]:
+    """Relative weights over named choices (``what``: "mcq kinds", "free-text categories"),
+    refused unless they name known choices with non-negative weights and a positive total."""
+    known = tuple(known)
+    unknown = sorted(set(weights) - set(known))
+    if unknown:
+        raise TrainingError(f"unknown {what} {unknown}; known: {', '.join(known)}")
+    if any(not w >= 0 for w in weights.values()) or sum(weights.values()) <= 0:
+        raise TrainingError(f"{what} weights must be >= 0 with a positive sum, got {dict(weights)}")
+    return dict(weights)
+
+
 def check_mcq_kind_weights(weights: Mapping[str, float]) -> dict[str, float]:
-    """Multiple-choice kind weights, refused unless they name known kinds with non-negative
-    weights and a positive total."""
+    """Multiple-choice kind weights over the workload's mcq kinds, checked."""
     from dwise_predict.tracing.workload import MCQ_KINDS
 
-    unknown = sorted(set(weights) - set(MCQ_KINDS))
-    if unknown:
-        raise TrainingError(f"unknown mcq kinds {unknown}; known: {', '.join(MCQ_KINDS)}")
-    if any(not w >= 0 for w in weights.values()) or sum(weights.values()) <= 0:
-        raise TrainingError(
-            f"mcq kind weights must be >= 0 with a positive sum, got {dict(weights)}"
-        )
-    return dict(weights)
+    return check_named_weights(weights, MCQ_KINDS, "mcq kinds")
 
 
 def _fixed_knobs(**knobs: Any) -> Callable[[random.Random], dict[str, Any]]:

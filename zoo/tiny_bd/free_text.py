@@ -30,7 +30,7 @@ from typing import Any
 from dwise_predict.errors import TrainingError
 
 from .data import FREE_TEXT_CATEGORY_WEIGHTS as CATEGORY_WEIGHTS
-from .data import TrainingExample
+from .data import TrainingExample, check_named_weights
 
 #: templated openings, per category (predictable once their first bytes are committed)
 OPENINGS: dict[str, tuple[str, ...]] = {
@@ -238,18 +238,8 @@ def code_response(prompt: str, pools: ContentPools, rng: random.Random) -> str:
 
 
 def check_category_weights(weights: Mapping[str, float]) -> dict[str, float]:
-    """The free-text category weights, refused unless they name known categories with
-    non-negative weights and a positive total."""
-    unknown = sorted(set(weights) - set(CATEGORY_WEIGHTS))
-    if unknown:
-        raise TrainingError(
-            f"unknown free-text categories {unknown}; known: {', '.join(CATEGORY_WEIGHTS)}"
-        )
-    if any(not w >= 0 for w in weights.values()) or sum(weights.values()) <= 0:
-        raise TrainingError(
-            f"free-text category weights must be >= 0 with a positive sum, got {dict(weights)}"
-        )
-    return dict(weights)
+    """The free-text category weights, checked against the known categories."""
+    return check_named_weights(weights, CATEGORY_WEIGHTS, "free-text categories")
 
 
 def free_text_examples(

@@ -411,11 +411,9 @@ def parse_weights(text: str, flag: str, example: str) -> dict[str, float]:
     """``"a=0.4,b=0.6"`` -> ``{"a": 0.4, "b": 0.6}``; the caller checks the names and totals."""
     weights: dict[str, float] = {}
     for part in text.split(","):
-        name, sep, value = part.partition("=")
+        name, _, value = part.partition("=")
         try:
-            if not sep:
-                raise ValueError
-            weights[name.strip()] = float(value)
+            weights[name.strip()] = float(value)  # no "=": value "" fails float()
         except ValueError:
             raise TrainingError(
                 f"bad {flag} entry {part!r}: use NAME=WEIGHT, e.g. {example}"
