@@ -26,6 +26,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ from .data import (
     check_mcq_kind_weights,
     token_budget_batches,
 )
+from .distill import Teachers, distillation_loss
 from .free_text import STYLES, check_category_weights
 from .model import TinyBDModel
 from .two_stream import TwoStreamBatch, collate
@@ -78,6 +80,11 @@ class TrainConfig:
     threads: int = 2
     seed: int = 0
     log_every: int = 10
+    #: weight of the distillation term, used only when teachers are given (:mod:`.distill`)
+    distill_weight: float = 1.0
+    distill_temperature: float = 1.0
+    #: example categories distilled from the teachers; the others learn from labels alone
+    distill_categories: tuple[str, ...] = ("mcq", "math")
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -117,7 +124,23 @@ def diffusion_loss(
     if not bool(noisy.any()):
         return torch.zeros((), requires_grad=True)
     out = model(batch.input_ids, batch.position_ids, batch.attn_mask)
-    logits = out.logits[noisy]
+    return masked_cross_entropy(out.logits[noisy], batch, weighting, pad_weight)
+
+
+def position_weights(batch: TwoStreamBatch, pad_weight: float) -> torch.Tensor:
+    """Loss weight of each masked noisy position, in ``targets != -100`` order."""
+    noisy = batch.targets != -100
+    if batch.eos_padding is None:
+        return torch.ones(int(noisy.sum()))
+    pad = batch.eos_padding[noisy]
+    return torch.where(pad, torch.full(pad.shape, pad_weight), torch.ones(pad.shape))
+
+
+def masked_cross_entropy(
+    logits: torch.Tensor, batch: TwoStreamBatch, weighting: str = "none", pad_weight: float = 0.1
+) -> torch.Tensor:
+    """:func:`diffusion_loss` from the logits of the masked noisy positions ([N, V])."""
+    noisy = batch.targets != -100
     ce = F.cross_entropy(logits.float(), batch.targets[noisy], reduction="none")
     if (
         pad_weight == 1.0 or batch.eos_padding is None
@@ -125,12 +148,41 @@ def diffusion_loss(
         if weighting == "inv_t":
             return (ce / batch.mask_ratio[noisy].clamp_min(1e-3)).sum() / noisy.sum()
         return ce.mean()
-    weight = torch.where(
-        batch.eos_padding[noisy], torch.full_like(ce, pad_weight), torch.ones_like(ce)
-    )
+    weight = position_weights(batch, pad_weight).to(ce.device)
     if weighting == "inv_t":
         return (ce * weight / batch.mask_ratio[noisy].clamp_min(1e-3)).sum() / weight.sum()
     return (ce * weight).sum() / weight.sum()
+
+
+def distilled_diffusion_loss(
+    model: TinyBDModel, teachers: Teachers, batch: TwoStreamBatch, c: TrainConfig
+) -> torch.Tensor:
+    """:func:`diffusion_loss` plus ``distill_weight`` x KL to the teachers on the distilled rows.
+
+    One student forward serves both terms; the teachers run only on the rows that are
+    distilled, so batches of free text cost no more than without them.
+    """
+    noisy = batch.targets != -100
+    if not bool(noisy.any()):
+        return torch.zeros((), requires_grad=True)
+    logits = model(batch.input_ids, batch.position_ids, batch.attn_mask).logits
+    loss = masked_cross_entropy(logits[noisy], batch, c.loss_weighting, c.pad_weight)
+    rows = batch.distill_rows
+    if rows is None or not bool(rows.any()):
+        return loss
+    sub = noisy[rows]
+    if not bool(sub.any()):
+        return loss
+    weight = torch.ones(noisy.shape, device=logits.device)
+    if batch.eos_padding is not None:
+        weight = torch.where(batch.eos_padding, torch.full_like(weight, c.pad_weight), weight)
+    kd = distillation_loss(
+        logits[rows][sub],
+        teachers.log_probs(batch, rows)[sub],
+        weight[rows][sub],
+        c.distill_temperature,
+    )
+    return loss + c.distill_weight * kd
 
 
 class BatchListDataset(Dataset):
@@ -143,6 +195,7 @@ class BatchListDataset(Dataset):
         block_size: int,
         t_min: float,
         seed: int,
+        distill_categories: Sequence[str] = (),
     ) -> None:
         self.examples, self.batches, self.block_size, self.t_min = (
             examples,
@@ -151,6 +204,7 @@ class BatchListDataset(Dataset):
             t_min,
         )
         self.seed = seed
+        self.distill_categories = frozenset(distill_categories)
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -159,13 +213,18 @@ class BatchListDataset(Dataset):
         idx = self.batches[i]
         # noise depends only on (seed, batch index): reproducible whatever the worker layout
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
-        return collate(
+        batch = collate(
             [self.examples[j].prompt_ids for j in idx],
             [self.examples[j].response_ids for j in idx],
             self.block_size,
             generator=gen,
             t_min=self.t_min,
         )
+        if self.distill_categories:
+            batch.distill_rows = torch.tensor(
+                [self.examples[j].category in self.distill_categories for j in idx]
+            )
+        return batch
 
 
 class TinyBDDataModule(pl.LightningDataModule):
@@ -178,6 +237,7 @@ class TinyBDDataModule(pl.LightningDataModule):
         seed: int,
         t_min: float = 0.0,
         training_set: TrainingSet | None = None,
+        distill_categories: Sequence[str] = (),
     ) -> None:
         super().__init__()
         self.data_config, self.batch_tokens, self.seed, self.t_min = (
@@ -187,6 +247,7 @@ class TinyBDDataModule(pl.LightningDataModule):
             t_min,
         )
         self.training_set = training_set
+        self.distill_categories = tuple(distill_categories)
 
     def setup(self, stage: str | None = None) -> None:
         if self.training_set is None:
@@ -208,7 +269,12 @@ class TinyBDDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         ds = BatchListDataset(
-            self.loaded().examples, self.batches, self.data_config.block_size, self.t_min, self.seed
+            self.loaded().examples,
+            self.batches,
+            self.data_config.block_size,
+            self.t_min,
+            self.seed,
+            self.distill_categories,
         )
         # batches are already shuffled with the seed; epochs repeat the order (noise differs per
         # index only)
@@ -229,15 +295,23 @@ def _release_memory() -> None:
 class TinyBDLightning(pl.LightningModule):
     """Masked block-diffusion training of :class:`TinyBDModel`."""
 
-    def __init__(self, model_config: TinyBDConfig, train_config: TrainConfig) -> None:
+    def __init__(
+        self,
+        model_config: TinyBDConfig,
+        train_config: TrainConfig,
+        teachers: Teachers | None = None,
+    ) -> None:
         super().__init__()
         self.model = TinyBDModel(model_config)
         self.train_config = train_config
+        self.teachers = teachers  # frozen; moved to the device with the module
 
     def training_step(self, batch: TwoStreamBatch, batch_idx: int) -> torch.Tensor:
-        loss = diffusion_loss(
-            self.model, batch, self.train_config.loss_weighting, self.train_config.pad_weight
-        )
+        c = self.train_config
+        if self.teachers is None:
+            loss = diffusion_loss(self.model, batch, c.loss_weighting, c.pad_weight)
+        else:
+            loss = distilled_diffusion_loss(self.model, self.teachers, batch, c)
         n_masked = int((batch.targets != -100).sum())
         self.log("loss", loss.detach(), prog_bar=True, batch_size=n_masked)
         return loss
@@ -368,12 +442,14 @@ def train(
     snapshot_dir: Path | None = None,
     init_from: Path | None = None,
     devices: DeviceConfig | None = None,
+    teachers: Sequence[Path] = (),
 ) -> tuple[TinyBDModel, TrainResult]:
     """Train and return the model (eval mode) and a summary.
 
     ``init_from`` (a checkpoint folder) continues training from its weights -- a second stage
     with a fresh schedule; its shape then replaces ``model_config``. ``devices`` says where
-    (default: one CPU process).
+    (default: one CPU process). ``teachers`` (checkpoint folders) are distilled on the
+    ``train_config.distill_categories`` examples (:mod:`.distill`).
     """
     torch.set_num_threads(train_config.threads)
     pl.seed_everything(train_config.seed, workers=True)
@@ -382,11 +458,19 @@ def train(
 
         start = from_pretrained(init_from)
         model_config = start.config
-    module = TinyBDLightning(model_config, train_config)
+    frozen = Teachers.from_checkpoints(teachers) if teachers else None
+    if frozen is not None:
+        frozen.check_student(model_config)
+    module = TinyBDLightning(model_config, train_config, frozen)
     if init_from is not None:
         module.model.load_state_dict(start.model.state_dict())
     dm = TinyBDDataModule(
-        data_config, train_config.batch_tokens, train_config.seed, train_config.t_min, training_set
+        data_config,
+        train_config.batch_tokens,
+        train_config.seed,
+        train_config.t_min,
+        training_set,
+        train_config.distill_categories if frozen is not None else (),
     )
     cb = TimeBoxAndLog(train_config.minutes, log_csv, train_config.log_every, snapshot_dir)
     trainer = make_trainer(train_config, devices, [cb])
@@ -442,6 +526,32 @@ def parse_free_text_categories(text: str) -> dict[str, float]:
 def parse_mcq_kinds(text: str) -> dict[str, float]:
     """``"largest=0.3,smallest=0.3,..."`` -> multiple-choice kind weights, checked."""
     return check_mcq_kind_weights(parse_weights(text, "--mcq-kinds", "largest=0.3,sum=0.1"))
+
+
+def parse_distill_categories(text: str) -> tuple[str, ...]:
+    """``"mcq,math"`` -> the example categories to distil, checked against the known ones."""
+    from dwise_predict.tracing.workload import KNOWN_CATEGORIES
+
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = sorted(set(names) - set(KNOWN_CATEGORIES))
+    if not names or unknown:
+        raise TrainingError(
+            f"--distill-categories {text!r}: unknown or missing categories {unknown}; "
+            f"give a comma-separated list of {', '.join(KNOWN_CATEGORIES)}"
+        )
+    return names
+
+
+def check_distillation(c: TrainConfig) -> None:
+    """Refuse distillation settings that would silently do nothing or diverge."""
+    if not (c.distill_weight >= 0 and math.isfinite(c.distill_weight)):
+        raise TrainingError(
+            f"--distill-weight must be a finite number >= 0, got {c.distill_weight}"
+        )
+    if not (c.distill_temperature > 0 and math.isfinite(c.distill_temperature)):
+        raise TrainingError(
+            f"--distill-temperature must be a finite number > 0, got {c.distill_temperature}"
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -542,6 +652,28 @@ def build_parser() -> argparse.ArgumentParser:
         default=Path("runs/tiny-bd-train/snapshot"),
         help="mid-run checkpoint, rewritten every 10 minutes",
     )
+    ap.add_argument(
+        "--teacher",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="CHECKPOINT",
+        help="distil the --distill-categories examples from this checkpoint folder as well as "
+        "learning their labels; repeat for an ensemble (the teachers' probabilities are "
+        "averaged). Keeps a skill an earlier stage had while this stage teaches something else",
+    )
+    ap.add_argument(
+        "--distill-weight",
+        type=float,
+        default=TrainConfig.distill_weight,
+        help="weight of the KL to the teachers next to the label loss",
+    )
+    ap.add_argument("--distill-temperature", type=float, default=TrainConfig.distill_temperature)
+    ap.add_argument(
+        "--distill-categories",
+        default=",".join(TrainConfig.distill_categories),
+        help="example categories distilled from the teachers (default: %(default)s)",
+    )
     add_device_arguments(ap)
     return ap
 
@@ -562,7 +694,11 @@ def main(argv: list[str] | None = None) -> int:
         threads=args.threads,
         seed=args.seed,
         warmup_steps=args.warmup_steps,
+        distill_weight=args.distill_weight,
+        distill_temperature=args.distill_temperature,
+        distill_categories=parse_distill_categories(args.distill_categories),
     )
+    check_distillation(train_config)
     data_kw: dict[str, Any] = {}
     if args.mix:
         data_kw["mix"] = parse_mix(args.mix)
@@ -589,6 +725,7 @@ def main(argv: list[str] | None = None) -> int:
         snapshot_dir=args.snapshot_dir,
         init_from=args.init_from,
         devices=DeviceConfig.from_args(args),
+        teachers=args.teacher,
     )
     if not is_global_zero():
         return 0  # rank 0 writes the checkpoint
@@ -609,6 +746,7 @@ def main(argv: list[str] | None = None) -> int:
     training = {
         "command": command,
         "previous_stage": previous,
+        "teachers": [str(t) for t in args.teacher],
         "train_config": asdict(train_config),
         "data_config": asdict(data_config),
         "result": {k: v for k, v in asdict(result).items() if k != "loss_curve"},

@@ -55,6 +55,8 @@ class TwoStreamBatch:
     #: [B, T] bool: noisy positions after the response's first EOS (the EOS padding of its last
     #: block)
     eos_padding: torch.Tensor | None = None
+    #: [B] bool: rows whose examples are distilled from teacher checkpoints (:mod:`.distill`)
+    distill_rows: torch.Tensor | None = None
 
 
 def layout(

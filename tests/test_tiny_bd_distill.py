@@ -1,0 +1,195 @@
+"""Distilling a skill from earlier tiny-bd checkpoints (zoo/tiny_bd/distill.py)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from dwise_predict.zoo.tiny_bd.config import TinyBDConfig
+from dwise_predict.zoo.tiny_bd.data import (
+    DataConfig,
+    EncodedExample,
+    TrainingExample,
+    TrainingSet,
+    encode_examples,
+)
+from dwise_predict.zoo.tiny_bd.distill import Teachers, distillation_loss
+from dwise_predict.zoo.tiny_bd.io import save_pretrained
+from dwise_predict.zoo.tiny_bd.model import TinyBDModel
+from dwise_predict.zoo.tiny_bd.train import (
+    BatchListDataset,
+    TrainConfig,
+    check_distillation,
+    diffusion_loss,
+    distilled_diffusion_loss,
+    parse_distill_categories,
+    train,
+)
+from dwise_predict.zoo.tiny_bd.two_stream import TwoStreamBatch, collate
+
+from dwise_predict.errors import TrainingError
+
+BS = 8
+CONFIG = TinyBDConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, block_size=BS)
+
+
+def tiny_model(seed: int, sharpen: float = 1.0) -> TinyBDModel:
+    """A random tiny model; ``sharpen`` scales its logits so it is confident."""
+    torch.manual_seed(seed)
+    model = TinyBDModel(CONFIG).eval()
+    with torch.no_grad():
+        model.norm.weight.mul_(sharpen)  # logits = norm(x) @ embed.T (tied)
+    return model
+
+
+def examples(n: int, seed: int) -> list[EncodedExample]:
+    rng = random.Random(seed)
+    recs = []
+    for i in range(n):
+        a, b = rng.randint(0, 9), rng.randint(0, 9)
+        if i % 2:
+            recs.append(TrainingExample(f"What is {a} + {b}?", f"{a + b}", "math", "generated"))
+        else:
+            recs.append(TrainingExample(f"Say hi to {a}{b}", f"hi {a}{b}", "chat", "generated"))
+    enc, dropped = encode_examples(recs, block_size=BS)
+    assert dropped == 0
+    return enc
+
+
+def batch_of(enc: list[EncodedExample], seed: int = 0) -> TwoStreamBatch:
+    return collate(
+        [e.prompt_ids for e in enc],
+        [e.response_ids for e in enc],
+        BS,
+        generator=torch.Generator().manual_seed(seed),
+    )
+
+
+def kl_to(teacher: TinyBDModel, student: TinyBDModel, batch: TwoStreamBatch) -> float:
+    """Mean KL(teacher || student) over the masked positions of ``batch``."""
+    noisy = batch.targets != -100
+    rows = torch.ones(batch.input_ids.shape[0], dtype=torch.bool)
+    with torch.no_grad():
+        t = Teachers([teacher]).log_probs(batch, rows)[noisy]
+        s = student(batch.input_ids, batch.position_ids, batch.attn_mask).logits[noisy]
+        return float(distillation_loss(s, t, torch.ones(t.shape[0])))
+
+
+def test_distillation_loss_is_zero_at_the_teacher_and_weights_positions() -> None:
+    logits = torch.randn(5, 11)
+    at_teacher = distillation_loss(logits, logits.log_softmax(-1), torch.ones(5))
+    assert abs(float(at_teacher)) < 1e-6
+    other = torch.randn(5, 11).log_softmax(-1)
+    per_position = torch.stack(
+        [distillation_loss(logits[i : i + 1], other[i : i + 1], torch.ones(1)) for i in range(5)]
+    )
+    assert bool((per_position > 0).all())
+    w = torch.tensor([1.0, 0.0, 0.1, 1.0, 0.5])
+    weighted = distillation_loss(logits, other, w)
+    assert torch.isclose(weighted, (per_position * w).sum() / w.sum())
+    # T**2 keeps the size comparable across temperatures: same order of magnitude at T = 2
+    soft = distillation_loss(logits, other, torch.ones(5), temperature=2.0)
+    assert 0.1 < float(soft) / float(per_position.mean()) < 10
+    assert float(distillation_loss(logits[:0], other[:0], w[:0])) == 0.0
+
+
+def test_teachers_average_probabilities_and_stay_frozen() -> None:
+    a, b = tiny_model(1, sharpen=4.0), tiny_model(2, sharpen=4.0)
+    teachers = Teachers([a, b])
+    batch = batch_of(examples(4, seed=0))
+    rows = torch.tensor([True, False, True, True])
+    got = teachers.log_probs(batch, rows)
+    args = (batch.input_ids[rows], batch.position_ids[rows], batch.attn_mask[rows])
+    with torch.no_grad():
+        mean_p = (a(*args).logits.softmax(-1) + b(*args).logits.softmax(-1)) / 2
+    assert got.shape == mean_p.shape
+    assert torch.allclose(got.exp(), mean_p, atol=1e-6)
+    teachers.train()
+    assert not teachers.training and not any(m.training for m in teachers.modules())
+    assert not any(p.requires_grad for p in teachers.parameters())
+
+
+def test_only_the_distilled_rows_add_the_teachers_term() -> None:
+    student, teacher = tiny_model(3), tiny_model(4, sharpen=4.0)
+    teachers = Teachers([teacher])
+    batch = batch_of(examples(4, seed=1))
+    c = TrainConfig(distill_weight=2.0)
+    with torch.no_grad():
+        plain = diffusion_loss(student, batch, c.loss_weighting, c.pad_weight)
+        batch.distill_rows = torch.zeros(4, dtype=torch.bool)
+        assert torch.isclose(distilled_diffusion_loss(student, teachers, batch, c), plain)
+        batch.distill_rows = torch.tensor([False, True, False, True])
+        with_kd = distilled_diffusion_loss(student, teachers, batch, c)
+        to_itself = distilled_diffusion_loss(student, Teachers([tiny_model(3)]), batch, c)
+    assert float(with_kd) > float(plain) + 0.01
+    assert torch.isclose(to_itself, plain, atol=1e-5)  # the KL to an identical teacher is zero
+
+
+def test_batches_mark_the_rows_of_the_distilled_categories() -> None:
+    enc = examples(6, seed=2)
+    ds = BatchListDataset(enc, [[0, 1, 2, 3, 4, 5]], BS, 0.0, seed=0, distill_categories=["math"])
+    rows = ds[0].distill_rows
+    assert rows is not None
+    assert rows.tolist() == [e.category == "math" for e in enc]
+    assert BatchListDataset(enc, [[0, 1]], BS, 0.0, seed=0)[0].distill_rows is None
+
+
+def test_a_lightning_run_with_a_teacher_moves_the_student_toward_it(tmp_path: Path) -> None:
+    """The real training loop: 40 steps with a confident teacher on the math rows bring the
+    student's math distribution much closer to it than the same 40 steps on labels alone."""
+    teacher = tiny_model(7, sharpen=6.0)
+    save_pretrained(teacher, tmp_path / "teacher")
+    enc = examples(400, seed=3)
+    ts = TrainingSet(
+        examples=enc,
+        counts={"math": 200, "chat": 200},
+        dropped_too_long=0,
+        eval_prompts_checked=0,
+    )
+    held_out = batch_of([e for e in examples(40, seed=4) if e.category == "math"], seed=9)
+    tc = TrainConfig(
+        max_steps=40,
+        minutes=5,
+        warmup_steps=5,
+        lr=3e-3,
+        batch_tokens=16 * 60,
+        threads=1,
+        seed=0,
+        log_every=10**6,
+        distill_weight=5.0,
+        distill_categories=("math",),
+    )
+    runs = {}
+    for name, teachers in (("labels", ()), ("distilled", (tmp_path / "teacher",))):
+        model, _ = train(
+            CONFIG,
+            tc,
+            DataConfig(block_size=BS),
+            tmp_path / f"{name}.csv",
+            training_set=ts,
+            snapshot_dir=None,
+            teachers=teachers,
+        )
+        runs[name] = kl_to(teacher, model, held_out)
+    assert runs["distilled"] < 0.5 * runs["labels"], runs
+
+
+def test_distillation_settings_are_checked_with_the_fix_in_the_message() -> None:
+    assert parse_distill_categories("mcq, math") == ("mcq", "math")
+    with pytest.raises(TrainingError, match="poetry"):
+        parse_distill_categories("mcq,poetry")
+    with pytest.raises(TrainingError, match="comma-separated"):
+        parse_distill_categories(" , ")
+    with pytest.raises(TrainingError, match="--distill-weight"):
+        check_distillation(TrainConfig(distill_weight=-1.0))
+    with pytest.raises(TrainingError, match="--distill-temperature"):
+        check_distillation(TrainConfig(distill_temperature=0.0))
+    with pytest.raises(TrainingError, match="at least one teacher"):
+        Teachers([])
+    other = TinyBDModel(TinyBDConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, block_size=16))
+    with pytest.raises(TrainingError, match="vocabulary or block size"):
+        Teachers([tiny_model(0), other])
+    with pytest.raises(TrainingError, match="--init-from"):
+        Teachers([tiny_model(0)]).check_student(other.config)
