@@ -128,12 +128,11 @@ def diffusion_loss(
 
 
 def position_weights(batch: TwoStreamBatch, pad_weight: float) -> torch.Tensor:
-    """Loss weight of each masked noisy position, in ``targets != -100`` order."""
-    noisy = batch.targets != -100
+    """[B, T] loss weight of every slot: ``pad_weight`` on the EOS padding, 1 elsewhere."""
+    ones = torch.ones(batch.targets.shape, device=batch.targets.device)
     if batch.eos_padding is None:
-        return torch.ones(int(noisy.sum()))
-    pad = batch.eos_padding[noisy]
-    return torch.where(pad, torch.full(pad.shape, pad_weight), torch.ones(pad.shape))
+        return ones
+    return torch.where(batch.eos_padding, torch.full_like(ones, pad_weight), ones)
 
 
 def masked_cross_entropy(
@@ -148,7 +147,7 @@ def masked_cross_entropy(
         if weighting == "inv_t":
             return (ce / batch.mask_ratio[noisy].clamp_min(1e-3)).sum() / noisy.sum()
         return ce.mean()
-    weight = position_weights(batch, pad_weight).to(ce.device)
+    weight = position_weights(batch, pad_weight)[noisy]
     if weighting == "inv_t":
         return (ce * weight / batch.mask_ratio[noisy].clamp_min(1e-3)).sum() / weight.sum()
     return (ce * weight).sum() / weight.sum()
@@ -173,13 +172,10 @@ def distilled_diffusion_loss(
     sub = noisy[rows]
     if not bool(sub.any()):
         return loss
-    weight = torch.ones(noisy.shape, device=logits.device)
-    if batch.eos_padding is not None:
-        weight = torch.where(batch.eos_padding, torch.full_like(weight, c.pad_weight), weight)
     kd = distillation_loss(
         logits[rows][sub],
         teachers.log_probs(batch, rows)[sub],
-        weight[rows][sub],
+        position_weights(batch, c.pad_weight)[rows][sub],
         c.distill_temperature,
     )
     return loss + c.distill_weight * kd
