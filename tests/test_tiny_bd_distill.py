@@ -23,7 +23,6 @@ from dwise_predict.zoo.tiny_bd.train import (
     TrainConfig,
     check_distillation,
     diffusion_loss,
-    distilled_diffusion_loss,
     parse_distill_categories,
     train,
 )
@@ -118,11 +117,17 @@ def test_only_the_distilled_rows_add_the_teachers_term() -> None:
     c = TrainConfig(distill_weight=2.0)
     with torch.no_grad():
         plain = diffusion_loss(student, batch, c.loss_weighting, c.pad_weight)
+
+        def distilled(t: Teachers) -> torch.Tensor:
+            return diffusion_loss(
+                student, batch, c.loss_weighting, c.pad_weight, t, c.distill_weight
+            )
+
         batch.distill_rows = torch.zeros(4, dtype=torch.bool)
-        assert torch.isclose(distilled_diffusion_loss(student, teachers, batch, c), plain)
+        assert torch.isclose(distilled(teachers), plain)
         batch.distill_rows = torch.tensor([False, True, False, True])
-        with_kd = distilled_diffusion_loss(student, teachers, batch, c)
-        to_itself = distilled_diffusion_loss(student, Teachers([tiny_model(3)]), batch, c)
+        with_kd = distilled(teachers)
+        to_itself = distilled(Teachers([tiny_model(3)]))
     assert float(with_kd) > float(plain) + 0.01
     assert torch.isclose(to_itself, plain, atol=1e-5)  # the KL to an identical teacher is zero
 

@@ -15,6 +15,7 @@ space (an ensemble), which is usually right more often than any one of them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -78,11 +79,8 @@ class Teachers(nn.Module):
     def log_probs(self, batch: TwoStreamBatch, rows: torch.Tensor) -> torch.Tensor:
         """[n_rows, T, V] log of the teachers' mean probabilities on the ``rows`` of ``batch``."""
         args = (batch.input_ids[rows], batch.position_ids[rows], batch.attn_mask[rows])
-        per_teacher = [m(*args).logits.float().log_softmax(-1) for m in self.models]
-        if len(per_teacher) == 1:
-            return per_teacher[0]
-        stacked = torch.stack(per_teacher)
-        return torch.logsumexp(stacked, dim=0) - torch.log(torch.tensor(float(len(per_teacher))))
+        stacked = torch.stack([m(*args).logits.float().log_softmax(-1) for m in self.models])
+        return torch.logsumexp(stacked, dim=0) - math.log(len(self.models))
 
 
 def distillation_loss(

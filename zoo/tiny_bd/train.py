@@ -110,7 +110,13 @@ def make_optimizer(model: nn.Module, c: TrainConfig) -> torch.optim.AdamW:
 
 
 def diffusion_loss(
-    model: TinyBDModel, batch: TwoStreamBatch, weighting: str = "none", pad_weight: float = 0.1
+    model: TinyBDModel,
+    batch: TwoStreamBatch,
+    weighting: str = "none",
+    pad_weight: float = 0.1,
+    teachers: Teachers | None = None,
+    distill_weight: float = 1.0,
+    distill_temperature: float = 1.0,
 ) -> torch.Tensor:
     """Cross-entropy on the masked noisy positions (mean, or 1/t-weighted per token).
 
@@ -119,12 +125,42 @@ def diffusion_loss(
     padding is trivially predictable; at full weight its gradient drowns the few tokens that must
     be read from the prompt, and the model learns the format but not the content. The weighted
     loss is normalised by the sum of the weights, so it stays a mean.
+
+    With ``teachers``, the rows ``batch.distill_rows`` marks add ``distill_weight`` x the KL from
+    the teachers' distribution (:mod:`.distill`). One student forward serves both terms, and the
+    teachers run only on those rows, so batches of free text cost no more than without them.
     """
     noisy = batch.targets != -100
     if not bool(noisy.any()):
         return torch.zeros((), requires_grad=True)
-    out = model(batch.input_ids, batch.position_ids, batch.attn_mask)
-    return masked_cross_entropy(out.logits[noisy], batch, weighting, pad_weight)
+    logits = model(batch.input_ids, batch.position_ids, batch.attn_mask).logits
+    ce = F.cross_entropy(logits[noisy].float(), batch.targets[noisy], reduction="none")
+    if (
+        pad_weight == 1.0 or batch.eos_padding is None
+    ):  # the plain mean, computed as the shipped stages did
+        if weighting == "inv_t":
+            loss = (ce / batch.mask_ratio[noisy].clamp_min(1e-3)).sum() / noisy.sum()
+        else:
+            loss = ce.mean()
+    else:
+        weight = position_weights(batch, pad_weight)[noisy]
+        per_token = ce * weight
+        if weighting == "inv_t":
+            per_token = per_token / batch.mask_ratio[noisy].clamp_min(1e-3)
+        loss = per_token.sum() / weight.sum()
+    rows = batch.distill_rows
+    if teachers is None or rows is None or not bool(rows.any()):
+        return loss
+    sub = noisy[rows]
+    if not bool(sub.any()):
+        return loss
+    kd = distillation_loss(
+        logits[rows][sub],
+        teachers.log_probs(batch, rows)[sub],
+        position_weights(batch, pad_weight)[rows][sub],
+        distill_temperature,
+    )
+    return loss + distill_weight * kd
 
 
 def position_weights(batch: TwoStreamBatch, pad_weight: float) -> torch.Tensor:
@@ -133,52 +169,6 @@ def position_weights(batch: TwoStreamBatch, pad_weight: float) -> torch.Tensor:
     if batch.eos_padding is None:
         return ones
     return torch.where(batch.eos_padding, torch.full_like(ones, pad_weight), ones)
-
-
-def masked_cross_entropy(
-    logits: torch.Tensor, batch: TwoStreamBatch, weighting: str = "none", pad_weight: float = 0.1
-) -> torch.Tensor:
-    """:func:`diffusion_loss` from the logits of the masked noisy positions ([N, V])."""
-    noisy = batch.targets != -100
-    ce = F.cross_entropy(logits.float(), batch.targets[noisy], reduction="none")
-    if (
-        pad_weight == 1.0 or batch.eos_padding is None
-    ):  # the plain mean, computed as the shipped stages did
-        if weighting == "inv_t":
-            return (ce / batch.mask_ratio[noisy].clamp_min(1e-3)).sum() / noisy.sum()
-        return ce.mean()
-    weight = position_weights(batch, pad_weight)[noisy]
-    if weighting == "inv_t":
-        return (ce * weight / batch.mask_ratio[noisy].clamp_min(1e-3)).sum() / weight.sum()
-    return (ce * weight).sum() / weight.sum()
-
-
-def distilled_diffusion_loss(
-    model: TinyBDModel, teachers: Teachers, batch: TwoStreamBatch, c: TrainConfig
-) -> torch.Tensor:
-    """:func:`diffusion_loss` plus ``distill_weight`` x KL to the teachers on the distilled rows.
-
-    One student forward serves both terms; the teachers run only on the rows that are
-    distilled, so batches of free text cost no more than without them.
-    """
-    noisy = batch.targets != -100
-    if not bool(noisy.any()):
-        return torch.zeros((), requires_grad=True)
-    logits = model(batch.input_ids, batch.position_ids, batch.attn_mask).logits
-    loss = masked_cross_entropy(logits[noisy], batch, c.loss_weighting, c.pad_weight)
-    rows = batch.distill_rows
-    if rows is None or not bool(rows.any()):
-        return loss
-    sub = noisy[rows]
-    if not bool(sub.any()):
-        return loss
-    kd = distillation_loss(
-        logits[rows][sub],
-        teachers.log_probs(batch, rows)[sub],
-        position_weights(batch, c.pad_weight)[rows][sub],
-        c.distill_temperature,
-    )
-    return loss + c.distill_weight * kd
 
 
 class BatchListDataset(Dataset):
@@ -304,10 +294,15 @@ class TinyBDLightning(pl.LightningModule):
 
     def training_step(self, batch: TwoStreamBatch, batch_idx: int) -> torch.Tensor:
         c = self.train_config
-        if self.teachers is None:
-            loss = diffusion_loss(self.model, batch, c.loss_weighting, c.pad_weight)
-        else:
-            loss = distilled_diffusion_loss(self.model, self.teachers, batch, c)
+        loss = diffusion_loss(
+            self.model,
+            batch,
+            c.loss_weighting,
+            c.pad_weight,
+            self.teachers,
+            c.distill_weight,
+            c.distill_temperature,
+        )
         n_masked = int((batch.targets != -100).sum())
         self.log("loss", loss.detach(), prog_bar=True, batch_size=n_masked)
         return loss
