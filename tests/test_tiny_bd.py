@@ -362,6 +362,22 @@ def test_probe_reports_letter_accuracy_per_kind_and_easy_math_on_eval_requests()
     assert 0.0 <= out["mcq_letter_accuracy"] <= 1.0 and 0.0 <= out["easy_math_exact_match"] <= 1.0
 
 
+def test_ensemble_of_one_checkpoint_with_itself_scores_as_the_checkpoint_does() -> None:
+    from dwise_predict.zoo.tiny_bd.probe import ensemble_letters, probe
+
+    from dwise_predict.errors import ConfigError
+
+    out = ensemble_letters(["tiny-bd", "tiny-bd"], n_mcq=24)
+    assert out["mcq_n"] == 24
+    # averaging a distribution with itself changes nothing, and batching does not either
+    assert out["right"]["tiny-bd"] == out["ensemble_right"]
+    assert out["ensemble_gain_over_best"] == 0
+    single = probe("tiny-bd", n_mcq=24, n_math=0)["mcq_letter_accuracy"]
+    assert out["right"]["tiny-bd"] == round(24 * single)
+    with pytest.raises(ConfigError, match="at least two"):
+        ensemble_letters(["tiny-bd"])
+
+
 def test_free_text_probe_counts_tokens_per_round_as_the_report_does() -> None:
     from dwise_predict.zoo.tiny_bd.probe import free_text
 

@@ -99,23 +99,39 @@ def read_prompt(pad_weight: float, lr: float, steps: int = 300, seed: int = 0) -
     return right
 
 
+def letter_probabilities(
+    model: TinyBDModel, test: list[EncodedExample], batch_size: int = 64
+) -> torch.Tensor:
+    """The model's token distribution at each question's masked answer letter, everything else
+    given: (questions, vocabulary). Probabilities rather than the argmax, so that several
+    checkpoints can be averaged as ``--teacher`` averages them."""
+    rows: list[torch.Tensor] = []
+    for start in range(0, len(test), batch_size):
+        part = test[start : start + batch_size]
+        batch = collate(
+            [e.prompt_ids for e in part],
+            [e.response_ids for e in part],
+            BLOCK,
+            mask_ratios=[[0.0] * (len(e.response_ids) // BLOCK) for e in part],
+        )
+        where = [len(e.prompt_ids) + len(e.response_ids) + _LETTER_INDEX for e in part]
+        for i, w in enumerate(where):
+            batch.input_ids[i, w] = MASK
+        with torch.no_grad():
+            logits = model(batch.input_ids, batch.position_ids, batch.attn_mask).logits
+        rows += [torch.softmax(logits[i, w].float(), dim=-1) for i, w in enumerate(where)]
+    return torch.stack(rows)
+
+
+def letters_right(probabilities: torch.Tensor, test: list[EncodedExample]) -> list[bool]:
+    """Per question, whether the most probable token is its answer letter."""
+    gold = torch.tensor([e.response_ids[_LETTER_INDEX] for e in test])
+    return [bool(x) for x in (probabilities.argmax(dim=-1) == gold)]
+
+
 def letter_accuracy(model: TinyBDModel, test: list[EncodedExample]) -> float:
     """Share of questions whose masked answer letter is the model's top prediction."""
-    batch = collate(
-        [e.prompt_ids for e in test],
-        [e.response_ids for e in test],
-        BLOCK,
-        mask_ratios=[[0.0] * (len(e.response_ids) // BLOCK) for e in test],
-    )
-    where = [len(e.prompt_ids) + len(e.response_ids) + _LETTER_INDEX for e in test]
-    for i, w in enumerate(where):
-        batch.input_ids[i, w] = MASK
-    with torch.no_grad():
-        logits = model(batch.input_ids, batch.position_ids, batch.attn_mask).logits
-    right = [
-        int(logits[i, w].argmax()) == test[i].response_ids[_LETTER_INDEX]
-        for i, w in enumerate(where)
-    ]
+    right = letters_right(letter_probabilities(model, test), test)
     return sum(right) / len(right)
 
 
