@@ -376,6 +376,8 @@ def test_ensemble_of_one_checkpoint_with_itself_scores_as_the_checkpoint_does() 
     assert out["right"]["tiny-bd"] == round(24 * single)
     with pytest.raises(ConfigError, match="at least two"):
         ensemble_letters(["tiny-bd"])
+    with pytest.raises(ConfigError, match="no questions"):
+        ensemble_letters(["tiny-bd", "tiny-bd"], n_mcq=0)
 
 
 def test_free_text_probe_counts_tokens_per_round_as_the_report_does() -> None:

@@ -148,6 +148,8 @@ def ensemble_letters(checkpoints: list[str], n_mcq: int = 300) -> dict[str, Any]
     if len(checkpoints) < 2:
         raise ConfigError("an ensemble needs at least two checkpoints; give --ensemble OTHER")
     mcq = [r for r in _validation_records() if r.category == "mcq"][:n_mcq]
+    if not mcq:
+        raise ConfigError(f"--mcq {n_mcq} chooses no questions; give --mcq 1 or more")
     enc, _ = encode_examples(
         [TrainingExample(r.prompt, r.reference or "", "mcq", r.source) for r in mcq]
     )
@@ -436,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     if args.against is not None and args.validate is None:
         ap.error("--against compares two --validate runs; give --validate DIR too")
+    if args.ensemble and args.validate is not None:
+        ap.error("--ensemble scores letters, --validate traces requests; run them one at a time")
     if args.validate is not None:
         out = validate(args.checkpoint, args.validate, threads=args.threads)
         if args.against is not None:
