@@ -63,6 +63,7 @@ import torch
 from dwise_predict.errors import ConfigError
 
 from .data import DataConfig, TrainingExample, encode_examples, render_prompt
+from .distill import Teachers
 from .generate import generate
 from .io import from_pretrained
 from .toys import letter_accuracy, letter_probabilities, letters_right
@@ -90,6 +91,14 @@ def _eval_split_and_model(checkpoint: str, validation: bool = True) -> tuple[lis
     return _validation_records(validation), from_pretrained(checkpoint)
 
 
+def _encode_mcq(records: list[Any]) -> list[Any]:
+    """Eval mcq records as training examples (prompt and reference answer), for letter scoring."""
+    enc, _ = encode_examples(
+        [TrainingExample(r.prompt, r.reference or "", "mcq", r.source) for r in records]
+    )
+    return enc
+
+
 def _decode(tb: Any, prompt: str, threshold: float, max_new_tokens: int) -> str:
     """The model's answer to ``prompt``, decoded as the tracer does (up to the first EOS)."""
     ids = tb.tokenizer.encode(render_prompt(prompt)).ids
@@ -113,10 +122,7 @@ def probe(
     letters: dict[str, float] = {}
     chance: list[float] = []
     for kind, recs in sorted(by_kind.items()):
-        enc, _ = encode_examples(
-            [TrainingExample(r.prompt, r.reference or "", "mcq", r.source) for r in recs]
-        )
-        letters[kind] = round(letter_accuracy(model, enc), 3)
+        letters[kind] = round(letter_accuracy(model, _encode_mcq(recs)), 3)
         chance += [1.0 / r.meta["n_options"] for r in recs]
     overall = sum(letters[k] * len(v) for k, v in by_kind.items()) / max(1, len(mcq))
     easy = [
@@ -150,13 +156,13 @@ def ensemble_letters(checkpoints: list[str], n_mcq: int = 300) -> dict[str, Any]
     mcq = [r for r in _validation_records() if r.category == "mcq"][:n_mcq]
     if not mcq:
         raise ConfigError(f"--mcq {n_mcq} chooses no questions; give --mcq 1 or more")
-    enc, _ = encode_examples(
-        [TrainingExample(r.prompt, r.reference or "", "mcq", r.source) for r in mcq]
-    )
+    enc = _encode_mcq(mcq)
+    models = [from_pretrained(c).model for c in checkpoints]
+    Teachers(models)  # refuses checkpoints of other vocabularies, as `train --teacher` does
     probabilities = []
     single: dict[str, int] = {}
-    for checkpoint in checkpoints:
-        p = letter_probabilities(from_pretrained(checkpoint).model.eval(), enc)
+    for checkpoint, model in zip(checkpoints, models, strict=True):
+        p = letter_probabilities(model, enc)
         probabilities.append(p)
         single[checkpoint] = sum(letters_right(p, enc))
     averaged = letters_right(torch.stack(probabilities).mean(dim=0), enc)
