@@ -725,3 +725,34 @@ def test_merge_writes_the_weighted_mean_of_one_chains_checkpoints(tmp_path: Path
     with pytest.raises(TrainingError, match="at least two"):
         merge_checkpoints([MergeInput(a, 1.0)], tmp_path / "x")
     assert not (tmp_path / "x").exists()  # a refused merge writes nothing
+
+
+def test_grow_widens_the_mlp_without_changing_what_the_model_computes(tmp_path: Path) -> None:
+    """A grown checkpoint has the wider shape, the same logits, new units that receive gradient,
+    a history that names the growth, and refuses to shrink."""
+    import json
+
+    from dwise_predict.zoo.tiny_bd.grow import grow_checkpoint
+    from dwise_predict.zoo.tiny_bd.io import from_pretrained, save_pretrained
+
+    cfg = tiny_model(0).config
+    src = save_pretrained(tiny_model(0), tmp_path / "src")
+    (src / "training.json").write_text(json.dumps({"command": "train --seed 0", "result": {}}))
+    out, change = grow_checkpoint(src, tmp_path / "grown", d_ff=2 * cfg.d_ff, seed=3)
+    grown = from_pretrained(out).model
+    assert grown.config.d_ff == 2 * cfg.d_ff and change == 0.0
+    ids = torch.randint(3, cfg.vocab_size, (3, 3 * BS))
+    pos = torch.arange(3 * BS).expand_as(ids)
+    with torch.no_grad():
+        torch.testing.assert_close(grown(ids, pos).logits, tiny_model(0)(ids, pos).logits)
+    grown.train()
+    grown(ids, pos).logits.logsumexp(-1).sum().backward()
+    down = grown.layers[0].mlp.down.weight.grad
+    assert down is not None and float(down[:, cfg.d_ff :].abs().sum()) > 0  # new units learn
+    training = json.loads((out / "training.json").read_text())
+    assert training["grow"]["d_ff"] == [cfg.d_ff, 2 * cfg.d_ff]
+    assert training["previous_stage"]["command"] == "train --seed 0"
+    assert "feed-forward width" in (out / "README.md").read_text()
+    with pytest.raises(TrainingError, match="does not grow"):
+        grow_checkpoint(src, tmp_path / "small", d_ff=cfg.d_ff)
+    assert not (tmp_path / "small").exists()

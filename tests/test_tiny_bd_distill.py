@@ -198,3 +198,52 @@ def test_distillation_settings_are_checked_with_the_fix_in_the_message() -> None
         Teachers([tiny_model(0), other])
     with pytest.raises(TrainingError, match="--init-from"):
         Teachers([tiny_model(0)]).check_student(other.config)
+
+
+def test_the_anchor_holds_its_rows_while_the_teachers_pull_theirs() -> None:
+    """Each KL term reads only the rows its categories mark: an anchor identical to the student
+    adds nothing, another anchor adds its KL on the chat rows only, and categories given to both
+    are refused."""
+    student, teacher = tiny_model(3), tiny_model(4, sharpen=4.0)
+    enc = examples(6, seed=2)
+    ds = BatchListDataset(
+        enc,
+        [[0, 1, 2, 3, 4, 5]],
+        BS,
+        0.0,
+        seed=0,
+        distill_categories=["math"],
+        anchor_categories=["chat"],
+    )
+    batch = ds[0]
+    assert batch.anchor_rows is not None and batch.distill_rows is not None
+    assert batch.anchor_rows.tolist() == [e.category == "chat" for e in enc]
+    assert not bool((batch.anchor_rows & batch.distill_rows).any())
+    with torch.no_grad():
+        only_teacher = diffusion_loss(student, batch, teachers=Teachers([teacher]))
+        same_anchor = diffusion_loss(
+            student, batch, teachers=Teachers([teacher]), anchor=Teachers([tiny_model(3)])
+        )
+        other_anchor = diffusion_loss(
+            student,
+            batch,
+            teachers=Teachers([teacher]),
+            anchor=Teachers([teacher]),
+            anchor_weight=3,
+        )
+        chat = batch.anchor_rows
+        batch.distill_rows = torch.zeros_like(chat)
+        batch.anchor_rows = torch.zeros_like(chat)
+        plain = diffusion_loss(student, batch)
+        batch.anchor_rows = chat
+        anchor_alone = diffusion_loss(student, batch, anchor=Teachers([teacher]), anchor_weight=3)
+    assert torch.isclose(same_anchor, only_teacher, atol=1e-5)
+    assert other_anchor > only_teacher + 0.1
+    # the two terms add: (teacher on math) + (anchor on chat) - labels counted once
+    torch.testing.assert_close(other_anchor - only_teacher, anchor_alone - plain)
+    both = TrainConfig(distill_categories=("mcq", "chat"))
+    with pytest.raises(TrainingError, match="one of --distill-categories and --anchor-categories"):
+        check_distillation(both, anchored=True)
+    check_distillation(both)  # without an anchor the default anchor categories do not matter
+    with pytest.raises(TrainingError, match="--anchor-weight"):
+        check_distillation(TrainConfig(anchor_weight=float("nan")))

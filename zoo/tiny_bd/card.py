@@ -36,6 +36,12 @@ def _stage_line(i: int, stage: dict[str, Any], numbered: bool) -> str:
     if "merge" in stage:  # written by merge.py: no training, a weighted mean of checkpoints
         parts = ", ".join(f"{m['revision']} x {m['weight']:g}" for m in stage["merge"])
         return f"- {f'stage {i}: ' if numbered else ''}weighted average of the weights: {parts}"
+    if "grow" in stage:  # written by grow.py: no training, the same function with a wider MLP
+        g = stage["grow"]
+        return (
+            f"- {f'stage {i}: ' if numbered else ''}grown from {g['revision']}: feed-forward "
+            f"width {g['d_ff'][0]} -> {g['d_ff'][1]}, new units add nothing until trained"
+        )
     return (
         f"- {f'stage {i}: ' if numbered else ''}steps: {r.get('steps')}, seconds: "
         f"{r.get('seconds')}, final loss: {r.get('final_loss')}, stopped by the time budget: "

@@ -85,6 +85,10 @@ class TrainConfig:
     distill_temperature: float = 1.0
     #: example categories distilled from the teachers; the others learn from labels alone
     distill_categories: tuple[str, ...] = ("mcq", "math")
+    #: weight of the KL to the anchor checkpoint, used only when an anchor is given
+    anchor_weight: float = 1.0
+    #: example categories held to the anchor: the free text a stage must not lose
+    anchor_categories: tuple[str, ...] = ("chat", "instruction", "code")
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -117,6 +121,8 @@ def diffusion_loss(
     teachers: Teachers | None = None,
     distill_weight: float = 1.0,
     distill_temperature: float = 1.0,
+    anchor: Teachers | None = None,
+    anchor_weight: float = 1.0,
 ) -> torch.Tensor:
     """Cross-entropy on the masked noisy positions (mean, or 1/t-weighted per token).
 
@@ -129,6 +135,9 @@ def diffusion_loss(
     With ``teachers``, the rows ``batch.distill_rows`` marks add ``distill_weight`` x the KL from
     the teachers' distribution (:mod:`.distill`). One student forward serves both terms, and the
     teachers run only on those rows, so batches of free text cost no more than without them.
+    With an ``anchor``, the rows ``batch.anchor_rows`` marks add ``anchor_weight`` x the KL to
+    it the same way: the behaviour the stage must keep (free text) is held to the checkpoint
+    that had it while the teachers pull the other categories toward theirs.
     """
     noisy = batch.targets != -100
     if not bool(noisy.any()):
@@ -148,19 +157,23 @@ def diffusion_loss(
         if weighting == "inv_t":
             per_token = per_token / batch.mask_ratio[noisy].clamp_min(1e-3)
         loss = per_token.sum() / weight.sum()
-    rows = batch.distill_rows
-    if teachers is None or rows is None or not bool(rows.any()):
-        return loss
-    sub = noisy[rows]
-    if not bool(sub.any()):
-        return loss
-    kd = distillation_loss(
-        logits[rows][sub],
-        teachers.log_probs(batch, rows)[sub],
-        position_weights(batch, pad_weight)[rows][sub],
-        distill_temperature,
-    )
-    return loss + distill_weight * kd
+    for frozen, rows, w in (
+        (teachers, batch.distill_rows, distill_weight),
+        (anchor, batch.anchor_rows, anchor_weight),
+    ):
+        if frozen is None or rows is None or not bool(rows.any()):
+            continue
+        sub = noisy[rows]
+        if not bool(sub.any()):
+            continue
+        kd = distillation_loss(
+            logits[rows][sub],
+            frozen.log_probs(batch, rows)[sub],
+            position_weights(batch, pad_weight)[rows][sub],
+            distill_temperature,
+        )
+        loss = loss + w * kd
+    return loss
 
 
 def position_weights(batch: TwoStreamBatch, pad_weight: float) -> torch.Tensor:
@@ -182,6 +195,7 @@ class BatchListDataset(Dataset):
         t_min: float,
         seed: int,
         distill_categories: Sequence[str] = (),
+        anchor_categories: Sequence[str] = (),
     ) -> None:
         self.examples, self.batches, self.block_size, self.t_min = (
             examples,
@@ -191,6 +205,7 @@ class BatchListDataset(Dataset):
         )
         self.seed = seed
         self.distill_categories = frozenset(distill_categories)
+        self.anchor_categories = frozenset(anchor_categories)
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -210,6 +225,10 @@ class BatchListDataset(Dataset):
             batch.distill_rows = torch.tensor(
                 [self.examples[j].category in self.distill_categories for j in idx]
             )
+        if self.anchor_categories:
+            batch.anchor_rows = torch.tensor(
+                [self.examples[j].category in self.anchor_categories for j in idx]
+            )
         return batch
 
 
@@ -224,6 +243,7 @@ class TinyBDDataModule(pl.LightningDataModule):
         t_min: float = 0.0,
         training_set: TrainingSet | None = None,
         distill_categories: Sequence[str] = (),
+        anchor_categories: Sequence[str] = (),
     ) -> None:
         super().__init__()
         self.data_config, self.batch_tokens, self.seed, self.t_min = (
@@ -234,6 +254,7 @@ class TinyBDDataModule(pl.LightningDataModule):
         )
         self.training_set = training_set
         self.distill_categories = tuple(distill_categories)
+        self.anchor_categories = tuple(anchor_categories)
 
     def setup(self, stage: str | None = None) -> None:
         if self.training_set is None:
@@ -261,6 +282,7 @@ class TinyBDDataModule(pl.LightningDataModule):
             self.t_min,
             self.seed,
             self.distill_categories,
+            self.anchor_categories,
         )
         # batches are already shuffled with the seed; epochs repeat the order (noise differs per
         # index only)
@@ -286,11 +308,13 @@ class TinyBDLightning(pl.LightningModule):
         model_config: TinyBDConfig,
         train_config: TrainConfig,
         teachers: Teachers | None = None,
+        anchor: Teachers | None = None,
     ) -> None:
         super().__init__()
         self.model = TinyBDModel(model_config)
         self.train_config = train_config
         self.teachers = teachers  # frozen; moved to the device with the module
+        self.anchor = anchor
 
     def training_step(self, batch: TwoStreamBatch, batch_idx: int) -> torch.Tensor:
         c = self.train_config
@@ -302,6 +326,8 @@ class TinyBDLightning(pl.LightningModule):
             self.teachers,
             c.distill_weight,
             c.distill_temperature,
+            self.anchor,
+            c.anchor_weight,
         )
         n_masked = int((batch.targets != -100).sum())
         self.log("loss", loss.detach(), prog_bar=True, batch_size=n_masked)
@@ -434,13 +460,15 @@ def train(
     init_from: Path | None = None,
     devices: DeviceConfig | None = None,
     teachers: Sequence[Path] = (),
+    anchor: Path | None = None,
 ) -> tuple[TinyBDModel, TrainResult]:
     """Train and return the model (eval mode) and a summary.
 
     ``init_from`` (a checkpoint folder) continues training from its weights -- a second stage
     with a fresh schedule; its shape then replaces ``model_config``. ``devices`` says where
     (default: one CPU process). ``teachers`` (checkpoint folders) are distilled on the
-    ``train_config.distill_categories`` examples (:mod:`.distill`).
+    ``train_config.distill_categories`` examples (:mod:`.distill`); ``anchor`` (a checkpoint
+    folder) holds the ``train_config.anchor_categories`` examples to its distribution.
     """
     torch.set_num_threads(train_config.threads)
     pl.seed_everything(train_config.seed, workers=True)
@@ -450,9 +478,11 @@ def train(
         start = from_pretrained(init_from)
         model_config = start.config
     frozen = Teachers.from_checkpoints(teachers) if teachers else None
-    if frozen is not None:
-        frozen.check_student(model_config)
-    module = TinyBDLightning(model_config, train_config, frozen)
+    held = Teachers.from_checkpoints([anchor]) if anchor is not None else None
+    for f in (frozen, held):
+        if f is not None:
+            f.check_student(model_config)
+    module = TinyBDLightning(model_config, train_config, frozen, held)
     if init_from is not None:
         module.model.load_state_dict(start.model.state_dict())
     dm = TinyBDDataModule(
@@ -462,6 +492,7 @@ def train(
         train_config.t_min,
         training_set,
         train_config.distill_categories if frozen is not None else (),
+        train_config.anchor_categories if held is not None else (),
     )
     cb = TimeBoxAndLog(train_config.minutes, log_csv, train_config.log_every, snapshot_dir)
     trainer = make_trainer(train_config, devices, [cb])
@@ -519,7 +550,7 @@ def parse_mcq_kinds(text: str) -> dict[str, float]:
     return check_mcq_kind_weights(parse_weights(text, "--mcq-kinds", "largest=0.3,sum=0.1"))
 
 
-def parse_distill_categories(text: str) -> tuple[str, ...]:
+def parse_distill_categories(text: str, flag: str = "--distill-categories") -> tuple[str, ...]:
     """``"mcq,math"`` -> the example categories to distil, checked against the known ones."""
     from dwise_predict.tracing.workload import KNOWN_CATEGORIES
 
@@ -527,14 +558,14 @@ def parse_distill_categories(text: str) -> tuple[str, ...]:
     unknown = sorted(set(names) - set(KNOWN_CATEGORIES))
     if not names or unknown:
         raise TrainingError(
-            f"--distill-categories {text!r}: unknown or missing categories {unknown}; "
+            f"{flag} {text!r}: unknown or missing categories {unknown}; "
             f"give a comma-separated list of {', '.join(KNOWN_CATEGORIES)}"
         )
     return names
 
 
-def check_distillation(c: TrainConfig) -> None:
-    """Refuse distillation settings that would silently do nothing or diverge."""
+def check_distillation(c: TrainConfig, anchored: bool = False) -> None:
+    """Refuse distillation settings that would silently do nothing, diverge or contradict."""
     if not (c.distill_weight >= 0 and math.isfinite(c.distill_weight)):
         raise TrainingError(
             f"--distill-weight must be a finite number >= 0, got {c.distill_weight}"
@@ -542,6 +573,14 @@ def check_distillation(c: TrainConfig) -> None:
     if not (c.distill_temperature > 0 and math.isfinite(c.distill_temperature)):
         raise TrainingError(
             f"--distill-temperature must be a finite number > 0, got {c.distill_temperature}"
+        )
+    if not (c.anchor_weight >= 0 and math.isfinite(c.anchor_weight)):
+        raise TrainingError(f"--anchor-weight must be a finite number >= 0, got {c.anchor_weight}")
+    both = sorted(set(c.distill_categories) & set(c.anchor_categories))
+    if anchored and both:
+        raise TrainingError(
+            f"categories {both} are both distilled from the teachers and held to the anchor; "
+            "give each category to one of --distill-categories and --anchor-categories"
         )
 
 
@@ -665,6 +704,26 @@ def build_parser() -> argparse.ArgumentParser:
         default=",".join(TrainConfig.distill_categories),
         help="example categories distilled from the teachers (default: %(default)s)",
     )
+    ap.add_argument(
+        "--anchor",
+        type=Path,
+        default=None,
+        metavar="CHECKPOINT",
+        help="hold the --anchor-categories examples to this checkpoint's distribution (a KL "
+        "term next to their labels), so a stage that pulls other categories toward --teacher "
+        "keeps what the anchor does there (e.g. the shipped model's free text)",
+    )
+    ap.add_argument(
+        "--anchor-weight",
+        type=float,
+        default=TrainConfig.anchor_weight,
+        help="weight of the KL to the anchor next to the label loss",
+    )
+    ap.add_argument(
+        "--anchor-categories",
+        default=",".join(TrainConfig.anchor_categories),
+        help="example categories held to the anchor (default: %(default)s)",
+    )
     add_device_arguments(ap)
     return ap
 
@@ -688,8 +747,10 @@ def main(argv: list[str] | None = None) -> int:
         distill_weight=args.distill_weight,
         distill_temperature=args.distill_temperature,
         distill_categories=parse_distill_categories(args.distill_categories),
+        anchor_weight=args.anchor_weight,
+        anchor_categories=parse_distill_categories(args.anchor_categories, "--anchor-categories"),
     )
-    check_distillation(train_config)
+    check_distillation(train_config, anchored=args.anchor is not None)
     data_kw: dict[str, Any] = {}
     if args.mix:
         data_kw["mix"] = parse_mix(args.mix)
@@ -717,6 +778,7 @@ def main(argv: list[str] | None = None) -> int:
         init_from=args.init_from,
         devices=DeviceConfig.from_args(args),
         teachers=args.teacher,
+        anchor=args.anchor,
     )
     if not is_global_zero():
         return 0  # rank 0 writes the checkpoint
@@ -738,6 +800,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": command,
         "previous_stage": previous,
         "teachers": [str(t) for t in args.teacher],
+        "anchor": str(args.anchor) if args.anchor is not None else None,
         "train_config": asdict(train_config),
         "data_config": asdict(data_config),
         "result": {k: v for k, v in asdict(result).items() if k != "loss_curve"},

@@ -57,6 +57,8 @@ class TwoStreamBatch:
     eos_padding: torch.Tensor | None = None
     #: [B] bool: rows whose examples are distilled from teacher checkpoints (:mod:`.distill`)
     distill_rows: torch.Tensor | None = None
+    #: [B] bool: rows whose examples are held to the anchor checkpoint (:mod:`.distill`)
+    anchor_rows: torch.Tensor | None = None
 
 
 def layout(
