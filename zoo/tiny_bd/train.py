@@ -143,6 +143,7 @@ def diffusion_loss(
     if not bool(noisy.any()):
         return torch.zeros((), requires_grad=True)
     logits = model(batch.input_ids, batch.position_ids, batch.attn_mask).logits
+    slot_weights = position_weights(batch, pad_weight)  # shared by the label and KL terms
     ce = F.cross_entropy(logits[noisy].float(), batch.targets[noisy], reduction="none")
     if (
         pad_weight == 1.0 or batch.eos_padding is None
@@ -152,7 +153,7 @@ def diffusion_loss(
         else:
             loss = ce.mean()
     else:
-        weight = position_weights(batch, pad_weight)[noisy]
+        weight = slot_weights[noisy]
         per_token = ce * weight
         if weighting == "inv_t":
             per_token = per_token / batch.mask_ratio[noisy].clamp_min(1e-3)
@@ -169,7 +170,7 @@ def diffusion_loss(
         kd = distillation_loss(
             logits[rows][sub],
             frozen.log_probs(batch, rows)[sub],
-            position_weights(batch, pad_weight)[rows][sub],
+            slot_weights[rows][sub],
             distill_temperature,
         )
         loss = loss + w * kd
