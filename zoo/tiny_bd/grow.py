@@ -19,15 +19,12 @@ records the growth, so the model card lists it as a stage.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from dwise_predict.atomic import write_json
 from dwise_predict.errors import TrainingError
 
 from .model import TinyBDModel
@@ -60,8 +57,7 @@ def grow_checkpoint(
     source: Path, out: Path, d_ff: int, seed: int = 0, command: str = ""
 ) -> tuple[Path, float]:
     """Write ``source`` widened to ``d_ff``; returns the folder and the largest logit change."""
-    from .card import model_card
-    from .io import from_pretrained, save_pretrained
+    from .io import from_pretrained, save_derived
 
     tb = from_pretrained(source)
     old = tb.config
@@ -80,22 +76,14 @@ def grow_checkpoint(
         change = (model(ids, pos).logits - tb.model(ids, pos).logits).abs().max().item()
     if change > 1e-4:  # a growth that changes the function is a bug, never a checkpoint
         raise TrainingError(f"growing {source} changed its logits by {change:.2e}")
-    history = source / "training.json"
-    previous = json.loads(history.read_text()) if history.exists() else None
-    training: dict[str, Any] = {
-        "command": command,
-        "grow": {
-            "source": str(source),
-            "revision": tb.revision,
-            "d_ff": [old.d_ff, d_ff],
-            "seed": seed,
-            "max_logit_change": change,
-        },
-        "previous_stage": previous,
-        "result": {"counts": (previous or {}).get("result", {}).get("counts", {})},
+    record = {
+        "source": str(source),
+        "revision": tb.revision,
+        "d_ff": [old.d_ff, d_ff],
+        "seed": seed,
+        "max_logit_change": change,
     }
-    save_pretrained(model, out, card=model_card(config, training))
-    write_json(out / "training.json", training, sort_keys=False, default=str)
+    save_derived(model, out, source, command, "grow", record)
     return out, change
 
 

@@ -76,6 +76,29 @@ def save_pretrained(
     return out
 
 
+def save_derived(
+    model: TinyBDModel, out: str | Path, parent: Path, command: str, kind: str, record: Any
+) -> Path:
+    """Write a checkpoint made from others without training (a merge, a growth).
+
+    Its ``training.json`` nests ``parent``'s history under ``previous_stage``, as a continued
+    stage does, and records how it was made under ``kind``, so the card lists it as a stage.
+    """
+    from .card import model_card
+
+    history = parent / "training.json"
+    previous = json.loads(history.read_text()) if history.exists() else None
+    training: dict[str, Any] = {
+        "command": command,
+        kind: record,
+        "previous_stage": previous,
+        "result": {"counts": (previous or {}).get("result", {}).get("counts", {})},
+    }
+    path = save_pretrained(model, out, card=model_card(model.config, training))
+    write_json(path / "training.json", training, sort_keys=False, default=str)
+    return path
+
+
 def from_pretrained(
     name_or_path: str | Path = NAME, *, dtype: torch.dtype = torch.float32
 ) -> TinyBD:

@@ -18,17 +18,14 @@ weight, so the model card shows the merge as a stage of its own.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from dwise_predict.atomic import write_json
 from dwise_predict.errors import TrainingError
 
 
@@ -70,8 +67,7 @@ def merge_state(
 
 def merge_checkpoints(inputs: Sequence[MergeInput], out: Path, command: str = "") -> Path:
     """Write the weighted average of ``inputs`` to ``out`` as a checkpoint folder with a card."""
-    from .card import model_card
-    from .io import from_pretrained, save_pretrained
+    from .io import from_pretrained, save_derived
     from .model import TinyBDModel
 
     if len(inputs) < 2:
@@ -95,19 +91,11 @@ def merge_checkpoints(inputs: Sequence[MergeInput], out: Path, command: str = ""
     model = TinyBDModel(config)
     model.load_state_dict(state)
     base = max(range(len(inputs)), key=lambda j: weights[j])
-    history = inputs[base].path / "training.json"
-    previous = json.loads(history.read_text()) if history.exists() else None
-    training: dict[str, Any] = {
-        "command": command,
-        "merge": [
-            {"path": str(i.path), "revision": tb.revision, "weight": round(w, 6)}
-            for i, tb, w in zip(inputs, loaded, weights, strict=True)
-        ],
-        "previous_stage": previous,
-        "result": {"counts": (previous or {}).get("result", {}).get("counts", {})},
-    }
-    save_pretrained(model, out, card=model_card(config, training))
-    write_json(out / "training.json", training, sort_keys=False, default=str)
+    record = [
+        {"path": str(i.path), "revision": tb.revision, "weight": round(w, 6)}
+        for i, tb, w in zip(inputs, loaded, weights, strict=True)
+    ]
+    save_derived(model, out, inputs[base].path, command, "merge", record)
     return out
 
 
