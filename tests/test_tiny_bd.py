@@ -518,6 +518,41 @@ def test_math_skills_run_on_the_shipped_model_over_the_reports_problems():
     assert out["no_parseable_step"] <= out["problems"]
 
 
+def test_math_chain_separates_facts_from_steps_that_do_not_chain():
+    from dwise_predict.zoo.tiny_bd.probe import MATH_CHAIN, score_math_chain
+
+    ref = "5 + 3 = 8. 8 + 6 = 14. The answer is 14."
+    assert score_math_chain(ref, ref, 14) == dict.fromkeys(MATH_CHAIN, True)
+    # what tiny-bd decodes when it commits a result digit before the operand it depends on:
+    # the steps neither compute nor chain, and the answer copies the last one
+    out = "5 + 4 = 12. 11 + 6 = 10. The answer is 10."
+    assert score_math_chain(ref, out, 14) == dict.fromkeys(MATH_CHAIN, False)
+    # every step right on what it copied and chained: only the copy of an operand is wrong
+    copied = score_math_chain(ref, "5 + 4 = 9. 9 + 6 = 15. The answer is 15.", 14)
+    assert copied == {
+        "exact": False,
+        "first_step": False,
+        "own_arithmetic_every_step": True,
+        "steps_chained": True,
+    }
+    assert score_math_chain(ref, "no steps", 14) == dict.fromkeys(MATH_CHAIN, False)
+
+
+def test_math_chain_runs_on_the_shipped_model():
+    from dwise_predict.zoo.tiny_bd.probe import MATH_CHAIN, math_chain
+
+    out = math_chain("tiny-bd", per_ops=4)
+    again = math_chain("tiny-bd", per_ops=4)
+    assert out == again  # fresh problems, but drawn from a fixed seed
+    assert set(out["share_right_by_ops"]) == {"1", "2", "3"}
+    for shares in out["share_right_by_ops"].values():
+        assert set(shares) == set(MATH_CHAIN)
+        assert all(0.0 <= v <= 1.0 for v in shares.values())
+    # a one-step answer is chained by definition; the shipped model gets most one-digit facts
+    assert out["share_right_by_ops"]["1"]["steps_chained"] == 1.0
+    assert out["share_right_by_ops"]["1"]["exact"] >= 0.5
+
+
 # ---------------------------------------------------------------- free text and long contexts
 
 

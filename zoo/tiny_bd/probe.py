@@ -27,6 +27,11 @@ picks the operator, copies the second operand, and computes its own operands rig
 which skill a run is still missing long before exact match moves. It diagnoses the report's
 figures, so it alone reads the report's requests.
 
+``--math-chain N`` asks whether a model that knows its arithmetic facts can chain them (a
+minute for N = 100): on N fresh one-digit problems each of one, two and three operations, exact
+match, the first worked step, every step's arithmetic on its own operands, and whether each step
+starts from the result of the step before.
+
 ``--validate DIR`` chooses between finished checkpoints (five minutes each on two cores): it
 traces about 1,400 validation requests exactly as the report traces its 1,000 and scores what the
 report's goals name -- mcq and math exact match, and for chat and instruction the median tokens
@@ -52,6 +57,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import re
 import sys
 from collections import defaultdict
@@ -252,6 +258,58 @@ def score_math_steps(reference: str, output: str) -> dict[str, bool] | None:
     }
 
 
+#: what ``--math-chain`` scores on each decoded answer: the answer, the first worked step, and
+#: whether the steps hold together (each step's arithmetic on its own operands; each step starting
+#: from the result of the one before)
+MATH_CHAIN = ("exact", "first_step", "own_arithmetic_every_step", "steps_chained")
+
+
+def score_math_chain(reference: str, output: str, answer: Any) -> dict[str, bool]:
+    """Which parts of a multi-step answer ``output`` gets right: a wrong answer with every step
+    right on its own operands and every step chained is a copying error; steps that do not chain
+    (``5 + 4 = 12. 11 + 6 = 10.``) are an answer decoded out of order, not a missing fact."""
+    from .report import math_correct
+
+    ref, got = _STEP.findall(reference), _STEP.findall(output)
+    return {
+        "exact": math_correct(output, answer),
+        "first_step": bool(got) and bool(ref) and got[0] == ref[0],
+        "own_arithmetic_every_step": bool(got)
+        and all(_OPS[op](int(a), int(b)) == int(c) for a, op, b, c in got),
+        "steps_chained": bool(got) and all(got[i][0] == got[i - 1][3] for i in range(1, len(got))),
+    }
+
+
+def math_chain(
+    checkpoint: str, per_ops: int = 100, threshold: float = 0.95, seed: int = 0
+) -> dict[str, Any]:
+    """The :data:`MATH_CHAIN` shares on fresh one-digit problems of 1, 2 and 3 operations,
+    ``per_ops`` of each, decoded with up to 128 new tokens.
+
+    One-digit operands isolate chaining from arithmetic facts: a model that knows the facts
+    scores high with one operation, and what it loses with two and three is the chain. The
+    problems are drawn here, not from the eval split (the report's one-digit problems are ~60)."""
+    from dwise_predict.tracing.workload.generators import make_math
+
+    tb = from_pretrained(checkpoint)
+    by_ops: dict[str, dict[str, float]] = {}
+    for ops in (1, 2, 3):
+        rng = random.Random(f"tiny-bd-probe:math-chain:{seed}:{ops}")
+        counts = dict.fromkeys(MATH_CHAIN, 0)
+        for _ in range(per_ops):
+            r = make_math(rng, digits=1, ops=ops)
+            out = _decode(tb, r.prompt, threshold, 128)
+            for k, ok in score_math_chain(r.reference or "", out, r.meta["answer"]).items():
+                counts[k] += ok
+        by_ops[str(ops)] = {k: round(v / max(1, per_ops), 3) for k, v in counts.items()}
+    return {
+        "checkpoint": checkpoint,
+        "revision": tb.revision,
+        "problems_per_ops": per_ops,
+        "share_right_by_ops": by_ops,
+    }
+
+
 def math_skills(
     checkpoint: str, n_requests: int = 1000, max_digits: int = 2, threshold: float = 0.95
 ) -> dict[str, Any]:
@@ -410,6 +468,14 @@ def main(argv: list[str] | None = None) -> int:
         help="also break arithmetic into sub-skills on the report's 1-2 digit problems (2 min)",
     )
     ap.add_argument(
+        "--math-chain",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also decode N fresh one-digit problems each of 1, 2 and 3 operations: exact match, "
+        "first step, arithmetic on its own operands, steps chained (a minute for N = 100)",
+    )
+    ap.add_argument(
         "--free-text",
         type=int,
         default=0,
@@ -460,6 +526,8 @@ def main(argv: list[str] | None = None) -> int:
         out["free_text"] = free_text(args.checkpoint, args.free_text)
     if args.math_skills:
         out["math_skills"] = math_skills(args.checkpoint)
+    if args.math_chain:
+        out["math_chain"] = math_chain(args.checkpoint, args.math_chain)
     print(json.dumps(out, indent=2))
     return 0
 
