@@ -508,6 +508,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.math_chain < 0:
+        ap.error(f"--math-chain takes problems per operation count (>= 0), got {args.math_chain}")
     if args.against is not None and args.validate is None:
         ap.error("--against compares two --validate runs; give --validate DIR too")
     if args.ensemble and args.validate is not None:
