@@ -226,6 +226,13 @@ _OPS = {
     "/": lambda a, b: a // b if b else None,
 }
 
+
+def _computes(step: tuple[str, str, str, str]) -> bool:
+    """Whether one parsed step ``a op b = c`` is right on its own operands."""
+    a, op, b, c = step
+    return _OPS[op](int(a), int(b)) == int(c)
+
+
 #: the sub-skills of a worked arithmetic answer, in the order a reference answer uses them
 MATH_SKILLS = (
     "first_operand",
@@ -247,12 +254,12 @@ def score_math_steps(reference: str, output: str) -> dict[str, bool] | None:
         return None
     from .report import answer_number
 
-    (ra, rop, rb, _), (a, op, b, c) = ref[0], got[0]
+    (ra, rop, rb, _), (a, op, b, _) = ref[0], got[0]
     return {
         "first_operand": a == ra,
         "operator": op == rop,
         "second_operand": b == rb,
-        "own_arithmetic": _OPS[op](int(a), int(b)) == int(c),
+        "own_arithmetic": _computes(got[0]),
         "step_count": len(got) == len(ref),
         "answer_copies_last_step": answer_number(output) == got[-1][3],
     }
@@ -274,8 +281,7 @@ def score_math_chain(reference: str, output: str, answer: Any) -> dict[str, bool
     return {
         "exact": math_correct(output, answer),
         "first_step": bool(got) and bool(ref) and got[0] == ref[0],
-        "own_arithmetic_every_step": bool(got)
-        and all(_OPS[op](int(a), int(b)) == int(c) for a, op, b, c in got),
+        "own_arithmetic_every_step": bool(got) and all(map(_computes, got)),
         "steps_chained": bool(got) and all(got[i][0] == got[i - 1][3] for i in range(1, len(got))),
     }
 
