@@ -551,6 +551,21 @@ def test_math_chain_runs_on_the_shipped_model():
     # a one-step answer is chained by definition; the shipped model gets most one-digit facts
     assert out["share_right_by_ops"]["1"]["steps_chained"] == 1.0
     assert out["share_right_by_ops"]["1"]["exact"] >= 0.5
+    # the step breakdown: counts are consistent, and the shipped model gets most of the steps of
+    # one-operation problems (one-digit facts) right on their own operands
+    steps = out["step_arithmetic_by_ops"]
+    assert set(steps) == {"1", "2", "3"}
+    one_op = list(steps["1"].values())
+    assert sum(c["steps"] for c in one_op) >= 4
+    assert all(0 <= c["right"] <= c["steps"] for s in steps.values() for c in s.values())
+    assert sum(c["right"] for c in one_op) >= 0.5 * sum(c["steps"] for c in one_op)
+
+
+def test_step_kind_names_operand_digits_and_operator():
+    from dwise_predict.zoo.tiny_bd.probe import _STEP, step_kind
+
+    steps = _STEP.findall("8 + 6 = 14. 14 - 5 = 9. 9 * 7 = 63. 63 / 9 = 7.")
+    assert [step_kind(s) for s in steps] == ["1-digit +", "2-digit -", "1-digit *", "2-digit /"]
 
 
 # ---------------------------------------------------------------- free text and long contexts

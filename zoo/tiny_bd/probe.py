@@ -286,33 +286,50 @@ def score_math_chain(reference: str, output: str, answer: Any) -> dict[str, bool
     }
 
 
+def step_kind(step: tuple[str, str, str, str]) -> str:
+    """A decoded step's kind for the arithmetic breakdown: its first operand's digits and its
+    operator, e.g. ``"2-digit +"`` for ``14 + 6 = 20.``."""
+    a, op, _, _ = step
+    return f"{len(a)}-digit {op}"
+
+
 def math_chain(
     checkpoint: str, per_ops: int = 100, threshold: float = 0.95, seed: int = 0
 ) -> dict[str, Any]:
     """The :data:`MATH_CHAIN` shares on fresh one-digit problems of 1, 2 and 3 operations,
-    ``per_ops`` of each, decoded with up to 128 new tokens.
+    ``per_ops`` of each, decoded with up to 128 new tokens, and every decoded step's arithmetic
+    on its own operands by :func:`step_kind`.
 
-    One-digit operands isolate chaining from arithmetic facts: a model that knows the facts
-    scores high with one operation, and what it loses with two and three is the chain. The
-    problems are drawn here, not from the eval split (the report's one-digit problems are ~60)."""
+    With one operation every step is a one-digit fact, so that exact match measures the facts.
+    With two and three, a later step starts from the previous result, which can have two digits
+    (``8 + 6 = 14. 14 - 5 = 9.``): the breakdown tells a one-digit fact missed in a longer prompt
+    from a two-digit fact the model never learned. The problems are drawn here, not from the eval
+    split (the report's one-digit problems are ~60)."""
     from dwise_predict.tracing.workload.generators import make_math
 
     tb = from_pretrained(checkpoint)
     by_ops: dict[str, dict[str, float]] = {}
+    steps_by_ops: dict[str, dict[str, dict[str, int]]] = {}
     for ops in (1, 2, 3):
         rng = random.Random(f"tiny-bd-probe:math-chain:{seed}:{ops}")
         counts = dict.fromkeys(MATH_CHAIN, 0)
+        steps: dict[str, dict[str, int]] = defaultdict(lambda: {"right": 0, "steps": 0})
         for _ in range(per_ops):
             r = make_math(rng, digits=1, ops=ops)
             out = _decode(tb, r.prompt, threshold, 128)
             for k, ok in score_math_chain(r.reference or "", out, r.meta["answer"]).items():
                 counts[k] += ok
+            for step in _STEP.findall(out):
+                steps[step_kind(step)]["right"] += _computes(step)
+                steps[step_kind(step)]["steps"] += 1
         by_ops[str(ops)] = {k: round(v / max(1, per_ops), 3) for k, v in counts.items()}
+        steps_by_ops[str(ops)] = dict(sorted(steps.items()))
     return {
         "checkpoint": checkpoint,
         "revision": tb.revision,
         "problems_per_ops": per_ops,
         "share_right_by_ops": by_ops,
+        "step_arithmetic_by_ops": steps_by_ops,
     }
 
 
@@ -479,7 +496,8 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         metavar="N",
         help="also decode N fresh one-digit problems each of 1, 2 and 3 operations: exact match, "
-        "first step, arithmetic on its own operands, steps chained (a minute for N = 100)",
+        "first step, arithmetic on its own operands, steps chained, and each decoded step's "
+        "arithmetic by operand digits and operator (a minute for N = 100)",
     )
     ap.add_argument(
         "--free-text",
