@@ -360,6 +360,10 @@ def test_probe_reports_letter_accuracy_per_kind_and_easy_math_on_eval_requests()
     assert len(kinds) >= 3 and all(0.0 <= v <= 1.0 for v in kinds.values())
     assert 0.2 <= out["mcq_chance"] <= 0.25  # 4 or 5 options
     assert 0.0 <= out["mcq_letter_accuracy"] <= 1.0 and 0.0 <= out["easy_math_exact_match"] <= 1.0
+    # asked for nothing (--mcq 0 --math 0, as when only --math-chain is wanted): no figure, not 0.0
+    none = probe("tiny-bd", n_mcq=0, n_math=0)
+    assert none["mcq_letter_accuracy"] is None and none["easy_math_exact_match"] is None
+    assert none["mcq_chance"] is None and none["mcq_n"] == 0 and none["easy_math_n"] == 0
 
 
 def test_ensemble_of_one_checkpoint_with_itself_scores_as_the_checkpoint_does() -> None:

@@ -140,11 +140,12 @@ def probe(
     return {
         "checkpoint": checkpoint,
         "revision": tb.revision,
-        "mcq_letter_accuracy": round(overall, 3),
-        "mcq_chance": round(sum(chance) / max(1, len(chance)), 3),
+        # None, not 0.0, when asked for none (--mcq 0 --math 0): no measurement is not a zero
+        "mcq_letter_accuracy": round(overall, 3) if mcq else None,
+        "mcq_chance": round(sum(chance) / len(chance), 3) if chance else None,
         "mcq_letter_accuracy_by_kind": letters,
         "mcq_n": len(mcq),
-        "easy_math_exact_match": round(right / max(1, len(easy)), 3),
+        "easy_math_exact_match": round(right / len(easy), 3) if easy else None,
         "easy_math_n": len(easy),
     }
 
