@@ -41,6 +41,7 @@ from dwise_predict.zoo.tiny_bd.train import (
     diffusion_loss,
     lr_factor,
     parse_free_text_categories,
+    parse_math_ops,
     parse_mcq_kinds,
     parse_mix,
 )
@@ -264,6 +265,24 @@ def test_mcq_kind_weights_steer_the_generated_kinds() -> None:
         parse_mcq_kinds("biggest=1")
     with pytest.raises(TrainingError, match="positive sum"):
         parse_mcq_kinds("largest=0")
+
+
+def test_math_op_weights_drill_one_operation_and_leave_the_default_draws_alone() -> None:
+    weights = parse_math_ops("add=1, sub=1, mul=6, div=0")
+    assert weights == {"add": 1.0, "sub": 1.0, "mul": 6.0, "div": 0.0}
+    drilled = generated_examples("math", 300, seed=4, exclude=set(), math_op_weights=weights)
+    ops = Counter(op for e in drilled for op in re.findall(r"\d ([-+*/]) \d", e.response))
+    assert ops["/"] == 0 and ops["*"] > 2.5 * (ops["+"] + ops["-"])
+    # unweighted, the generator draws exactly as before the knob existed (trained stages and the
+    # eval split keep their problems), and as an explicit None does
+    default = generated_examples("math", 50, seed=4, exclude=set())
+    assert default == generated_examples("math", 50, seed=4, exclude=set(), math_op_weights=None)
+    default_ops = Counter(op for e in default for op in re.findall(r"\d ([-+*/]) \d", e.response))
+    assert default_ops["+"] + default_ops["-"] > default_ops["*"]
+    with pytest.raises(TrainingError, match="unknown math operations"):
+        parse_math_ops("pow=1")
+    with pytest.raises(TrainingError, match="positive sum"):
+        parse_math_ops("mul=0")
 
 
 def test_token_budget_batches_respect_the_budget_and_cover_everything() -> None:

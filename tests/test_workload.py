@@ -138,6 +138,20 @@ def test_bad_sizes_categories_and_knobs_raise_config_errors(pools):
         build_workload(10, 10, long_context_chars=(9000, 100), pools=pools)
     with pytest.raises(ConfigError, match="digits"):
         make_math(random.Random(0), digits=9)
+    with pytest.raises(ConfigError, match="op_weights must weight add, sub, mul, div"):
+        make_math(random.Random(0), op_weights={"pow": 1.0})
+
+
+def test_math_op_weights_choose_the_step_operations():
+    only_mul = [
+        make_math(random.Random(i), digits=1, ops=3, op_weights={"mul": 1}) for i in range(20)
+    ]
+    assert all(r.meta["op_kinds"] == ["mul"] * 3 for r in only_mul)
+    assert all(r.reference.count(" * ") == 3 for r in only_mul)
+    # the default keeps the eval split's random stream: the same problems as before the knob
+    assert make_math(random.Random(3), digits=2, ops=2) == make_math(
+        random.Random(3), digits=2, ops=2, op_weights=None
+    )
 
 
 # ---------------------------------------------------------------- reproducibility via the CLI

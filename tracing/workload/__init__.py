@@ -15,6 +15,7 @@ from .builder import (
 from .generators import (
     DEFAULT_LONG_CONTEXT_CHARS,
     GENERATORS,
+    MATH_OPS,
     MCQ_KINDS,
     SYNTHETIC_TASKS,
     generate,
@@ -49,6 +50,7 @@ __all__ = [
     "EVAL_FILE",
     "GENERATORS",
     "KNOWN_CATEGORIES",
+    "MATH_OPS",
     "MCQ_KINDS",
     "SOURCES",
     "SUMMARY_FILE",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import random
 import string
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from dwise_predict.errors import ConfigError, WorkloadError
@@ -355,14 +355,31 @@ def _borrows(a: int, b: int) -> int:
 # ---------------------------------------------------------------- math
 
 
+#: the operations of a math step; an eval problem draws add and sub twice as often as mul and div
+MATH_OPS = ("add", "sub", "mul", "div")
+
+
 def make_math(
-    rng: random.Random, digits: int | None = None, ops: int | None = None
+    rng: random.Random,
+    digits: int | None = None,
+    ops: int | None = None,
+    op_weights: Mapping[str, float] | None = None,
 ) -> WorkloadRecord:
     """An arithmetic word problem: a start amount, then ``ops`` steps (add, subtract, multiply,
     share equally), asking for the final amount. Operands have ``digits`` digits (1-5); multiply and
-    share use a one-digit factor. The reference works each step and ends "The answer is N."."""
+    share use a one-digit factor. The reference works each step and ends "The answer is N.".
+
+    ``op_weights`` (relative weights over :data:`MATH_OPS`) lets a training set drill one
+    operation; ``None`` keeps the eval split's draws (and its random stream) unchanged."""
     _check_range("digits", digits, 1, 5)
     _check_range("ops", ops, 1, 3)
+    if op_weights is not None:
+        unknown = sorted(set(op_weights) - set(MATH_OPS))
+        if unknown or any(not w >= 0 for w in op_weights.values()) or not sum(op_weights.values()):
+            raise ConfigError(
+                f"op_weights must weight {', '.join(MATH_OPS)} (>= 0, positive sum), "
+                f"got {dict(op_weights)}"
+            )
     digits = digits if digits is not None else rng.randint(1, 5)
     ops = ops if ops is not None else rng.randint(1, 3)
     name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
@@ -372,7 +389,10 @@ def make_math(
     kinds: list[str] = []
     carries = 0
     for _ in range(ops):
-        kind = rng.choice(("add", "add", "sub", "sub", "mul", "div"))
+        if op_weights is None:
+            kind = rng.choice(("add", "add", "sub", "sub", "mul", "div"))
+        else:
+            kind = rng.choices(MATH_OPS, [op_weights.get(k, 0.0) for k in MATH_OPS])[0]
         if kind == "sub" and value < 2:
             kind = "add"
         if kind == "div":

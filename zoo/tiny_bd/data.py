@@ -111,6 +111,10 @@ class DataConfig:
     #: split does. Weighting the kinds that are mid-way through learning gives them the
     #: examples they need within a short stage.
     mcq_kind_weights: dict[str, float] | None = None
+    #: math step operations (relative weights over add, sub, mul, div); ``None`` draws them as the
+    #: eval split does (add and sub twice as often). Drilling an operation the model has seen too
+    #: rarely to learn (multiplication, a sixth of the steps) gives it the examples it needs.
+    math_op_weights: dict[str, float] | None = None
     #: the workload whose train split is used and whose eval split is excluded
     workload_train_size: int = 2048
     workload_eval_size: int = 4096
@@ -236,6 +240,13 @@ def check_mcq_kind_weights(weights: Mapping[str, float]) -> dict[str, float]:
     return check_named_weights(weights, MCQ_KINDS, "mcq kinds")
 
 
+def check_math_op_weights(weights: Mapping[str, float]) -> dict[str, float]:
+    """Math step operation weights over the workload's operations, checked."""
+    from dwise_predict.tracing.workload import MATH_OPS
+
+    return check_named_weights(weights, MATH_OPS, "math operations")
+
+
 def _fixed_knobs(**knobs: Any) -> Callable[[random.Random], dict[str, Any]]:
     return lambda r: dict(knobs)
 
@@ -246,20 +257,26 @@ def _knob_samplers(
     long_share: float = 0.0,
     long_chars: tuple[int, int] = (4000, 12000),
     mcq_kind_weights: Mapping[str, float] | None = None,
+    math_op_weights: Mapping[str, float] | None = None,
 ) -> dict[str, list[tuple[float, Callable[[random.Random], dict[str, Any]]]]]:
     """Per task family: (weight, knob sampler). Easy problems are over-weighted so the model
     learns content there, while hard ones keep the within-category difficulty range."""
     if mcq_kind_weights is not None:
         mcq_kind_weights = check_mcq_kind_weights(mcq_kind_weights)
+    # no op_weights knob at all when unweighted: the stages trained before keep their draws
+    ops = {} if math_op_weights is None else {"op_weights": check_math_op_weights(math_op_weights)}
     if len(math_weights) != 3 or min(math_weights) < 0 or sum(math_weights) <= 0:
         raise TrainingError(
             f"math_weights must be 3 non-negative weights (easy, medium, any), got {math_weights}"
         )
     return {
         "math": [
-            (math_weights[0], lambda r: {"digits": r.choice((1, 1, 2)), "ops": 1}),
-            (math_weights[1], lambda r: {"digits": r.choice((1, 2)), "ops": r.randint(1, 3)}),
-            (math_weights[2], lambda r: {}),
+            (math_weights[0], lambda r: {"digits": r.choice((1, 1, 2)), "ops": 1, **ops}),
+            (
+                math_weights[1],
+                lambda r: {"digits": r.choice((1, 2)), "ops": r.randint(1, 3), **ops},
+            ),
+            (math_weights[2], lambda r: dict(ops)),
         ],
         # uniform kinds keep the draws of the stages trained before kinds could be weighted
         "mcq": [(1.0, lambda r: {})]
@@ -286,6 +303,7 @@ def generated_examples(
     long_share: float = 0.0,
     long_chars: tuple[int, int] = (4000, 12000),
     mcq_kind_weights: Mapping[str, float] | None = None,
+    math_op_weights: Mapping[str, float] | None = None,
 ) -> list[TrainingExample]:
     """``n`` fresh examples of one task family, prompts distinct and not in ``exclude``.
 
@@ -296,7 +314,7 @@ def generated_examples(
 
     make = GENERATORS[family]
     samplers = _knob_samplers(
-        long_context_chars, math_weights, long_share, long_chars, mcq_kind_weights
+        long_context_chars, math_weights, long_share, long_chars, mcq_kind_weights, math_op_weights
     )[family]
     weights = [w for w, _ in samplers]
     rng = random.Random(f"tiny-bd-train:{seed}:{family}")
@@ -383,6 +401,7 @@ def build_training_set(
             config.long_context_long_share,
             config.long_context_long_chars,
             config.mcq_kind_weights,
+            config.math_op_weights,
         )
     leaked = [e.prompt for e in real + generated + free_text if e.prompt in eval_prompts]
     if leaked:

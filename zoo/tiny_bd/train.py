@@ -50,6 +50,7 @@ from .data import (
     EncodedExample,
     TrainingSet,
     build_training_set,
+    check_math_op_weights,
     check_mcq_kind_weights,
     token_budget_batches,
 )
@@ -551,6 +552,11 @@ def parse_mcq_kinds(text: str) -> dict[str, float]:
     return check_mcq_kind_weights(parse_weights(text, "--mcq-kinds", "largest=0.3,sum=0.1"))
 
 
+def parse_math_ops(text: str) -> dict[str, float]:
+    """``"add=1,sub=1,mul=3,div=1"`` -> math step operation weights, checked."""
+    return check_math_op_weights(parse_weights(text, "--math-ops", "add=1,sub=1,mul=3,div=1"))
+
+
 def parse_distill_categories(text: str, flag: str = "--distill-categories") -> tuple[str, ...]:
     """``"mcq,math"`` -> the example categories to distil, checked against the known ones."""
     from dwise_predict.tracing.workload import KNOWN_CATEGORIES
@@ -627,6 +633,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--math-weights",
         default=None,
         help=f"math difficulty weights easy,medium,any (default: {default_weights})",
+    )
+    ap.add_argument(
+        "--math-ops",
+        default=None,
+        help="math step operations, relative weights, e.g. add=1,sub=1,mul=3,div=1 (default: "
+        "as the eval split draws them, add and sub twice as often as mul and div)",
     )
     ap.add_argument(
         "--long-context-long-share",
@@ -759,6 +771,8 @@ def main(argv: list[str] | None = None) -> int:
         data_kw["free_text_categories"] = parse_free_text_categories(args.free_text_categories)
     if args.mcq_kinds:
         data_kw["mcq_kind_weights"] = parse_mcq_kinds(args.mcq_kinds)
+    if args.math_ops:
+        data_kw["math_op_weights"] = parse_math_ops(args.math_ops)
     if args.math_weights:
         data_kw["math_weights"] = tuple(float(w) for w in args.math_weights.split(","))
     data_config = DataConfig(
