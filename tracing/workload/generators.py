@@ -380,6 +380,7 @@ def make_math(
                 f"op_weights must weight {', '.join(MATH_OPS)} (>= 0, positive sum), "
                 f"got {dict(op_weights)}"
             )
+    op_choice = None if op_weights is None else [op_weights.get(k, 0.0) for k in MATH_OPS]
     digits = digits if digits is not None else rng.randint(1, 5)
     ops = ops if ops is not None else rng.randint(1, 3)
     name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
@@ -389,10 +390,10 @@ def make_math(
     kinds: list[str] = []
     carries = 0
     for _ in range(ops):
-        if op_weights is None:
+        if op_choice is None:
             kind = rng.choice(("add", "add", "sub", "sub", "mul", "div"))
         else:
-            kind = rng.choices(MATH_OPS, [op_weights.get(k, 0.0) for k in MATH_OPS])[0]
+            kind = rng.choices(MATH_OPS, op_choice)[0]
         if kind == "sub" and value < 2:
             kind = "add"
         if kind == "div":

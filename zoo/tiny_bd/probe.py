@@ -321,8 +321,9 @@ def math_chain(
             for k, ok in score_math_chain(r.reference or "", out, r.meta["answer"]).items():
                 counts[k] += ok
             for step in _STEP.findall(out):
-                steps[step_kind(step)]["right"] += _computes(step)
-                steps[step_kind(step)]["steps"] += 1
+                tally = steps[step_kind(step)]
+                tally["right"] += _computes(step)
+                tally["steps"] += 1
         by_ops[str(ops)] = {k: round(v / max(1, per_ops), 3) for k, v in counts.items()}
         steps_by_ops[str(ops)] = dict(sorted(steps.items()))
     return {
