@@ -130,13 +130,13 @@ def from_pretrained(
     tc = path / "tokenizer_config.json"
     if tc.exists():
         template = json.loads(tc.read_text()).get("chat_template", CHAT_TEMPLATE)
-    revision = _weights_revision(weights)
+    revision = weights_revision(weights)
     return TinyBD(
         model=model, tokenizer=tokenizer, chat_template=template, path=path, revision=revision
     )
 
 
-def _weights_revision(weights: Path) -> str:
+def weights_revision(weights: Path) -> str:
     """Content hash of the weights: the model 'revision' recorded in fingerprints."""
     import hashlib
 
@@ -150,6 +150,7 @@ def _weights_revision(weights: Path) -> str:
 __all__ = [
     "NAME",
     "WEIGHTS_DIR",
+    "weights_revision",
     "TinyBD",
     "from_pretrained",
     "save_pretrained",

@@ -498,7 +498,7 @@ def _write_atomic(path: Path, text: str) -> None:
     write_text(path, text)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m dwise_predict.zoo.tiny_bd.report",
         description=__doc__,
@@ -532,7 +532,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--no-card", action="store_true", help="do not add the figures to the shipped model card"
     )
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.n < 1:
         raise SystemExit("--n must be >= 1")
     thresholds = [float(t) for t in args.thresholds.split(",") if t]
