@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
 import sys
 import time
@@ -50,7 +51,7 @@ class Step:
             if self.program == "report"
             else "dwise-predict"
         )
-        return " ".join([head, *self.argv])
+        return " ".join([head, shlex.join(self.argv)])
 
 
 def plan(runs: Path, docs: Path, n_eval: int = 1000, n_train: int = 600) -> list[Step]:
