@@ -24,6 +24,7 @@ def test_every_step_parses_with_the_real_parsers(tmp_path: Path) -> None:
         "traces-train",
         "profile",
         "bundle",
+        "export",
         "eval",
         "eval-holdout-chat",
         "simulate",
@@ -81,7 +82,7 @@ def test_rebuild_resumes_after_a_failure_and_skips_finished_steps(tmp_path: Path
     (runs / "bundle-tiny-bd" / "stale").write_text("x")
     again = Recorder(steps)
     ran = rb.rebuild(steps, runs, "aaaaaaaaaaaa", runner=again, log=lambda _: None)
-    assert ran == again.calls == ["bundle", "eval", "eval-holdout-chat", "simulate"]
+    assert ran == again.calls == ["bundle", "export", "eval", "eval-holdout-chat", "simulate"]
     assert not (runs / "bundle-tiny-bd" / "stale").exists()
 
     # everything done: nothing runs
@@ -128,7 +129,7 @@ def test_install_bundle_swaps_whole_folders(tmp_path: Path) -> None:
 def test_dry_run_prints_the_docs_commands(capsys: pytest.CaptureFixture[str]) -> None:
     assert rb.main(["--dry-run"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 8
+    assert len(lines) == 9
     assert lines[1] == (
         "python -m dwise_predict.zoo.tiny_bd.report --out docs --n 1000 "
         "--traces runs/tiny-bd-eval --overwrite"

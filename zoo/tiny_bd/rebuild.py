@@ -1,13 +1,13 @@
 """Rebuild every figure the docs quote about tiny-bd from its shipped weights, step by step.
 
-    python -m dwise_predict.zoo.tiny_bd.rebuild                  # all steps, ~70 min on 2 cores
+    python -m dwise_predict.zoo.tiny_bd.rebuild                  # all steps, ~11 min on 2 cores
     python -m dwise_predict.zoo.tiny_bd.rebuild --dry-run        # print the commands only
     python -m dwise_predict.zoo.tiny_bd.rebuild --install-bundle # then replace zoo/bundles/tiny-bd
 
 Why: shipping new weights (a new training stage) changes every tiny-bd figure in the docs: the
-report, the zoo bundle trained on the weights' own traces, its evaluation, the cost profile and
-the simulator. Those are eight commands whose outputs feed one another, run by hand over an
-hour; one forgotten, or run on the old weights' traces, gives pages that mix two models. This
+report, the zoo bundle trained on the weights' own traces, its ONNX exports and evaluation, the
+cost profile and the simulator. Those are nine commands whose outputs feed one another; run by
+hand, one forgotten, or run on the old weights' traces, gives pages that mix two models. This
 runs them in order, each exactly the command ``docs/predictors.md`` prints, and records every
 finished step with the weights' revision in ``RUNS/rebuild/``. A rerun after an interruption
 resumes at the first unfinished step; new weights start over. A step without a record has its
@@ -55,7 +55,10 @@ class Step:
 
 
 def plan(runs: Path, docs: Path, n_eval: int = 1000, n_train: int = 600) -> list[Step]:
-    """The rebuild's steps, in order (the commands of docs/predictors.md and docs/simulator.md)."""
+    """The rebuild's steps, in order (the commands of docs/predictors.md and docs/simulator.md).
+
+    ``export`` writes the ONNX and INT8 files the packaged bundle ships next to the native ones.
+    """
     r = str(runs)
     eval_traces = f"{r}/tiny-bd-eval/tau0.95"
     bundle = f"{r}/bundle-tiny-bd"
@@ -89,6 +92,12 @@ def plan(runs: Path, docs: Path, n_eval: int = 1000, n_train: int = 600) -> list
             ("train", "--traces", f"{r}/traces-train", "--out", bundle, "--seed", "0",
              "--cost-profile", f"{r}/profile/cost_profile.json", "--dws-int8-only"),
             (runs / "bundle-tiny-bd",),
+        ),
+        Step(
+            "export",
+            "dwise-predict",
+            ("export", bundle, "--int8"),
+            (),  # in place, atomically: the bundle step's output is the one to remove
         ),
         Step(
             "eval",
