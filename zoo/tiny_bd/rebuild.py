@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dwise_predict.atomic import write_json
+from dwise_predict.atomic import staged_folder, write_json
 from dwise_predict.errors import TrainingError
 
 #: the programs a step can run: the project's CLI and the reference model's report
@@ -205,22 +205,13 @@ def rebuild(
 def install_bundle(bundle: Path, dest: Path) -> None:
     """Replace the zoo's bundle folder ``dest`` with ``bundle``; a failed copy leaves ``dest``.
 
-    The copy goes to a sibling first and is swapped in by two renames, so the packaged bundle
-    is never a mix of two trainings.
+    The copy is staged beside ``dest`` and swapped in whole (:func:`staged_folder`), so the
+    packaged bundle is never a mix of two trainings.
     """
     if not (bundle / "manifest.json").exists():
         raise TrainingError(f"{bundle} is not a bundle (no manifest.json); run the rebuild first")
-    new = dest.with_name(dest.name + ".new")
-    old = dest.with_name(dest.name + ".old")
-    for p in (new, old):
-        if p.exists():
-            shutil.rmtree(p)
-    shutil.copytree(bundle, new)
-    if dest.exists():
-        dest.rename(old)
-    new.rename(dest)
-    if old.exists():
-        shutil.rmtree(old)
+    with staged_folder(dest) as staged:
+        shutil.copytree(bundle, staged, dirs_exist_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:
