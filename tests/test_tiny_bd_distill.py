@@ -243,7 +243,8 @@ def test_the_anchor_holds_its_rows_while_the_teachers_pull_theirs() -> None:
     torch.testing.assert_close(other_anchor - only_teacher, anchor_alone - plain)
     both = TrainConfig(distill_categories=("mcq", "chat"))
     with pytest.raises(TrainingError, match="one of --distill-categories and --anchor-categories"):
-        check_distillation(both, anchored=True)
-    check_distillation(both)  # without an anchor the default anchor categories do not matter
+        check_distillation(both, anchored=True, taught=True)
+    check_distillation(both, taught=True)  # without an anchor the anchor categories do not matter
+    check_distillation(both, anchored=True)  # without a teacher the distilled ones do not
     with pytest.raises(TrainingError, match="--anchor-weight"):
         check_distillation(TrainConfig(anchor_weight=float("nan")))

@@ -571,8 +571,14 @@ def parse_distill_categories(text: str, flag: str = "--distill-categories") -> t
     return names
 
 
-def check_distillation(c: TrainConfig, anchored: bool = False) -> None:
-    """Refuse distillation settings that would silently do nothing, diverge or contradict."""
+def check_distillation(c: TrainConfig, anchored: bool = False, taught: bool = False) -> None:
+    """Refuse distillation settings that would silently do nothing, diverge or contradict.
+
+    ``anchored`` / ``taught``: whether an ``--anchor`` / a ``--teacher`` is given. A category can
+    only be pulled two ways when both are, so only then do the two category lists have to be
+    disjoint (an anchor without teachers may hold math while --distill-categories keeps its
+    default, which then does nothing).
+    """
     if not (c.distill_weight >= 0 and math.isfinite(c.distill_weight)):
         raise TrainingError(
             f"--distill-weight must be a finite number >= 0, got {c.distill_weight}"
@@ -584,7 +590,7 @@ def check_distillation(c: TrainConfig, anchored: bool = False) -> None:
     if not (c.anchor_weight >= 0 and math.isfinite(c.anchor_weight)):
         raise TrainingError(f"--anchor-weight must be a finite number >= 0, got {c.anchor_weight}")
     both = sorted(set(c.distill_categories) & set(c.anchor_categories))
-    if anchored and both:
+    if anchored and taught and both:
         raise TrainingError(
             f"categories {both} are both distilled from the teachers and held to the anchor; "
             "give each category to one of --distill-categories and --anchor-categories"
@@ -763,7 +769,7 @@ def main(argv: list[str] | None = None) -> int:
         anchor_weight=args.anchor_weight,
         anchor_categories=parse_distill_categories(args.anchor_categories, "--anchor-categories"),
     )
-    check_distillation(train_config, anchored=args.anchor is not None)
+    check_distillation(train_config, anchored=args.anchor is not None, taught=bool(args.teacher))
     data_kw: dict[str, Any] = {}
     if args.mix:
         data_kw["mix"] = parse_mix(args.mix)
