@@ -483,6 +483,12 @@ def test_model_card_lists_every_stage_of_a_continued_checkpoint() -> None:
         "- stage 3: steps: 11000" in card and "peak lr 0.0006, EOS-padding loss weight 0.1" in card
     )
     assert "stage 2" not in model_card(TinyBDConfig(), s1)  # a single stage is not numbered
+    # a run stopped by hand and shipped from its snapshot says so instead of a final loss
+    s2["stopped"] = "by hand after its 60-minute snapshot"
+    s2["result"] = {"steps": 2488, "seconds": 3600}
+    line = next(x for x in model_card(TinyBDConfig(), s3).splitlines() if "stage 2:" in x)
+    assert "stopped by hand after its 60-minute snapshot" in line and "final loss" not in line
+    assert "peak lr 0.002" in line
 
 
 def test_report_rewrites_the_shipped_cards_measured_section_in_place(tmp_path) -> None:
@@ -757,6 +763,21 @@ def test_report_plots_the_loss_curves_in_training_order() -> None:
         "train_log_stage2.csv",
         "train_log_stage10.csv",
     ]
+
+
+def test_loss_plot_draws_every_stage_log_and_skips_a_folder_without_one(tmp_path: Path) -> None:
+    """Twenty stages do not fit a legend; the plot numbers each span instead. A checkpoint folder
+    without logs (a grown or merged checkpoint) gets no plot rather than an empty one."""
+    from dwise_predict.zoo.tiny_bd.report import plot_training_loss
+
+    weights, img = tmp_path / "w", tmp_path / "img"
+    weights.mkdir()
+    assert plot_training_loss(weights, img) is None and not img.exists()
+    for stage in (1, 2, 19):
+        rows = "\n".join(f"{10 * i},{i}.0,{2.0 / (i + 1):.4f},0.001" for i in range(1, 30))
+        (weights / f"train_log_stage{stage}.csv").write_text("step,seconds,loss,lr\n" + rows)
+    assert plot_training_loss(weights, img) == "tiny-bd-train-loss.png"
+    assert (img / "tiny-bd-train-loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_merge_writes_the_weighted_mean_of_one_chains_checkpoints(tmp_path: Path) -> None:

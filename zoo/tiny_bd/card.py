@@ -42,6 +42,12 @@ def _stage_line(i: int, stage: dict[str, Any], numbered: bool) -> str:
             f"- {f'stage {i}: ' if numbered else ''}grown from {g['revision']}: feed-forward "
             f"width {g['d_ff'][0]} -> {g['d_ff'][1]}, new units add nothing until trained"
         )
+    if "stopped" in stage:  # a run stopped by hand and shipped from a --snapshot-dir snapshot
+        return (
+            f"- {f'stage {i}: ' if numbered else ''}steps: {r.get('steps')}, seconds: "
+            f"{r.get('seconds')}, stopped {stage['stopped']}; peak lr {c.get('lr')}, "
+            f"EOS-padding loss weight {c.get('pad_weight', 1.0)}"
+        )
     return (
         f"- {f'stage {i}: ' if numbered else ''}steps: {r.get('steps')}, seconds: "
         f"{r.get('seconds')}, final loss: {r.get('final_loss')}, stopped by the time budget: "

@@ -314,6 +314,46 @@ def _stage_order(log: Path) -> tuple[int, str]:
     return (int(digits[-1]) if digits else -1, log.stem)
 
 
+def plot_training_loss(weights_dir: Path, img_dir: Path) -> str | None:
+    """The loss curves of every ``train_log*.csv`` in the checkpoint folder, stages laid end to
+    end and numbered on the plot (a legend of twenty stages would hide the curves)."""
+    logs = sorted(weights_dir.glob("train_log*.csv"), key=_stage_order)
+    if not logs:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 3.6))
+    offset, top = 0, 0.0
+    spans = []
+    for k, log in enumerate(logs):
+        rows = np.genfromtxt(log, delimiter=",", names=True)
+        steps, loss = np.atleast_1d(rows["step"]), np.atleast_1d(rows["loss"])
+        smooth = np.convolve(loss, np.ones(10) / 10, mode="valid") if len(loss) >= 10 else loss
+        color = "C0" if k % 2 == 0 else "C1"
+        ax.plot(steps + offset, loss, color=color, alpha=0.2, lw=0.6)
+        ax.plot(steps[len(steps) - len(smooth) :] + offset, smooth, color=color, lw=1.2)
+        spans.append((offset, offset + int(steps.max()), _stage_order(log)[0]))
+        top = max(top, float(np.percentile(loss, 99)))
+        offset += int(steps.max())
+    for lo, hi, stage in spans:
+        ax.axvline(lo, color="0.8", lw=0.5, zorder=0)
+        ax.text((lo + hi) / 2, top * 1.02, str(stage), ha="center", va="bottom", fontsize=7)
+    ax.set_ylim(0, top * 1.12)
+    ax.set_xlabel("step (stages concatenated; the number above each span is its stage on the card)")
+    ax.set_ylabel("masked-token CE (per batch)")
+    ax.set_title(
+        "tiny-bd training loss, 10-batch mean (batches are length-bucketed, so tasks alternate)"
+    )
+    fig.tight_layout()
+    img_dir.mkdir(parents=True, exist_ok=True)
+    save_figure(fig, img_dir / "tiny-bd-train-loss.png", dpi=110, bbox_inches=None)
+    plt.close(fig)
+    return "tiny-bd-train-loss.png"
+
+
 def plot(
     per_tau: dict[str, list[RequestStats]], img_dir: Path, weights_dir: Path | None = None
 ) -> list[str]:
@@ -365,31 +405,8 @@ def plot(
     save_figure(fig, img_dir / "tiny-bd-rounds-per-block.png", dpi=110, bbox_inches=None)
     names.append("tiny-bd-rounds-per-block.png")
     plt.close(fig)
-    logs = (
-        sorted(weights_dir.glob("train_log*.csv"), key=_stage_order)
-        if weights_dir is not None
-        else []
-    )
-    if logs:
-        fig, ax = plt.subplots(figsize=(7, 3.4))
-        offset = 0
-        for k, log in enumerate(logs):
-            rows = np.genfromtxt(log, delimiter=",", names=True)
-            steps, loss = np.atleast_1d(rows["step"]), np.atleast_1d(rows["loss"])
-            smooth = np.convolve(loss, np.ones(10) / 10, mode="valid") if len(loss) >= 10 else loss
-            ax.plot(steps + offset, loss, color=f"C{k}", alpha=0.25, lw=0.8)
-            ax.plot(
-                steps[len(steps) - len(smooth) :] + offset, smooth, color=f"C{k}", label=log.stem
-            )
-            offset += int(steps.max())
-        ax.set_xlabel("step (stages concatenated)")
-        ax.set_ylabel("masked-token CE (per batch)")
-        ax.set_title("tiny-bd training loss (batches are length-bucketed, so tasks alternate)")
-        ax.legend()
-        fig.tight_layout()
-        save_figure(fig, img_dir / "tiny-bd-train-loss.png", dpi=110, bbox_inches=None)
-        names.append("tiny-bd-train-loss.png")
-        plt.close(fig)
+    if weights_dir is not None and (name := plot_training_loss(weights_dir, img_dir)):
+        names.append(name)
     return names
 
 
