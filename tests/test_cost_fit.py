@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from importlib import resources
 
 import numpy as np
@@ -13,6 +14,7 @@ from dwise_predict.trainers.cost_profile import (
     fit_cost_profile,
     paper_profile_json,
     planted_paper_profile,
+    prompt_coverage_warning,
     synthetic_requests,
 )
 
@@ -87,3 +89,27 @@ def test_cost_metrics_by_hand():
     assert m["r2"] == pytest.approx(1 - 2 / 5)
     assert m["mape"] == pytest.approx((0 + 0.5 + 1 / 3 + 0) / 4)
     assert m["spearman"] == pytest.approx(0.8)
+
+
+def test_one_far_longer_prompt_is_flagged_because_its_fold_extrapolates():
+    """The demo's profile: 40 short prompts and one haystack 20x longer, whose prefill grows
+    faster than linearly. Cross-validation predicts it from short prompts only, so R^2 collapses
+    while MAPE and the ordering hold; the warning says so and how to fix it. With a few long
+    prompts every fold has seen one, the warning goes and R^2 is back."""
+    planted = planted_paper_profile(n_blocks=8)
+    short = synthetic_requests(planted, 40, seed=5, max_prompt_blocks=12)
+
+    def haystack(m: int) -> ProfiledRequest:
+        prefill = planted.alpha_ms * m * (1 + m / 60)  # attention's quadratic share
+        return dataclasses.replace(short[0], prompt_blocks=m, prefill_ms=prefill)
+
+    assert prompt_coverage_warning(short) is None
+    one = short + [haystack(240)]
+    warning = prompt_coverage_warning(one)
+    assert warning is not None and "240 blocks" in warning and "--limit" in warning
+    cv = fit_cost_profile(one, block_size=32, hardware="h").cv
+    assert cv is not None and cv["r2"] < 0.7 and cv["mape"] < 0.05 and cv["spearman"] > 0.99
+    many = short + [haystack(m) for m in (150, 200, 240, 300)]
+    assert prompt_coverage_warning(many) is None
+    cv = fit_cost_profile(many, block_size=32, hardware="h").cv
+    assert cv is not None and cv["r2"] > 0.99

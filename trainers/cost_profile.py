@@ -357,6 +357,31 @@ def cost_metrics(
     }
 
 
+def prompt_coverage_warning(
+    requests: Sequence[ProfiledRequest], ratio: float = 4.0, min_long: int = 3
+) -> str | None:
+    """Why a cross-validated R^2 can mislead, or None.
+
+    The prompt terms (alpha, alpha2, delta) are learned from the prompt lengths the profile saw.
+    When fewer than ``min_long`` requests have prompts ``ratio`` times longer than the longest
+    of the rest, each of those few sits in a fold whose fit saw no prompt like it, so its
+    out-of-fold cost is an extrapolation and one such error can dominate R^2 (MAPE and the
+    ordering metrics hardly move). The fit itself uses every request; the warning is about what
+    the cross-validation can vouch for."""
+    blocks = sorted((r.prompt_blocks for r in requests), reverse=True)
+    for n_long in range(1, min(min_long, len(blocks) - 1) + 1):
+        rest = blocks[n_long]
+        if blocks[n_long - 1] > ratio * max(rest, 1):
+            longest = ", ".join(str(b) for b in blocks[:n_long])
+            return (
+                f"only {n_long} profiled prompt(s) ({longest} blocks) are over {ratio:g}x the "
+                f"longest of the rest ({rest} blocks): the cross-validated R^2 extrapolates to "
+                "them from shorter prompts and says little about long prompts; profile more "
+                "long prompts (a larger --limit, or a workload with more of them first)"
+            )
+    return None
+
+
 # -- the fit ---------------------------------------------------------------------------
 def _check_requests(requests: Sequence[ProfiledRequest], max_steps: int, folds: int) -> None:
     need = max(MIN_REQUESTS, 2 * folds)

@@ -13,11 +13,14 @@ smoothing, k-fold metrics) and :func:`dwise_predict.cost.write_bundle_cost_profi
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
 from ._common import format_table, progress
+
+log = logging.getLogger(__name__)
 
 
 def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> None:
@@ -155,7 +158,11 @@ def _serve(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dwise_predict.trainers.cost_profile import FitConfig, fit_cost_profile
+    from dwise_predict.trainers.cost_profile import (
+        FitConfig,
+        fit_cost_profile,
+        prompt_coverage_warning,
+    )
     from dwise_predict.trainers.profile_traces import read_profile_traces, write_profile_traces
 
     if args.out is None and args.bundle is None:
@@ -224,6 +231,8 @@ def run(args: argparse.Namespace) -> int:
                 args.bundle, profile, out=args.bundle_out, allow_mismatch=args.allow_mismatch
             )
         )
+    if (warning := prompt_coverage_warning(requests)) is not None:
+        log.warning(warning)
     if not args.quiet:
         rows = summary_rows(profile, len(requests), config.folds)
         print(format_table(["cost profile", "value"], rows))
