@@ -48,11 +48,12 @@ def _stage_line(i: int, stage: dict[str, Any], numbered: bool) -> str:
             f"{r.get('seconds')}, stopped {stage['stopped']}; peak lr {c.get('lr')}, "
             f"EOS-padding loss weight {c.get('pad_weight', 1.0)}"
         )
+    by_hand = ", stopped by hand (Ctrl-C)" if r.get("stopped_by_hand") else ""
     return (
         f"- {f'stage {i}: ' if numbered else ''}steps: {r.get('steps')}, seconds: "
         f"{r.get('seconds')}, final loss: {r.get('final_loss')}, stopped by the time budget: "
-        f"{r.get('stopped_by_time')}; peak lr {c.get('lr')}, EOS-padding loss weight "
-        f"{c.get('pad_weight', 1.0)}"
+        f"{r.get('stopped_by_time')}{by_hand}"
+        f"; peak lr {c.get('lr')}, EOS-padding loss weight {c.get('pad_weight', 1.0)}"
     )
 
 

@@ -21,12 +21,15 @@ the loss log, snapshots and the checkpoint.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import math
+import signal
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -369,6 +372,8 @@ class TimeBoxAndLog(pl.Callback):
         self.start = time.monotonic()
         self.rows: list[dict[str, Any]] = []
         self.stopped_by_time = False
+        self.stop_requested = False  # set by the first Ctrl-C (see ``stop_on_interrupt``)
+        self.stopped_by_hand = False
         self.writes = True
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -412,6 +417,37 @@ class TimeBoxAndLog(pl.Callback):
         if elapsed >= self.budget_s:
             self.stopped_by_time = True
             trainer.should_stop = True
+        if self.stop_requested:
+            self.stopped_by_hand = True
+            trainer.should_stop = True
+
+
+@contextlib.contextmanager
+def stop_on_interrupt(cb: TimeBoxAndLog) -> Iterator[None]:
+    """The first Ctrl-C ends the run at the end of the step in progress, like the time box, so
+    the weights and ``training.json`` are written as for any finished stage; a second Ctrl-C
+    aborts without saving. Lightning's own handling exits the process with the weights of a
+    half-applied step and nothing written; a long CPU stage stopped early was otherwise only
+    as good as its last 10-minute snapshot."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be installed from the main thread
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def request_stop(signum: int, frame: Any) -> None:
+        cb.stop_requested = True
+        signal.signal(signal.SIGINT, previous)  # the next Ctrl-C interrupts as usual
+        print(
+            "\nCtrl-C: stopping after this step and saving (Ctrl-C again to abort unsaved)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    signal.signal(signal.SIGINT, request_stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @dataclass
@@ -425,6 +461,7 @@ class TrainResult:
     n_params: int
     counts: dict[str, int]
     loss_curve: list[dict[str, Any]] = field(default_factory=list)
+    stopped_by_hand: bool = False
 
 
 def make_trainer(
@@ -499,7 +536,8 @@ def train(
     cb = TimeBoxAndLog(train_config.minutes, log_csv, train_config.log_every, snapshot_dir)
     trainer = make_trainer(train_config, devices, [cb])
     t0 = time.monotonic()
-    trainer.fit(module, datamodule=dm)
+    with stop_on_interrupt(cb):
+        trainer.fit(module, datamodule=dm)
     seconds = time.monotonic() - t0
     model = module.model.eval()
     training_set = dm.loaded()
@@ -511,6 +549,7 @@ def train(
         n_params=sum(p.numel() for p in model.parameters()),
         counts=training_set.counts,
         loss_curve=cb.rows,
+        stopped_by_hand=cb.stopped_by_hand,
     )
     return model, result
 
@@ -806,7 +845,8 @@ def main(argv: list[str] | None = None) -> int:
     model_config = model.config
     print(
         f"trained {result.steps} steps in {result.seconds:.0f}s, "
-        f"final loss {result.final_loss:.4f}",
+        f"final loss {result.final_loss:.4f}"
+        + (" (stopped by hand; saving as a finished stage)" if result.stopped_by_hand else ""),
         file=sys.stderr,
     )
     command = "python -m dwise_predict.zoo.tiny_bd.train " + " ".join(

@@ -1,0 +1,79 @@
+"""Ctrl-C during a tiny-bd training stage: the run ends at a step boundary and is saved.
+
+A real Lightning run on a tiny model is interrupted by a real SIGINT sent to this process, so
+the handler, the callback and Lightning's stop path are all the ones `train` uses.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+from pathlib import Path
+
+import torch
+from dwise_predict.zoo.tiny_bd.card import model_card
+from dwise_predict.zoo.tiny_bd.config import TinyBDConfig
+from dwise_predict.zoo.tiny_bd.data import (
+    DataConfig,
+    TrainingExample,
+    TrainingSet,
+    encode_examples,
+)
+from dwise_predict.zoo.tiny_bd.train import TrainConfig, train
+
+BS = 8
+CONFIG = TinyBDConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, block_size=BS)
+
+
+def training_set(n: int) -> TrainingSet:
+    rng = random.Random(0)
+    recs = []
+    for _ in range(n):
+        a, b = rng.randint(0, 9), rng.randint(0, 9)
+        recs.append(TrainingExample(f"What is {a} + {b}?", f"{a + b}", "math", "generated"))
+    enc, _ = encode_examples(recs, block_size=BS)
+    return TrainingSet(examples=enc, counts={"math": n}, dropped_too_long=0, eval_prompts_checked=0)
+
+
+def test_first_ctrl_c_stops_at_a_step_boundary_and_keeps_the_weights(tmp_path: Path) -> None:
+    """The first SIGINT asks the run to stop; it stops at the end of a step (well before its
+    step budget), reports it, returns finite weights, and puts the caller's SIGINT handler
+    back. The card then says the stage was stopped by hand."""
+    config = TrainConfig(
+        max_steps=100_000,
+        minutes=5,
+        warmup_steps=5,
+        lr=3e-3,
+        batch_tokens=16 * 60,
+        threads=1,
+        seed=0,
+        log_every=10**6,
+    )
+    before = signal.getsignal(signal.SIGINT)
+    timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        model, result = train(
+            CONFIG, config, DataConfig(block_size=BS), tmp_path / "log.csv", training_set(400)
+        )
+    finally:
+        timer.cancel()
+    assert result.stopped_by_hand and not result.stopped_by_time
+    assert 1 <= result.steps < config.max_steps
+    assert signal.getsignal(signal.SIGINT) is before
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    stage = {
+        "command": "train --seed 0",
+        "train_config": {"lr": config.lr, "pad_weight": config.pad_weight},
+        "result": {
+            "steps": result.steps,
+            "seconds": result.seconds,
+            "final_loss": result.final_loss,
+            "stopped_by_time": result.stopped_by_time,
+            "stopped_by_hand": result.stopped_by_hand,
+        },
+    }
+    assert f"steps: {result.steps}" in model_card(CONFIG, stage)
+    assert "stopped by hand (Ctrl-C)" in model_card(CONFIG, stage)
