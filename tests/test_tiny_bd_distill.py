@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 import torch
+from _tiny_bd_helpers import BS, CONFIG, examples
 from dwise_predict.zoo.tiny_bd.config import TinyBDConfig
-from dwise_predict.zoo.tiny_bd.data import (
-    DataConfig,
-    EncodedExample,
-    TrainingExample,
-    TrainingSet,
-    encode_examples,
-)
+from dwise_predict.zoo.tiny_bd.data import DataConfig, EncodedExample, TrainingSet
 from dwise_predict.zoo.tiny_bd.distill import Teachers, distillation_loss
 from dwise_predict.zoo.tiny_bd.io import save_pretrained
 from dwise_predict.zoo.tiny_bd.model import TinyBDModel
@@ -30,9 +24,6 @@ from dwise_predict.zoo.tiny_bd.two_stream import TwoStreamBatch, collate
 
 from dwise_predict.errors import TrainingError
 
-BS = 8
-CONFIG = TinyBDConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, block_size=BS)
-
 
 def tiny_model(seed: int, sharpen: float = 1.0) -> TinyBDModel:
     """A random tiny model; ``sharpen`` scales its logits so it is confident."""
@@ -41,20 +32,6 @@ def tiny_model(seed: int, sharpen: float = 1.0) -> TinyBDModel:
     with torch.no_grad():
         model.norm.weight.mul_(sharpen)  # logits = norm(x) @ embed.T (tied)
     return model
-
-
-def examples(n: int, seed: int) -> list[EncodedExample]:
-    rng = random.Random(seed)
-    recs = []
-    for i in range(n):
-        a, b = rng.randint(0, 9), rng.randint(0, 9)
-        if i % 2:
-            recs.append(TrainingExample(f"What is {a} + {b}?", f"{a + b}", "math", "generated"))
-        else:
-            recs.append(TrainingExample(f"Say hi to {a}{b}", f"hi {a}{b}", "chat", "generated"))
-    enc, dropped = encode_examples(recs, block_size=BS)
-    assert dropped == 0
-    return enc
 
 
 def batch_of(enc: list[EncodedExample], seed: int = 0) -> TwoStreamBatch:

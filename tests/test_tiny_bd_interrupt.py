@@ -7,34 +7,15 @@ the handler, the callback and Lightning's stop path are all the ones `train` use
 from __future__ import annotations
 
 import os
-import random
 import signal
 import threading
 from pathlib import Path
 
 import torch
+from _tiny_bd_helpers import BS, CONFIG, examples
 from dwise_predict.zoo.tiny_bd.card import model_card
-from dwise_predict.zoo.tiny_bd.config import TinyBDConfig
-from dwise_predict.zoo.tiny_bd.data import (
-    DataConfig,
-    TrainingExample,
-    TrainingSet,
-    encode_examples,
-)
+from dwise_predict.zoo.tiny_bd.data import DataConfig, TrainingSet
 from dwise_predict.zoo.tiny_bd.train import TrainConfig, train
-
-BS = 8
-CONFIG = TinyBDConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, block_size=BS)
-
-
-def training_set(n: int) -> TrainingSet:
-    rng = random.Random(0)
-    recs = []
-    for _ in range(n):
-        a, b = rng.randint(0, 9), rng.randint(0, 9)
-        recs.append(TrainingExample(f"What is {a} + {b}?", f"{a + b}", "math", "generated"))
-    enc, _ = encode_examples(recs, block_size=BS)
-    return TrainingSet(examples=enc, counts={"math": n}, dropped_too_long=0, eval_prompts_checked=0)
 
 
 def test_first_ctrl_c_stops_at_a_step_boundary_and_keeps_the_weights(tmp_path: Path) -> None:
@@ -51,12 +32,16 @@ def test_first_ctrl_c_stops_at_a_step_boundary_and_keeps_the_weights(tmp_path: P
         seed=0,
         log_every=10**6,
     )
+    enc = examples(400, seed=0)
+    training_set = TrainingSet(
+        examples=enc, counts={"math": 200, "chat": 200}, dropped_too_long=0, eval_prompts_checked=0
+    )
     before = signal.getsignal(signal.SIGINT)
     timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     try:
         model, result = train(
-            CONFIG, config, DataConfig(block_size=BS), tmp_path / "log.csv", training_set(400)
+            CONFIG, config, DataConfig(block_size=BS), tmp_path / "log.csv", training_set
         )
     finally:
         timer.cancel()

@@ -1,0 +1,27 @@
+"""What the tiny-bd training tests share: a tiny model shape and small encoded examples that a
+real Lightning run learns from in seconds."""
+
+from __future__ import annotations
+
+import random
+
+from dwise_predict.zoo.tiny_bd.config import TinyBDConfig
+from dwise_predict.zoo.tiny_bd.data import EncodedExample, TrainingExample, encode_examples
+
+BS = 8
+CONFIG = TinyBDConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, block_size=BS)
+
+
+def examples(n: int, seed: int) -> list[EncodedExample]:
+    """Alternating one-digit sums (math) and "say hi" echoes (chat), encoded for block ``BS``."""
+    rng = random.Random(seed)
+    recs = []
+    for i in range(n):
+        a, b = rng.randint(0, 9), rng.randint(0, 9)
+        if i % 2:
+            recs.append(TrainingExample(f"What is {a} + {b}?", f"{a + b}", "math", "generated"))
+        else:
+            recs.append(TrainingExample(f"Say hi to {a}{b}", f"hi {a}{b}", "chat", "generated"))
+    enc, dropped = encode_examples(recs, block_size=BS)
+    assert dropped == 0
+    return enc
