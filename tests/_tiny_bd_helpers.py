@@ -4,9 +4,17 @@ real Lightning run learns from in seconds."""
 from __future__ import annotations
 
 import random
+from collections import Counter
+from typing import Any
 
 from dwise_predict.zoo.tiny_bd.config import TinyBDConfig
-from dwise_predict.zoo.tiny_bd.data import EncodedExample, TrainingExample, encode_examples
+from dwise_predict.zoo.tiny_bd.data import (
+    EncodedExample,
+    TrainingExample,
+    TrainingSet,
+    encode_examples,
+)
+from dwise_predict.zoo.tiny_bd.train import TrainConfig
 
 BS = 8
 CONFIG = TinyBDConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, block_size=BS)
@@ -25,3 +33,24 @@ def examples(n: int, seed: int) -> list[EncodedExample]:
     enc, dropped = encode_examples(recs, block_size=BS)
     assert dropped == 0
     return enc
+
+
+def training_set(enc: list[EncodedExample]) -> TrainingSet:
+    """``enc`` as the prepared training set ``train`` takes instead of building one."""
+    counts = dict(Counter(e.category for e in enc))
+    return TrainingSet(examples=enc, counts=counts, dropped_too_long=0, eval_prompts_checked=0)
+
+
+def quick_config(max_steps: int, **extra: Any) -> TrainConfig:
+    """A seconds-long run: one thread, a high learning rate, no loss logging to speak of."""
+    return TrainConfig(
+        max_steps=max_steps,
+        minutes=5,
+        warmup_steps=5,
+        lr=3e-3,
+        batch_tokens=16 * 60,
+        threads=1,
+        seed=0,
+        log_every=10**6,
+        **extra,
+    )

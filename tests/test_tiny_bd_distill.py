@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from _tiny_bd_helpers import BS, CONFIG, examples
+from _tiny_bd_helpers import BS, CONFIG, examples, quick_config, training_set
 from dwise_predict.zoo.tiny_bd.config import TinyBDConfig
-from dwise_predict.zoo.tiny_bd.data import DataConfig, EncodedExample, TrainingSet
+from dwise_predict.zoo.tiny_bd.data import DataConfig, EncodedExample
 from dwise_predict.zoo.tiny_bd.distill import Teachers, distillation_loss
 from dwise_predict.zoo.tiny_bd.io import save_pretrained
 from dwise_predict.zoo.tiny_bd.model import TinyBDModel
@@ -123,26 +123,9 @@ def test_a_lightning_run_with_a_teacher_moves_the_student_toward_it(tmp_path: Pa
     student's math distribution much closer to it than the same 40 steps on labels alone."""
     teacher = tiny_model(7, sharpen=6.0)
     save_pretrained(teacher, tmp_path / "teacher")
-    enc = examples(400, seed=3)
-    ts = TrainingSet(
-        examples=enc,
-        counts={"math": 200, "chat": 200},
-        dropped_too_long=0,
-        eval_prompts_checked=0,
-    )
+    ts = training_set(examples(400, seed=3))
     held_out = batch_of([e for e in examples(40, seed=4) if e.category == "math"], seed=9)
-    tc = TrainConfig(
-        max_steps=40,
-        minutes=5,
-        warmup_steps=5,
-        lr=3e-3,
-        batch_tokens=16 * 60,
-        threads=1,
-        seed=0,
-        log_every=10**6,
-        distill_weight=5.0,
-        distill_categories=("math",),
-    )
+    tc = quick_config(max_steps=40, distill_weight=5.0, distill_categories=("math",))
     runs = {}
     for name, teachers in (("labels", ()), ("distilled", (tmp_path / "teacher",))):
         model, _ = train(

@@ -12,36 +12,24 @@ import threading
 from pathlib import Path
 
 import torch
-from _tiny_bd_helpers import BS, CONFIG, examples
+from _tiny_bd_helpers import BS, CONFIG, examples, quick_config, training_set
 from dwise_predict.zoo.tiny_bd.card import model_card
-from dwise_predict.zoo.tiny_bd.data import DataConfig, TrainingSet
-from dwise_predict.zoo.tiny_bd.train import TrainConfig, train
+from dwise_predict.zoo.tiny_bd.data import DataConfig
+from dwise_predict.zoo.tiny_bd.train import train
 
 
 def test_first_ctrl_c_stops_at_a_step_boundary_and_keeps_the_weights(tmp_path: Path) -> None:
     """The first SIGINT asks the run to stop; it stops at the end of a step (well before its
     step budget), reports it, returns finite weights, and puts the caller's SIGINT handler
     back. The card then says the stage was stopped by hand."""
-    config = TrainConfig(
-        max_steps=100_000,
-        minutes=5,
-        warmup_steps=5,
-        lr=3e-3,
-        batch_tokens=16 * 60,
-        threads=1,
-        seed=0,
-        log_every=10**6,
-    )
-    enc = examples(400, seed=0)
-    training_set = TrainingSet(
-        examples=enc, counts={"math": 200, "chat": 200}, dropped_too_long=0, eval_prompts_checked=0
-    )
+    config = quick_config(max_steps=100_000)
+    train_set = training_set(examples(400, seed=0))
     before = signal.getsignal(signal.SIGINT)
     timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     try:
         model, result = train(
-            CONFIG, config, DataConfig(block_size=BS), tmp_path / "log.csv", training_set
+            CONFIG, config, DataConfig(block_size=BS), tmp_path / "log.csv", train_set
         )
     finally:
         timer.cancel()
