@@ -43,6 +43,8 @@ from typing import Any
 import numpy as np
 
 BLOCK_SIZE = 32
+#: the CPU harness that drives SGLang's real scheduler classes is test equipment (tests/)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "sglang_plugin"))
 RUNS = ("sglang-fcfs", "dwise-plugin")
 
 
@@ -98,12 +100,12 @@ def _track(tr: Any) -> dict[str, Any]:
 
 def serve_both(requests: int, slots: int, k: int, max_new_tokens: int) -> dict[str, Any]:
     """Serve the burst twice (stock, then the plugin); returns the runs document."""
-    from dwise_predict.zoo.tiny_bd.sglang_cpu import install_torchvision_shim
+    from harness import install_torchvision_shim
 
     install_torchvision_shim()
     import importlib.metadata
 
-    from dwise_predict.zoo.tiny_bd.sglang_cpu import (
+    from harness import (
         TinyBDRunner,
         environ,
         eval_requests,
@@ -517,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
         [sys.argv[0], *(sys.argv[1:] if argv is None else argv)]
     )
     if args.from_runs:
-        from dwise_predict.zoo.tiny_bd.sglang_cpu import install_torchvision_shim
+        from harness import install_torchvision_shim
 
         install_torchvision_shim()  # overhead() imports SGLang's enums
         doc = json.loads(Path(args.from_runs).read_text())

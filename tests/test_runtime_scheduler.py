@@ -283,3 +283,44 @@ def test_prompt_shorter_than_a_block_starts_decoding_at_once():
     refined = np.where(plan.rows == short, 9.0, np.nan)
     s.update(RoundResult(plan.rows, np.zeros(plan.rows.size, bool), refined))
     assert s.table.r_hat[short] == 9.0 and s.table.prompt_blocks[long_] == 1
+
+
+def test_cancel_forgets_a_request_in_any_state_and_returns_its_kv():
+    # limit 900 tokens; each request reserves 32 + 64 + 64 = 160
+    s = Scheduler(DWISE(), slots=2, k=2, kv_pool_tokens=1000)
+    for rid, est in [("a", 1.0), ("b", 2.0), ("c", 9.0), ("d", 9.5), ("e", 20.0)]:
+        _add(s, rid, 1, est)
+    plan = s.plan_round()  # a, b admitted and run
+    s.update(RoundResult(plan.rows, np.zeros(2, bool)))
+    assert s.n_resident == 2 and s.kv.reserved == 320
+    assert s.cancel("a") and s.n_resident == 1 and s.kv.reserved == 160  # a resident
+    assert s.cancel("e") and s.n_waiting == 2 and s.kv.reserved == 160  # a waiting request
+    assert not s.cancel("a") and not s.cancel("never-added")  # idempotent, no error
+    s.check_invariants()
+    plan = s.plan_round()  # b denoises; c is admitted into a's place
+    assert plan.request_ids == ["b", "c"]
+    # cancelled while its round is in flight: released at update, not counted as finished
+    assert s.cancel("c")
+    assert s.kv.reserved == 320
+    s.update(RoundResult(plan.rows, np.array([False, False])))
+    assert s.kv.reserved == 160 and s.cancelled == 3 and s.finished == 0
+    s.check_invariants()
+    with pytest.raises(SchedulerError, match="unknown request id 'c'"):
+        s.row_of("c")
+    # the freed rows are reused; a reused row is never counted as preempted
+    _add(s, "f", 1, 0.5)
+    plan = s.plan_round()
+    assert plan.request_ids == ["b", "f"] and plan.preempted.size == 0  # R: b 0, f 1.5
+    s.update(RoundResult(plan.rows, np.array([True, False])))
+    assert s.finished == 1 and s.kv.reserved == 160  # b finished; f resident, d waiting
+    s.check_invariants()
+
+
+def test_a_cancelled_row_reported_finished_in_its_round_is_released_once():
+    s = _sched()
+    _add(s, "a", 0, 1.0)
+    plan = s.plan_round()
+    assert s.cancel("a")
+    s.update(RoundResult(plan.rows, np.ones(1, bool)))  # the framework also saw it end
+    assert s.kv.reserved == 0 and s.idle and s.finished == 0 and s.cancelled == 1
+    s.check_invariants()

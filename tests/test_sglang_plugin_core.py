@@ -100,7 +100,6 @@ def test_arrivals_are_found_after_the_last_request_seen_or_by_a_full_scan():
     def req(i: int) -> SimpleNamespace:
         return SimpleNamespace(
             rid=f"r{i}",
-            origin_input_text="word " * (i + 1),
             origin_input_ids=[0] * (40 + i),
             sampling_params=SimpleNamespace(max_new_tokens=64),
         )
@@ -128,7 +127,7 @@ def test_arrivals_are_found_after_the_last_request_seen_or_by_a_full_scan():
 
 
 def test_served_prompts_lose_the_chat_template_before_their_features():
-    """SGLang's requests hold the prompt after the chat template (or only its ids); the bundle
+    """SGLang 0.5.23's requests hold only the prompt's ids, after the chat template; the bundle
     was trained on raw prompts, so a served request must get the raw prompt's estimate."""
     from types import SimpleNamespace
 
@@ -142,15 +141,10 @@ def test_served_prompts_lose_the_chat_template_before_their_features():
     templated = f.render(raw)
     ids = f.tokenizer.encode(templated).ids
     sp = SimpleNamespace(max_new_tokens=64)
-    by_text = SimpleNamespace(
-        rid="t", origin_input_text=templated, origin_input_ids=ids, sampling_params=sp
-    )
-    by_ids = SimpleNamespace(
-        rid="i", origin_input_text=None, origin_input_ids=ids, sampling_params=sp
-    )
-    assert served_prompt(by_text, None, f) == raw
+    by_text = SimpleNamespace(rid="t", origin_input_ids=ids, sampling_params=sp)
+    by_ids = SimpleNamespace(rid="i", origin_input_ids=list(ids), sampling_params=sp)
     assert served_prompt(by_ids, f.tokenizer, f) == raw
-    assert served_prompt(by_ids, None, f) == ""  # no text and no tokenizer: token count only
+    assert served_prompt(by_ids, None, f) == ""  # no tokenizer: the token count only
     st = DwiseServing(
         PluginConfig(bundle="tiny-bd", slots=2, k=2),
         bundle,

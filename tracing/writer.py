@@ -119,7 +119,8 @@ class TraceWriter:
     context manager, or call :meth:`close`: on normal exit and on an exception (Ctrl-C and
     :class:`~dwise_predict.errors.Terminated` included) the rows still waiting are written as
     one last complete shard; nothing partial is left. ``add`` is safe to call from one
-    thread while the timer writes from another.
+    thread while the timer writes from another: rows are swapped out under the lock and
+    written outside it, so ``add`` never waits for a disk.
     """
 
     def __init__(
@@ -186,35 +187,49 @@ class TraceWriter:
             if len(self._rows) == 1:
                 self._oldest = time.monotonic()
                 self._wake.notify()
-            if len(self._rows) >= self.shard_size:
-                self._flush_locked()
+            batch = self._take_locked() if len(self._rows) >= self.shard_size else None
+        if batch is not None:
+            self._write(*batch)
 
     def flush(self) -> Path | None:
         """Write the waiting rows as one shard now; returns its path (None if none waited)."""
         with self._lock:
-            return self._flush_locked()
+            batch = self._take_locked()
+        return None if batch is None else self._write(*batch)
 
-    def _flush_locked(self) -> Path | None:
+    def _take_locked(self) -> tuple[list[dict[str, Any]], int] | None:
+        """Swap the waiting rows out and claim a shard number (under the lock; no I/O)."""
         if not self._rows:
             return None
-        n = len(self._rows)
-        path = self.out_dir / shard_name(self.writer_id, self._count)
+        rows, self._rows = self._rows, []
+        index, self._count = self._count, self._count + 1
+        return rows, index
+
+    def _write(self, rows: list[dict[str, Any]], index: int) -> Path:
+        """Write one shard outside the lock, so ``add`` never waits for a disk. Rows whose
+        write fails (or is interrupted) go back to the front of the queue: never a loss."""
+        path = self.out_dir / shard_name(self.writer_id, index)
         t0 = time.perf_counter()
-        write_table_atomic(rows_to_table(self._rows, self.fingerprint), path)
-        self.write_s += time.perf_counter() - t0
-        # An interrupt before the next line rewrites these rows (and any newer) under the same
-        # name; after it, under the next name (a copy readers drop). Never a loss.
-        self._count += 1
-        del self._rows[:n]
-        self.rows_written += n
-        self.written.append(path)
+        try:
+            write_table_atomic(rows_to_table(rows, self.fingerprint), path)
+        except BaseException:
+            with self._lock:
+                self._rows[:0] = rows
+                self._oldest = time.monotonic()
+            raise
+        with self._lock:
+            self.write_s += time.perf_counter() - t0
+            self.rows_written += len(rows)
+            self.written.append(path)
         return path
 
     def _flush_on_time(self) -> None:
         """Timer thread: write the waiting rows once the oldest has waited the interval."""
         interval = self.flush_interval_s or 0.0
-        with self._lock:
-            while not self._closed:
+        while True:
+            with self._lock:
+                if self._closed:
+                    return
                 if not self._rows:
                     self._wake.wait()
                     continue
@@ -222,11 +237,14 @@ class TraceWriter:
                 if due > 0:
                     self._wake.wait(due)
                     continue
-                try:
-                    self._flush_locked()
-                except BaseException as e:  # reported to the caller by the next add()/close()
-                    self._error = e
-                    return
+                batch = self._take_locked()
+            if batch is None:
+                continue
+            try:
+                self._write(*batch)
+            except BaseException as e:  # reported to the caller by the next add()/close()
+                self._error = e
+                return
 
     def _raise_timer_error(self) -> None:
         if self._error is not None:

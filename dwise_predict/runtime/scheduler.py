@@ -93,6 +93,9 @@ class Scheduler:
         self.preemptions = 0
         self.refinements = 0
         self.finished = 0
+        #: requests that ended outside the round protocol (:meth:`cancel`)
+        self.cancelled = 0
+        self._cancel_at_update: set[int] = set()
 
     # -- arrivals ---------------------------------------------------------------------------
     def add_request(
@@ -179,6 +182,40 @@ class Scheduler:
         self._seq += 1
         self._row_of[request_id] = row
         return row
+
+    def cancel(self, request_id: Hashable) -> bool:
+        """Forget a request that ended outside the round protocol (a client abort, the serving
+        framework dropping it): its row, and its KV reservation if it was resident.
+
+        Returns False for an id the scheduler does not hold (it already finished, or was never
+        added), so a driver may cancel without first asking. Between ``update`` and the next
+        ``plan_round`` the request is gone at once. While a plan is outstanding and names the
+        request, it stays until ``update``, which then releases it whatever the result says
+        (it is not counted as finished); the driver still reports every planned row.
+        """
+        row = self._row_of.get(request_id)
+        if row is None:
+            return False
+        plan = self._plan
+        if plan is not None and bool(np.any(plan.rows == row)):
+            self._cancel_at_update.add(row)
+            return True
+        self._release_cancelled(np.asarray([row], dtype=np.int64))
+        return True
+
+    def _release_cancelled(self, rows: np.ndarray) -> None:
+        t = self.table
+        resident = rows[t.state[rows] == RESIDENT]
+        if resident.size:
+            self.kv.release(int(t.kv_tokens[resident].sum()))
+        for rid in t.ids[rows].tolist():
+            del self._row_of[rid]
+        prev = self._prev_rows
+        if prev is not None and prev.size:
+            # the freed row may be reused by a new request: it did not "run last round"
+            self._prev_rows = prev[~np.isin(prev, rows)]
+        t.release(rows)
+        self.cancelled += int(rows.size)
 
     def row_of(self, request_id: Hashable) -> int:
         try:
@@ -346,6 +383,12 @@ class Scheduler:
             )
         t = self.table
         prompt = plan.prompt
+        cancelled = _EMPTY
+        if self._cancel_at_update:
+            cancelled = np.fromiter(sorted(self._cancel_at_update), dtype=np.int64)
+            self._cancel_at_update.clear()
+            # a cancelled request is released below, not finished, whatever was reported
+            finished = finished & ~np.isin(rows, cancelled)
         if prompt.any():
             if finished[prompt].any():
                 raise SchedulerError(
@@ -398,6 +441,8 @@ class Scheduler:
                 del self._row_of[rid]
             t.release(done)
             self.finished += int(done.size)
+        if cancelled.size:
+            self._release_cancelled(cancelled)
         self.round_index += 1
         self._plan = None
         return time.perf_counter() - t0
@@ -417,6 +462,8 @@ class Scheduler:
             raise SchedulerError("a request was refined more than once")
         if np.any(t.state[t.waiting] != WAITING) or np.any(t.state[res] != RESIDENT):
             raise SchedulerError("cached residency views are stale")
+        if self._plan is None and self._cancel_at_update:
+            raise SchedulerError("a cancellation waits for an update that no plan will bring")
         live = np.flatnonzero(t.state != FREE)
         if live.size != len(self._row_of):
             raise SchedulerError("id map and table disagree")

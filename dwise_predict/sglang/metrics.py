@@ -25,6 +25,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from . import seam
+
 log = logging.getLogger(__name__)
 
 ESTIMATES = ("admission", "refinement")
@@ -79,8 +81,8 @@ def _value(x: float | None) -> float:
 
 def gauges_for(scheduler: Any, registry: Any = None) -> MonitorGauges | None:
     """Gauges when this SGLang scheduler exports metrics (``--enable-metrics``), else None."""
-    reporter = getattr(scheduler, "metrics_reporter", None)
-    if not getattr(reporter, "enable_metrics", False):
+    labels = seam.metrics_labels(scheduler)
+    if labels is None:
         return None
     try:
         import prometheus_client  # noqa: F401 - SGLang's own metrics dependency
@@ -90,8 +92,4 @@ def gauges_for(scheduler: Any, registry: Any = None) -> MonitorGauges | None:
             "writes only its log lines and JSON file"
         )
         return None
-    collector = getattr(reporter, "metrics_collector", None)
-    labels = dict(getattr(collector, "labels", None) or {})
-    if not labels:
-        labels = {"model_name": str(getattr(scheduler, "served_model_name", "") or "")}
     return MonitorGauges(labels, registry)

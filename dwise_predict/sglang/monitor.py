@@ -88,9 +88,14 @@ class QualityMonitor:
             "drifted": drifted,
         }
 
-    def publish(self, path: str | Path | None) -> dict[str, Any]:
-        """Log the figures, warn once on drift, and write them atomically to ``path``."""
-        snap = self.snapshot()
+    def publish(
+        self, path: str | Path | None, snapshot: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Log the figures, warn once on drift, and write them atomically to ``path``.
+
+        ``snapshot`` is one taken earlier (the plugin takes it on the scheduler thread and
+        publishes it from a background one); by default, the figures now."""
+        snap = self.snapshot() if snapshot is None else snapshot
         log.info(
             "dwise monitor: admission %s, refinement %s", snap["admission"], snap["refinement"]
         )

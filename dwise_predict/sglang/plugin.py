@@ -12,12 +12,16 @@ Hooks (each translates SGLang objects into the core runtime's plan/update calls)
 * ``SchedulerDllmMixin._fetch_waiting_reqs`` (AROUND): under ``dwise`` admission is the
   plan's, so SGLang's own FIFO top-up is skipped;
 * ``SchedulerDllmMixin._process_dllm_batches`` (AROUND): the round composition;
+* ``Scheduler.abort_request`` (AROUND): after SGLang ended the requests a client aborted,
+  the core forgets them too (their KV reservations and rows come back);
 * ``SchedulerDllmMixin.process_batch_result_dllm`` (AROUND): resolved blocks, refinement;
 * ``LogitsProcessor._get_dllm_logits`` (AROUND, refinement on): keeps the final-norm rows on
   the returned ``LogitsProcessorOutput.hidden_states``. Registered before CUDA-graph capture,
   so the captured decode graph returns them too and its replay slices them to the batch;
-  they live in the graph's static output buffer, so the plugin pools them to CPU in
-  ``process_batch_result_dllm`` before the next forward overwrites them.
+  they live in the graph's static output buffer, so the plugin pools them (on the device, one
+  host copy a round) in ``process_batch_result_dllm`` before the next forward overwrites them.
+
+Every SGLang name used here goes through :mod:`.seam`, which checks them all at start-up.
 
 SGLang's ``load_plugins`` logs and swallows exceptions raised here, so a failure that must
 stop the server (a hook target missing from this SGLang version, a bad setting) is turned into
@@ -30,16 +34,16 @@ import logging
 from typing import Any
 
 from ..errors import ConfigError, DwisePredictError
+from . import seam
 from .config import PLANNED, PluginConfig, load_config
 from .metrics import gauges_for
-from .server import (
-    HOOK_TARGETS,
+from .seam import (
     LOGITS,
     MIXIN,
     SCHEDULER,
     SGLangIncompatibleError,
     incompatibility_message,
-    missing_targets,
+    missing_names,
     server_fingerprint,
 )
 
@@ -58,22 +62,22 @@ def attach(scheduler: Any, config: PluginConfig) -> Any:
     from ..bundle import load_bundle
     from .serving import DwiseServing
 
-    dc = getattr(scheduler, "dllm_config", None)
-    if dc is None:
+    seam.check_scheduler(scheduler)
+    if seam.dllm_config(scheduler) is None:
         raise ConfigError(
             "DWISE_SGLANG_BUNDLE is set but this SGLang server runs no dLLM "
             "(--dllm-algorithm is unset): unset DWISE_SGLANG_BUNDLE, or serve a dLLM"
         )
-    if not dc.first_done_first_out_mode:
+    if not seam.fdfo(scheduler):
         raise ConfigError(
             "the dwise plugin needs SGLang's FDFO dLLM mode (one denoising step "
             "per round); sync mode runs a whole block inside one round, so "
             "remaining work cannot be counted per round: enable --dllm-fdfo, or "
             "unset DWISE_SGLANG_BUNDLE"
         )
-    if dc.requires_separate_context_encoding and config.policy in PLANNED:
+    if seam.separate_context_encoding(scheduler) and config.policy in PLANNED:
         raise ConfigError(
-            f"the {dc.algorithm} algorithm prefills with a variable-length "
+            f"the {seam.algorithm(scheduler)} algorithm prefills with a variable-length "
             "EXTEND, so prompt and denoising blocks cannot share a round: use "
             "DWISE_SGLANG_POLICY=fcfs with it"
         )
@@ -96,20 +100,22 @@ def attach(scheduler: Any, config: PluginConfig) -> Any:
     state = DwiseServing(
         config,
         bundle,
-        block_size=int(dc.block_size),
-        kv_pool_tokens=int(scheduler.token_to_kv_pool_allocator.size),
-        req_slots=int(scheduler.req_to_token_pool.size),
+        block_size=seam.block_size(scheduler),
+        kv_pool_tokens=seam.kv_pool_tokens(scheduler),
+        req_slots=seam.request_slots(scheduler),
         refine=refine,
     )
-    if config.trace_dir and int(getattr(scheduler, "tp_rank", 0) or 0) == 0:
+    state.tokenizer = seam.tokenizer(scheduler)
+    tp_rank, dp_rank = seam.ranks()
+    if config.trace_dir and tp_rank == 0:
         from .traces import ServingTraceSink
 
         state.trace_sink = ServingTraceSink(
             config.trace_dir,
             server_fingerprint(scheduler),
-            dp_rank=int(getattr(scheduler, "dp_rank", 0) or 0),
+            dp_rank=dp_rank,
             prompt_text=config.trace_prompt_text,
-            tokenizer=getattr(scheduler, "tokenizer", None),
+            tokenizer=state.tokenizer,
             featurizer=state.featurizer,
         )
     state.gauges = gauges_for(scheduler)
@@ -133,18 +139,15 @@ def _state(scheduler: Any, config: PluginConfig) -> Any:
 
 def _refuse_at_startup(error: Exception) -> None:
     """Make ``Scheduler.__init__`` raise ``error``: the one failure SGLang does not swallow."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise error
 
-    HookRegistry.register(f"{SCHEDULER}.__init__", refuse, HookType.BEFORE)
+    seam.register_hook(f"{SCHEDULER}.__init__", refuse, "BEFORE")
 
 
 def register() -> None:
     """The ``sglang.srt.plugins`` entry point: install the hooks the settings ask for."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
     try:
         config = load_config()
     except DwisePredictError as e:
@@ -152,7 +155,7 @@ def register() -> None:
         return
     if config is None:
         return  # not configured: SGLang runs exactly as stock
-    missing = missing_targets(HOOK_TARGETS)
+    missing = missing_names()
     if missing:
         error = SGLangIncompatibleError(incompatibility_message(missing))
         log.error("%s", error)
@@ -162,24 +165,24 @@ def register() -> None:
     def after_init(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
         attach(scheduler, config)
 
-    HookRegistry.register(f"{SCHEDULER}.__init__", after_init, HookType.AFTER)
-
-    if config.policy in PLANNED:
-
-        def fetch_waiting(original_fn: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
-            return None  # admission is the plan's (compose_round), not SGLang's FIFO top-up
-
-        def process_batches(
-            original_fn: Any, scheduler: Any, adder: Any, running_batch: Any = None, **kwargs: Any
-        ) -> Any:
-            rb = running_batch if running_batch is not None else kwargs.get("running_batch")
-            return _state(scheduler, config).compose_round(scheduler, adder, rb)
-
-        HookRegistry.register(f"{MIXIN}._fetch_waiting_reqs", fetch_waiting, HookType.AROUND)
-        HookRegistry.register(f"{MIXIN}._process_dllm_batches", process_batches, HookType.AROUND)
+    seam.register_hook(f"{SCHEDULER}.__init__", after_init, "AFTER")
 
     if config.policy not in PLANNED:
         return  # fcfs: SGLang's own rounds; the plugin only checked the bundle at start-up
+
+    def fetch_waiting(original_fn: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+        return None  # admission is the plan's (compose_round), not SGLang's FIFO top-up
+
+    def process_batches(
+        original_fn: Any, scheduler: Any, adder: Any, running_batch: Any = None, **kwargs: Any
+    ) -> Any:
+        rb = running_batch if running_batch is not None else kwargs.get("running_batch")
+        return _state(scheduler, config).compose_round(scheduler, adder, rb)
+
+    def abort_request(original_fn: Any, scheduler: Any, recv_req: Any, *a: Any, **kw: Any) -> Any:
+        out = original_fn(scheduler, recv_req, *a, **kw)
+        _state(scheduler, config).abort(*seam.abort_target(recv_req))
+        return out
 
     def batch_result(
         original_fn: Any, scheduler: Any, batch: Any, result: Any, *args: Any, **kwargs: Any
@@ -190,7 +193,10 @@ def register() -> None:
         state.fold_previous()  # now, so the last round of a burst is folded too
         return out
 
-    HookRegistry.register(f"{MIXIN}.process_batch_result_dllm", batch_result, HookType.AROUND)
+    seam.register_hook(f"{MIXIN}._fetch_waiting_reqs", fetch_waiting, "AROUND")
+    seam.register_hook(f"{MIXIN}._process_dllm_batches", process_batches, "AROUND")
+    seam.register_hook(f"{SCHEDULER}.abort_request", abort_request, "AROUND")
+    seam.register_hook(f"{MIXIN}.process_batch_result_dllm", batch_result, "AROUND")
 
     if config.refine:
 
@@ -204,7 +210,7 @@ def register() -> None:
             **kwargs: Any,
         ) -> Any:
             out = original_fn(processor, hidden_states, lm_head, logits_metadata, *args, **kwargs)
-            out.hidden_states = hidden_states
+            seam.keep_hidden(out, hidden_states)
             return out
 
-        HookRegistry.register(f"{LOGITS}._get_dllm_logits", keep_hidden, HookType.AROUND)
+        seam.register_hook(f"{LOGITS}._get_dllm_logits", keep_hidden, "AROUND")

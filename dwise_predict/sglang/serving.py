@@ -3,24 +3,37 @@
 SGLang's dLLM path keeps three sets of requests, and the plugin maps them onto the core
 :class:`~dwise_predict.runtime.Scheduler` one to one:
 
-* ``scheduler.waiting_queue`` (not yet admitted) = the core's waiting rows;
-* ``dllm_manager.waiting_queue`` (admitted, holding a request slot and KV) = the residents;
-* the round's ``PrefillAdder.can_run_list`` = the plan's rows.
+* SGLang's waiting queue (not yet admitted) = the core's waiting rows;
+* the dLLM resident set (admitted, holding a request slot and KV) = the core's residents;
+* the requests SGLang's adder accepted into the round = the plan's rows.
 
 Per round (:meth:`DwiseServing.compose_round`, called in place of SGLang's prefill-first
 ``_process_dllm_batches``): fold the previous round's outcome into the core (finished
 requests, the refined estimate of requests that just ran their first denoising round),
-register new arrivals with their admission estimate, ask the core for a plan, move the
-admitted requests into the resident set, and hand the planned requests to SGLang's own
-``_process_batch_by_phase``, decode and prefill alike, so one ``DLLM_EXTEND`` batch carries
-both. A resident left out keeps its KV, request slot and partial block: SGLang's FDFO path
-already pauses that way. Every decision is a function of the arrival order and the model's
-outputs only (no clock, no randomness), so every TP rank's scheduler composes the same round.
+forget requests that ended outside the plan (aborts), register new arrivals with their
+admission estimate, ask the core for a plan, move the admitted requests into the resident set,
+and hand the planned requests to SGLang's own per-phase batch building, decode and prefill
+alike, so one batch carries both. A resident left out keeps its KV, request slot and partial
+block: SGLang's FDFO path already pauses that way. Every decision is a function of the arrival
+order and the model's outputs only (no clock, no thread timing), so every TP rank's scheduler
+composes the same round.
+
+**Every way a request ends** leaves the core and SGLang agreeing:
+
+* it finishes (EOS, length cap, context limit): :meth:`fold_previous` reports it to the core;
+* it is aborted (client disconnect, ``abort_all``) while waiting, resident, paused, mid-prompt,
+  mid-block, or in the round just run: SGLang pops it from its queues and frees its KV; the
+  hook on ``abort_request`` then cancels it in the core (:meth:`abort`);
+* it leaves SGLang's queues any other way: the next round sees the queue sizes disagree with
+  the core's and reconciles by membership (:meth:`_reconcile`), so no path leaks a reservation
+  or plans a request that is gone.
 
 Round accounting: a block that needs r denoising steps costs SGLang r + 1 forwards (the last
 one sees no mask and writes the block's final KV); the traces the bundle learned from count r.
 The plugin records both: ``rounds_per_block`` in the trace convention (r), ``forwards`` in
-SGLang's.
+SGLang's. Per-request work per round is proportional to the requests that resolved a block,
+started denoising, arrived or ended, not to B: the counters that move every round live in the
+core's arrays.
 """
 
 from __future__ import annotations
@@ -28,6 +41,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +50,8 @@ import numpy as np
 from ..errors import ConfigError
 from ..features import newline_count, word_count
 from ..runtime import DWISE, DWSSJF, RoundPlan, RoundResult, Scheduler
+from . import seam
+from .background import Background
 from .config import PLANNED, PluginConfig
 from .monitor import QualityMonitor
 from .prompt import served_prompt
@@ -52,14 +68,16 @@ class RequestTrack:
     admission: float
     arrival_round: int
     refined: float | None = None
+    #: denoising forwards run (SGLang's count: r + 1 per resolved block), set at the end
     forwards: int = 0
-    block_forwards: int = 0
     rounds_per_block: list[int] = field(default_factory=list)
     first_round: int | None = None
     finish_round: int | None = None
     hidden: np.ndarray | None = None
     #: the DWS cost estimate the request was ranked by (policy dws-sjf), else None
     cost_ms: float | None = None
+    #: denoising forwards run when its current block began
+    block_start: int = 0
 
 
 @dataclass
@@ -73,6 +91,10 @@ class ServingStats:
     refused_by_adder: int = 0
     phase_mismatches: int = 0
     kv_clamped: int = 0
+    #: requests that ended outside the plan (aborted in SGLang's queues, or dropped by it)
+    cancelled: int = 0
+    #: rounds that found SGLang's queues out of step with the core and reconciled them
+    reconciled: int = 0
 
 
 @dataclass
@@ -120,6 +142,8 @@ class DwiseServing:
         )
         self.reqs: dict[Any, Any] = {}  # rid -> Req, for every request the core knows
         self.tracks: dict[Any, RequestTrack] = {}
+        #: the Req of each core table row (rows are reused; a live row's entry is current)
+        self._req_at = np.empty(self.core.table.capacity, dtype=object)
         #: finished requests' records, kept only when a caller asks (benchmarks, tests)
         self.keep_finished = False
         self.finished: list[tuple[Any, RequestTrack]] = []
@@ -128,12 +152,19 @@ class DwiseServing:
         self.monitor = QualityMonitor(config.monitor_window, config.drift_threshold)
         #: Prometheus gauges of the monitor when SGLang runs with --enable-metrics (metrics.py)
         self.gauges: Any = None
+        #: file writes (trace shards, monitor snapshots) happen here, off the scheduler thread
+        self.background = Background()
+        self.tokenizer: Any = None
         self.stats = ServingStats()
         self._pending: _Pending | None = None
-        self._resolved: dict[Any, bool] = {}
-        self._first_rids: set[Any] = set()
+        self._resolved: list[Any] = []  # Reqs whose block resolved in the round just run
+        self._first: list[tuple[int, Any]] = []  # (batch index, Req) in their first denoising
+        self._aborted = False  # an abort ran since the last reconcile
         #: (length, last request) of SGLang's waiting list when the plugin last looked
         self._seen: tuple[int, Any] = (0, None)
+        #: dws-sjf: arrivals scored by the text encoder while the round runs (registered next)
+        self._encoder: ThreadPoolExecutor | None = None
+        self._scoring: tuple[list[Any], Future[Any]] | None = None
 
     # -- arrivals -----------------------------------------------------------------------------
     def _new_in(self, waiting: list[Any]) -> list[Any]:
@@ -141,53 +172,73 @@ class DwiseServing:
 
         SGLang appends arrivals to its waiting list, and only the plugin takes requests out
         (admission) in this mode, so what is new is what follows the last request seen. When
-        the queue changed otherwise (an abort, a retraction), the whole queue is scanned.
+        the queue changed otherwise (an abort), the whole queue is scanned.
         """
         n, tail = self._seen
+        known = self.reqs
         if 0 < n <= len(waiting) and waiting[n - 1] is tail:
-            new = [r for r in waiting[n:] if r.rid not in self.reqs]
+            new = [r for r in waiting[n:] if seam.rid(r) not in known]
         else:
-            new = [r for r in waiting if r.rid not in self.reqs]
+            new = [r for r in waiting if seam.rid(r) not in known]
         self._remember(waiting)
         return new
 
     def _remember(self, waiting: list[Any]) -> None:
         self._seen = (len(waiting), waiting[-1] if waiting else None)
 
-    def register_arrivals(self, waiting: list[Any], tokenizer: Any = None) -> int:
-        """Give every request new to ``waiting`` its admission estimate and a core row."""
-        new = self._new_in(waiting)
-        if not new:
-            return 0
+    def _features(self, new: list[Any]) -> tuple[np.ndarray, list[str]]:
         X = np.empty((len(new), 3), dtype=np.float64)
         texts = []
         for i, req in enumerate(new):
-            texts.append(served_prompt(req, tokenizer, self.featurizer))
+            texts.append(served_prompt(req, self.tokenizer, self.featurizer))
             # the token count is SGLang's own, i.e. after the chat template was applied
-            X[i] = (word_count(texts[-1]), newline_count(texts[-1]), len(req.origin_input_ids))
+            X[i] = (word_count(texts[-1]), newline_count(texts[-1]), len(seam.prompt_ids(req)))
+        return X, texts
+
+    def _score(self, new: list[Any]) -> tuple[np.ndarray, np.ndarray, list[float | None]]:
+        """Features, admission estimates and (dws-sjf) DWS cost scores of ``new``."""
+        X, texts = self._features(new)
         est = np.asarray(self.bundle.predict_admission_features(X), dtype=np.float64)
         scores: list[float | None] = [None] * len(new)
         if self.config.policy == "dws-sjf":  # the DWS surface priced by the cost profile, in ms
             cost = self.bundle.predict_cost(texts, prompt_tokens=X[:, 2].astype(np.int64))
             scores = [float(c) if math.isfinite(c) and c >= 0 else 0.0 for c in cost.tolist()]
+        return X, est, scores
+
+    def register_arrivals(self, waiting: list[Any], tokenizer: Any = None) -> int:
+        """Give every request new to ``waiting`` its admission estimate and a core row."""
+        if tokenizer is not None:
+            self.tokenizer = tokenizer
+        new = self._new_in(waiting)
+        if not new:
+            return 0
+        self._register(new, *self._score(new))
+        return len(new)
+
+    def _register(
+        self, new: list[Any], X: np.ndarray, est: np.ndarray, scores: list[float | None]
+    ) -> None:
         bs, kv = self.block_size, self.core.kv
-        for req, e, score in zip(new, est.tolist(), scores):
-            n_prompt = len(req.origin_input_ids)
-            budget = int(req.sampling_params.max_new_tokens)
+        for req, x, e, score in zip(new, X, est.tolist(), scores):
+            rid = seam.rid(req)
+            if rid in self.reqs:
+                continue  # registered already (a dws-sjf arrival scored twice)
+            n_prompt = int(x[2])
+            budget = seam.max_new_tokens(req)
             worst = kv.worst_case(n_prompt, budget, bs)
             if worst > kv.limit_tokens:  # cannot ever fit the rule: run it alone rather than never
                 self.stats.kv_clamped += 1
                 log.warning(
                     "request %s needs %d KV tokens worst case, over the plugin's limit %d; "
                     "it will run only when nothing else holds a reservation",
-                    req.rid,
+                    rid,
                     worst,
                     kv.limit_tokens,
                 )
                 worst = kv.limit_tokens
             e = float(e) if math.isfinite(e) and e >= 0 else 0.0
-            self.core.add_request(
-                req.rid,
+            row = self.core.add_request(
+                rid,
                 n_prompt // bs,
                 e,
                 prompt_tokens=n_prompt,
@@ -196,15 +247,89 @@ class DwiseServing:
                 kv_tokens_worst_case=worst,
                 score=score,
             )
-            self.reqs[req.rid] = req
-            self.tracks[req.rid] = RequestTrack(
+            if row >= self._req_at.size:
+                grown = np.empty(self.core.table.capacity, dtype=object)
+                grown[: self._req_at.size] = self._req_at
+                self._req_at = grown
+            self._req_at[row] = req
+            self.reqs[rid] = req
+            self.tracks[rid] = RequestTrack(
                 n_prompt, budget, e, self.core.round_index, cost_ms=score
             )
-        return len(new)
+
+    def _arrivals(self, sched: Any) -> None:
+        """Register this round's arrivals; under dws-sjf, the text encoder runs while the
+        forward does, and its arrivals join the plan one round later (the same round on every
+        TP rank), unless nothing else is there to run."""
+        waiting = seam.waiting(sched)
+        if self._scoring is not None:
+            reqs, fut = self._scoring
+            self._scoring = None
+            live = {id(r) for r in waiting}
+            done = fut.result()
+            keep = [i for i, r in enumerate(reqs) if id(r) in live]  # aborted while scored
+            if keep:
+                X, est, scores = done
+                self._register(
+                    [reqs[i] for i in keep], X[keep], est[keep], [scores[i] for i in keep]
+                )
+        new = self._new_in(waiting)
+        if not new:
+            return
+        if self.config.policy != "dws-sjf" or self.core.idle:
+            self._register(new, *self._score(new))
+            return
+        if self._encoder is None:
+            self._encoder = ThreadPoolExecutor(1, thread_name_prefix="dwise-dws-encoder")
+        self._scoring = (new, self._encoder.submit(self._score, new))
+
+    # -- requests that end outside the plan ------------------------------------------------------
+    def abort(self, abort_all: bool, prefix: str) -> None:
+        """SGLang just ran ``abort_request``: forget every request it ended.
+
+        SGLang popped the matching requests from its queues and freed their KV; the core
+        still holds them. A round in flight (never the case in SGLang's loop, where aborts
+        are read between rounds) defers the clean-up to the next round's reconcile.
+        """
+        self._aborted = True
+        if self._pending is not None:
+            return
+        ended = [r for r in self.reqs if abort_all or str(r).startswith(prefix)]
+        for rid in ended:
+            self._forget(rid, "aborted")
+        if ended:
+            self._seen = (0, None)  # SGLang's waiting queue changed under the plugin
+
+    def _forget(self, rid: Any, why: str) -> None:
+        self.core.cancel(rid)
+        self.tracks.pop(rid, None)
+        self.reqs.pop(rid, None)
+        self.stats.cancelled += 1
+        log.debug("request %s %s: the plugin forgets it", rid, why)
+
+    def _reconcile(self, sched: Any) -> None:
+        """Forget every request the core holds that is in none of SGLang's queues."""
+        self.stats.reconciled += 1
+        live = {id(r) for r in seam.waiting(sched)}
+        live.update(id(r) for r in seam.residents(sched))
+        for rid, req in list(self.reqs.items()):
+            if id(req) not in live:
+                self._forget(rid, "left SGLang's queues")
+        self._seen = (0, None)
+        self._aborted = False
+
+    def _in_step(self, sched: Any) -> bool:
+        """Whether SGLang's queues hold exactly the requests the core holds (O(1) check, run
+        after ``_arrivals``): the resident set, and the known part of the waiting queue."""
+        waiting = seam.waiting(sched)
+        if len(seam.residents(sched)) != self.core.n_resident:
+            return False
+        pending = len(self._scoring[0]) if self._scoring is not None else 0
+        return len(waiting) - pending == self.core.n_waiting
 
     # -- one round ------------------------------------------------------------------------------
     def fold_previous(self) -> None:
-        """Report the last planned round to the core, from the requests' own state.
+        """Report the last planned round to the core, from what SGLang did with it.
 
         Runs right after SGLang folded the round's result; ``compose_round`` runs it too, for a
         round whose planned requests the adder refused entirely (no batch, so no result).
@@ -214,153 +339,168 @@ class DwiseServing:
             return
         t0 = time.perf_counter()
         plan, reqs = p.plan, p.reqs
-        finished = np.fromiter((r.finished() for r in reqs), dtype=bool, count=len(reqs))
-        refined = np.full(len(reqs), np.nan)
+        t = self.core.table
+        n = len(reqs)
+        finished = np.zeros(n, dtype=bool)
+        refined: np.ndarray | None = None
         ri = plan.round_index
-        for j, req in enumerate(reqs):
-            tr = self.tracks[req.rid]
-            if plan.prompt[j]:
-                # SGLang reports a prompt block accepted too; it is no output block's end
-                self._resolved.pop(req.rid, None)
-                continue
-            tr.forwards += 1
-            tr.block_forwards += 1
-            if tr.first_round is None:
-                tr.first_round = ri
-            if self._resolved.pop(req.rid, False) or finished[j]:
+        ended: list[tuple[int, Any, int]] = []
+        if self._resolved:
+            # position of each planned row in the plan (rows are unique among live requests)
+            pos = {int(r): j for j, r in enumerate(plan.rows.tolist())}
+            row_of = self.core._row_of
+            for req in self._resolved:
+                rid = seam.rid(req)
+                row = row_of.get(rid)
+                j = pos.get(row) if row is not None else None
+                if j is None or plan.prompt[j]:
+                    continue  # SGLang reports a prompt block accepted too: no output block's end
+                tr = self.tracks[rid]
+                done = int(t.done_rounds[row]) + 1  # this round's forward included
                 # the resolving forward saw no mask: the block took (forwards - 1) steps
-                tr.rounds_per_block.append(max(tr.block_forwards - 1, 1))
-                tr.block_forwards = 0
-            if plan.first_denoise[j] and tr.refined is not None:
-                refined[j] = tr.refined
-        aborted = finished & plan.prompt  # a request aborted mid-prefill: not a finish to the core
-        if aborted.any():
-            finished = finished & ~plan.prompt
+                tr.rounds_per_block.append(max(done - tr.block_start - 1, 1))
+                tr.block_start = done
+                if seam.finished(req):
+                    finished[j] = True
+                    ended.append((j, req, done))
+            self._resolved = []
+        first = np.flatnonzero(plan.first_denoise)
+        if first.size:
+            for j in first.tolist():
+                tr = self.tracks[seam.rid(reqs[j])]
+                tr.first_round = ri
+                if tr.refined is not None:
+                    if refined is None:
+                        refined = np.full(n, np.nan)
+                    refined[j] = tr.refined
         self.core.update(RoundResult(plan.rows, finished, refined))
         self.stats.refinements = self.core.refinements
-        for j in np.flatnonzero(finished).tolist():
-            self._finish(reqs[j], ri)
-        for j in np.flatnonzero(aborted).tolist():
-            self._drop(reqs[j].rid)
+        for _, req, forwards in ended:
+            self._finish(req, ri, forwards)
         self.stats.plan_seconds += time.perf_counter() - t0
 
-    def _finish(self, req: Any, round_index: int) -> None:
-        rid = req.rid
+    def _finish(self, req: Any, round_index: int, forwards: int) -> None:
+        rid = seam.rid(req)
         tr = self.tracks.pop(rid)
         self.reqs.pop(rid, None)
         tr.finish_round = round_index
+        tr.forwards = forwards
+        if seam.end_kind(req) == "abort":  # ended by SGLang mid-way: no measurement of its work
+            self.stats.cancelled += 1
+            return
         actual = float(sum(tr.rounds_per_block))
         refined_total = None if tr.refined is None else 1.0 + tr.refined
         self.monitor.record(actual, tr.admission, refined_total)
         if self.trace_sink is not None:
             self.trace_sink.add(rid, req, tr)
         if self.monitor.finished % self.config.monitor_every == 0:
-            snapshot = self.monitor.publish(self.config.monitor_file)
-            if self.gauges is not None:
-                self.gauges.set(snapshot)
-            if self.trace_sink is not None:
-                self.trace_sink.flush()  # a shard per monitor period: little to lose on a kill
+            self.background.submit(self._publish, self.monitor.snapshot())
         if self.keep_finished:
             self.finished.append((rid, tr))
 
-    def _drop(self, rid: Any) -> None:
-        log.warning(
-            "request %s finished during a prompt block (aborted); the plugin forgets it", rid
-        )
-        self.tracks.pop(rid, None)
-        self.reqs.pop(rid, None)
+    def _publish(self, snapshot: dict[str, Any]) -> None:
+        """Background thread: log and write the monitor's snapshot, set gauges, cut a shard."""
+        self.monitor.publish(self.config.monitor_file, snapshot)
+        if self.gauges is not None:
+            self.gauges.set(snapshot)
+        if self.trace_sink is not None:
+            self.trace_sink.flush_now()  # a shard per monitor period: little to lose on a kill
 
     def compose_round(self, sched: Any, adder: Any, running_batch: Any) -> Any:
         """SGLang's ``_process_dllm_batches`` under DWISE: fill ``adder`` with the plan's rows."""
-        from sglang.srt.dllm.mixin.req import DllmReqPhase
-        from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
         self.fold_previous()
         t0 = time.perf_counter()
-        self.register_arrivals(sched.waiting_queue, getattr(sched, "tokenizer", None))
+        if self._aborted:
+            self._reconcile(sched)
+        self._arrivals(sched)
+        if not self._in_step(sched):
+            self._reconcile(sched)
         plan = self.core.plan_round()
         if plan.admitted.size:
-            # plan.admitted holds table rows (all live now); plan.ids holds the ids of plan.rows
-            admitted = [self.reqs[rid] for rid in self.core.table.ids[plan.admitted].tolist()]
-            queue = sched.waiting_queue
+            admitted = self._req_at[plan.admitted].tolist()
+            queue = seam.waiting(sched)
             if 8 * len(admitted) < len(queue):  # a few: list.remove scans at C speed
                 for r in admitted:
                     queue.remove(r)
             else:
                 taken = {id(r) for r in admitted}
-                queue = sched.waiting_queue = [r for r in queue if id(r) not in taken]
+                queue = [r for r in queue if id(r) not in taken]
+                seam.set_waiting(sched, queue)
             self._remember(queue)
-            sched.dllm_manager.add_waiting_reqs(admitted)
-        run = [self.reqs[rid] for rid in plan.request_ids]
+            seam.admit(sched, admitted)
+        run_at = self._req_at[plan.rows]
+        run = run_at.tolist()
         self.stats.max_residents = max(self.stats.max_residents, self.core.n_resident)
         # the round's budget is B blocks, not SGLang's max_running_requests blocks
-        adder.rem_dllm_tokens = len(run) * self.block_size
-        in_prefill = np.fromiter((r.is_dllm_prefill() for r in run), bool, len(run))
-        flags = in_prefill.tolist()  # one is_dllm_prefill() call per request, not three
-        decode = [r for r, p in zip(run, flags) if not p]
-        prefill = [r for r, p in zip(run, flags) if p]
-        self.stats.phase_mismatches += int(np.count_nonzero(plan.prompt != in_prefill))
-        self._first_rids = {r.rid for r, f in zip(run, plan.first_denoise.tolist()) if f}
+        seam.set_round_budget(adder, len(run) * self.block_size)
+        prompt = plan.prompt
+        if prompt.any():
+            decode, prefill = run_at[~prompt].tolist(), run_at[prompt].tolist()
+        else:
+            decode, prefill = run, []
         t1 = time.perf_counter()
         if decode:
-            sched._process_batch_by_phase(
-                adder,
-                decode,
-                DllmReqPhase.STAGING_DECODE,
-                DllmReqPhase.INCOMING_DECODE,
-                running_batch=running_batch,
-            )
+            seam.run_phase(sched, adder, decode, prefill=False, running_batch=running_batch)
         if prefill:
-            sched._process_batch_by_phase(
-                adder,
-                prefill,
-                DllmReqPhase.STAGING_PREFILL,
-                DllmReqPhase.INCOMING_PREFILL,
-                running_batch=running_batch,
-            )
+            seam.run_phase(sched, adder, prefill, prefill=True, running_batch=running_batch)
         t2 = time.perf_counter()
-        if len(adder.can_run_list) != len(run):
-            self.stats.refused_by_adder += len(run) - len(adder.can_run_list)
+        accepted = len(seam.planned(adder))
+        if accepted != len(run):
+            # the core's prompt-block count and SGLang's phase disagree, or the adder ran out
+            # of KV: count which (slow, but only on a round that went wrong)
+            flags = np.fromiter((seam.in_prefill(r) for r in run), bool, len(run))
+            self.stats.phase_mismatches += int(np.count_nonzero(prompt != flags))
+            self.stats.refused_by_adder += len(run) - accepted
         self._pending = _Pending(plan, run)
         self.stats.rounds += 1
         self.stats.plan_seconds += (t1 - t0) + (time.perf_counter() - t2)
-        return ForwardMode.DLLM_EXTEND
+        return seam.mixed_forward_mode()
 
     # -- results ----------------------------------------------------------------------------------
     def observe_result(self, batch: Any, result: Any) -> None:
         """Before SGLang folds a forward's result: note resolved blocks, pool first-round rows."""
-        acc = getattr(result, "accept_length_per_req_cpu", None)
-        reqs = batch.reqs
-        if acc is not None:
-            for idx, req in enumerate(reqs):
-                if acc[idx]:
-                    self._resolved[req.rid] = True
-        if not (self.refine and self._first_rids):
-            return
-        hidden = getattr(getattr(result, "logits_output", None), "hidden_states", None)
+        t0 = time.perf_counter()
+        reqs = seam.batch_requests(batch)
+        acc = seam.accept_lengths(result)
+        self._resolved = [reqs[i] for i, a in enumerate(acc) if a]
+        p = self._pending
+        if self.refine and p is not None and p.plan.first_denoise.any():
+            self._refine(p, reqs, result)
+        self.stats.plan_seconds += time.perf_counter() - t0
+
+    def _refine(self, p: _Pending, reqs: list[Any], result: Any) -> None:
+        """Refined estimates for the requests that ran their first denoising round."""
+        hidden = seam.round_hidden(result)
         if hidden is None:
             return
-        bs = self.block_size
-        rows, todo = [], []
-        for idx, req in enumerate(reqs):
-            if req.rid not in self._first_rids:
-                continue
-            tr = self.tracks[req.rid]
-            # the first output block shares its first (prompt_tokens % bs) rows with the prompt
-            tail = tr.prompt_tokens % bs
-            block = hidden[idx * bs + tail : (idx + 1) * bs]
-            rows.append(block.float().mean(dim=0).cpu().numpy())
-            todo.append(tr)
-        if not todo:
+        first_rids = {seam.rid(r) for r in np.asarray(p.reqs, dtype=object)[p.plan.first_denoise]}
+        idx = [i for i, r in enumerate(reqs) if seam.rid(r) in first_rids]
+        if not idx:
             return
-        H = np.stack(rows).astype(np.float32)
+        bs = self.block_size
+        todo = [self.tracks[seam.rid(reqs[i])] for i in idx]
+        # the first output block shares its first (prompt_tokens % bs) rows with the prompt
+        tails = [t.prompt_tokens % bs for t in todo]
+        try:
+            H = seam.pool_block_rows(hidden, idx, tails, bs, len(reqs))
+        except seam.SGLangIncompatibleError as err:
+            log.error("%s; refinement is off from now on (admission estimates only)", err)
+            self.refine = False
+            return
         est = self.bundle.predict_refined(
             H, np.array([t.prompt_tokens for t in todo]), np.array([t.output_budget for t in todo])
         )
         for tr, h, e in zip(todo, H, np.asarray(est, dtype=np.float64).tolist()):
             tr.hidden = h
             tr.refined = float(e) if math.isfinite(e) and e >= 0 else None
-        self._first_rids = set()
+
+    def drain(self) -> None:
+        """Wait until every trace row and monitor snapshot handed off so far is written."""
+        if self.trace_sink is not None:
+            self.trace_sink.drain()
+        self.background.drain()
+        if self.trace_sink is not None:
+            self.trace_sink.drain()
 
     @property
     def plugin_us_per_round(self) -> float:

@@ -13,7 +13,7 @@ import pytest
 if importlib.util.find_spec("sglang") is None:
     collect_ignore_glob = ["test_*.py"]
 else:
-    from dwise_predict.zoo.tiny_bd.sglang_cpu import install_torchvision_shim
+    from harness import install_torchvision_shim
 
     install_torchvision_shim()
 
@@ -21,7 +21,7 @@ else:
 @pytest.fixture(autouse=True)
 def _fresh_hooks():
     """Every test starts and ends with SGLang unpatched and its plugins not loaded."""
-    from dwise_predict.zoo.tiny_bd.sglang_cpu import remove_hooks
+    from harness import remove_hooks
 
     remove_hooks()
     yield

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from dwise_predict.zoo.tiny_bd.sglang_cpu import (
+from harness import (
     TinyBDRunner,
     environ,
     eval_requests,

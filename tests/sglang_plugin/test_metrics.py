@@ -8,7 +8,7 @@ import math
 from types import SimpleNamespace
 
 import pytest
-from dwise_predict.zoo.tiny_bd.sglang_cpu import (
+from harness import (
     TinyBDRunner,
     environ,
     eval_requests,
@@ -54,9 +54,12 @@ def test_gauges_carry_the_snapshot_and_flag_drift():
 
 def test_no_gauges_unless_sglang_exports_metrics():
     s = make_scheduler(max_running_requests=4)
-    assert gauges_for(s, CollectorRegistry()) is None  # no metrics reporter at all
     s.metrics_reporter = SimpleNamespace(enable_metrics=False)
     assert gauges_for(s, CollectorRegistry()) is None
+    # a reporter without the flag is an SGLang the plugin does not know: no silent default
+    s.metrics_reporter = SimpleNamespace()
+    with pytest.raises(AttributeError, match="enable_metrics"):
+        gauges_for(s, CollectorRegistry())
 
 
 def test_served_requests_reach_the_gauges(monkeypatch, tmp_path):
@@ -74,7 +77,7 @@ def test_served_requests_reach_the_gauges(monkeypatch, tmp_path):
         reporter.enable_metrics = True
         reporter.metrics_collector = SimpleNamespace(labels=LABELS)
         plugin.attach(s, load_config())
-        del reporter.enable_metrics, reporter.metrics_collector
+        reporter.enable_metrics = False
 
     runner = TinyBDRunner()
     reqs = eval_requests(4, runner, max_new_tokens=32, max_prompt_tokens=120)

@@ -10,7 +10,8 @@ import json
 import statistics
 
 import pytest
-from dwise_predict.zoo.tiny_bd.sglang_cpu import (
+from dwise_predict.zoo.tiny_bd.tokenizer import EOS
+from harness import (
     TinyBDRunner,
     environ,
     eval_requests,
@@ -19,13 +20,12 @@ from dwise_predict.zoo.tiny_bd.sglang_cpu import (
     serve,
     server_args,
 )
-from dwise_predict.zoo.tiny_bd.tokenizer import EOS
 
 from dwise_predict import read_traces
 from dwise_predict.errors import ConfigError, FingerprintMismatchError
 from dwise_predict.sglang import plugin
 from dwise_predict.sglang.config import load_config
-from dwise_predict.sglang.server import SUPPORTED_SGLANG, SGLangIncompatibleError
+from dwise_predict.sglang.seam import SUPPORTED_SGLANG, SGLangIncompatibleError
 
 B, K = 4, 2
 
@@ -59,7 +59,7 @@ def _serve_plugin(requests, runner, **settings):
 
 @pytest.fixture(scope="module")
 def stock(requests, runner):
-    from dwise_predict.zoo.tiny_bd.sglang_cpu import remove_hooks
+    from harness import remove_hooks
 
     remove_hooks()
     with environ({"DWISE_SGLANG_BUNDLE": None}):
@@ -175,11 +175,21 @@ def test_sync_mode_and_too_few_request_slots_refuse():
             _attach(s)
 
 
-def test_missing_hook_target_fails_at_startup(monkeypatch):
+@pytest.mark.parametrize(
+    "gone",
+    [
+        "sglang.srt.dllm.mixin.scheduler.SchedulerDllmMixin.renamed_in_a_later_release",
+        "sglang.srt.managers.utils.GenerationBatchResult.renamed_field",  # an instance attribute
+    ],
+)
+def test_missing_sglang_name_fails_at_startup(monkeypatch, gone):
     from sglang.srt.managers.scheduler import Scheduler
 
-    gone = "sglang.srt.dllm.mixin.scheduler.SchedulerDllmMixin.renamed_in_a_later_release"
-    monkeypatch.setattr(plugin, "HOOK_TARGETS", (*plugin.HOOK_TARGETS, gone))
+    from dwise_predict.sglang import seam
+
+    extra = seam.Name(gone, "read", instance=gone.endswith("renamed_field"))
+    monkeypatch.setattr(seam, "SURFACE", (*seam.SURFACE, extra))
+    monkeypatch.setattr(plugin, "missing_names", lambda: seam.missing_names(seam.SURFACE))
     with environ({**plugin_env("tiny-bd"), "SGLANG_PLUGINS": "dwise"}):
         _load_plugins()  # SGLang swallows exceptions here, so the refusal waits in __init__
         with pytest.raises(SGLangIncompatibleError) as e:
@@ -193,3 +203,19 @@ def test_missing_hook_target_fails_at_startup(monkeypatch):
                 dp_rank=None,
             )
     assert gone in str(e.value) and SUPPORTED_SGLANG in str(e.value)
+
+
+def test_a_scheduler_without_an_attribute_the_plugin_reads_refuses_to_attach():
+    with server_args(pp_max_micro_batch_size=B * K, max_running_requests=B * K):
+        s = make_scheduler(max_running_requests=B * K)
+        del s.tokenizer
+        with environ(plugin_env("tiny-bd")), pytest.raises(SGLangIncompatibleError) as e:
+            _attach(s)
+    assert "Scheduler.tokenizer" in str(e.value)
+
+
+def test_every_sglang_name_the_plugin_uses_resolves_in_this_sglang():
+    from dwise_predict.sglang import seam
+
+    assert seam.missing_names() == []
+    assert len(seam.SURFACE) >= 50

@@ -14,7 +14,8 @@ values cached per request: they are a function of those tokens only, because tin
 block-causal), so a request's output tokens cannot depend on which round or batch it ran in.
 That is what lets a test compare stock and plugin outputs token for token.
 
-Used by ``tests/sglang_plugin/`` and ``benchmarks/sglang_scheduler.py``. Needs the ``.venv-sglang``
+Used by ``tests/sglang_plugin/`` and ``benchmarks/sglang_scheduler.py``; it is test
+equipment, so it lives with the tests and ships in no wheel. Needs the ``.venv-sglang``
 environment (``make test-sglang``).
 """
 
@@ -30,11 +31,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-
-from .generate import _extend
-from .io import from_pretrained
-from .model import KV
-from .tokenizer import EOS, MASK
+from dwise_predict.zoo.tiny_bd.generate import _extend
+from dwise_predict.zoo.tiny_bd.io import from_pretrained
+from dwise_predict.zoo.tiny_bd.model import KV
+from dwise_predict.zoo.tiny_bd.tokenizer import EOS, MASK
 
 
 def install_torchvision_shim() -> None:
@@ -136,6 +136,67 @@ class _LMHead:
         return logits
 
 
+class ScriptedRunner:
+    """A model runner whose outputs are scripted, for fault runs that need many rounds fast.
+
+    Each request's answer is fixed by its rid: ``lengths[rid]`` output tokens, the last one
+    EOS (a request without one runs to its budget). Each denoising step unmasks 1-4 of a
+    block's masked positions (a hash of rid, block and step), the rest left below
+    LowConfidence's threshold, so blocks take varied numbers of rounds through SGLang's own
+    algorithm. Hidden rows are a function of the request only. Nothing here depends on the
+    batch, so outputs cannot depend on scheduling either.
+    """
+
+    vocab = 264
+    hidden_size = 128
+
+    def __init__(self, lengths: dict[str, int], block_size: int = 32) -> None:
+        self.lengths = lengths
+        self.block_size = block_size
+        self.reqs: Sequence[Any] = ()
+        self.forwards = 0
+        self.tokenizer = None
+
+    def forget(self, rid: Any) -> None:
+        pass
+
+    @torch.inference_mode()
+    def forward(self, forward_batch: Any, **kwargs: Any) -> Any:
+        from sglang.srt.layers.logits_processor import LogitsProcessor
+
+        bs, n = self.block_size, forward_batch.batch_size
+        ids = forward_batch.input_ids.view(n, bs)
+        logits = torch.zeros(n * bs, self.vocab)
+        logits[:, 3:5] = 5.0  # two equal tops: confidence 0.5, under any threshold
+        hidden = torch.zeros(n * bs, self.hidden_size)
+        for i, req in enumerate(self.reqs):
+            start = int(req.dllm_block_offset)
+            n_prompt = len(req.origin_input_ids)
+            masked = (ids[i] == MASK).nonzero().flatten().tolist()
+            seed = sum(map(ord, str(req.rid)))
+            hidden[i * bs : (i + 1) * bs] = float(seed % 97) / 97.0
+            take = 1 + (seed + start + len(masked)) % 4
+            for j in masked[:take]:
+                pos = start + j - n_prompt  # output position
+                end = self.lengths.get(req.rid)
+                token = EOS if end is not None and pos == end - 1 else 10 + pos % 200
+                logits[i * bs + j, token] = 30.0
+        self.forwards += 1
+        head = _ScriptedHead(logits)
+        out = LogitsProcessor._get_dllm_logits(head, hidden, None, None)
+        return SimpleNamespace(logits_output=out, can_run_graph=False)
+
+
+class _ScriptedHead:
+    return_full_logits = True
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.logits = logits
+
+    def _get_logits(self, hidden: torch.Tensor, lm_head: Any, metadata: Any) -> torch.Tensor:
+        return self.logits
+
+
 # -- the scheduler ---------------------------------------------------------------------------
 
 
@@ -170,17 +231,23 @@ class RunResult:
     max_residents: int = 0
     wall_seconds: float = 0.0
     kv_balanced_every_round: bool = True
+    #: the round before which each request entered SGLang's waiting queue
+    arrival_round: dict[str, int] = field(default_factory=dict)
+    #: rounds with nothing to run while requests were still to arrive
+    idle_rounds: int = 0
 
 
 @contextmanager
 def server_args(**overrides: Any):  # type: ignore[no-untyped-def]
     """Install SGLang server args for the duration (what its CPU unit tests do)."""
-    from sglang.srt.runtime_context import get_context
+    from sglang.srt.runtime_context import get_context, get_parallel
 
     override = get_context().override_server_args(**overrides)
     override.install()
     try:
-        yield
+        # one scheduler process of a server without tensor, data or pipeline parallelism
+        with get_parallel().override(tp_rank=0, dp_rank=None, pp_size=1):
+            yield
     finally:
         override.restore()
 
@@ -255,14 +322,178 @@ def make_scheduler(
     s.enable_overlap = False
     s.spec_algorithm = SimpleNamespace(is_none=lambda: True)
     s.metrics_reporter = SimpleNamespace(
-        num_generated_tokens=0, report_prefill_stats=lambda **kw: None
+        num_generated_tokens=0, report_prefill_stats=lambda **kw: None, enable_metrics=False
     )
+    s.tokenizer = None  # a server started with --skip-tokenizer-init; CpuServer sets tiny-bd's
     s.output_streamer = SimpleNamespace(stream_output=lambda *a, **kw: None)
     s.running_batch = ScheduleBatch(reqs=[], batch_is_full=False)
     s.chunked_req = None
     s.beam_coordinator = SimpleNamespace(pending_member_rows=lambda batch: 0)
     s.disaggregation_mode = DisaggregationMode.NULL
     return s
+
+
+class CpuServer:
+    """A real SGLang ``Scheduler`` driven round by round, the way its event loop drives it.
+
+    ``submit`` puts a request in SGLang's waiting queue (an arrival between rounds),
+    ``abort`` goes through SGLang's own ``Scheduler.abort_request`` (a client disconnect),
+    ``step`` runs one round: ``filter_finished_reqs``, ``finish_dllm_forward`` of the staging
+    requests, ``get_new_batch_dllm`` (where the plugin composes the round), the forward and
+    ``process_batch_result_dllm``. Use it as a context manager: SGLang's server args stay
+    installed while it serves.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_running_requests: int,
+        runner: TinyBDRunner,
+        block_size: int = 32,
+        threshold: float = 0.95,
+        pool_tokens: int = 1 << 20,
+        on_scheduler: Any = None,
+    ) -> None:
+        self.max_running_requests = max_running_requests
+        self.runner = runner
+        self.block_size = block_size
+        self.threshold = threshold
+        self.pool_tokens = pool_tokens
+        self.on_scheduler = on_scheduler
+        self.rounds = 0
+        self.reqs: dict[str, Any] = {}
+        self.aborted: set[str] = set()
+        #: every request SGLang reported back as aborted (its tokenizer-side clean-up message)
+        self.abort_outputs: list[str] = []
+        self._args: Any = None
+        #: which requests of the last batch carried a prompt block (read before the forward)
+        self.last_prefill: list[bool] = []
+
+    def __enter__(self) -> CpuServer:
+        from sglang.srt.dllm.algorithm import get_algorithm
+
+        n = self.max_running_requests
+        self._args = server_args(pp_max_micro_batch_size=n, max_running_requests=n)
+        self._args.__enter__()
+        s = self.scheduler = make_scheduler(
+            max_running_requests=n,
+            block_size=self.block_size,
+            threshold=self.threshold,
+            pool_tokens=self.pool_tokens,
+        )
+        # what Scheduler.abort_request reads besides the queues (a server without
+        # disaggregation, multimodal encoders, grammars or a Rust front end)
+        s.mm_receiver = None
+        s.rust_server = None
+        s.enable_continuous_input_polling = False
+        s.result_queue = []
+        s.last_batch = None
+        s.beam_coordinator.retire_group = lambda req: None
+        s.grammar_manager = SimpleNamespace(abort_requests=lambda recv_req: None)
+        s.ipc_channels = SimpleNamespace(
+            send_to_tokenizer=SimpleNamespace(
+                send_output=lambda out, req: self.abort_outputs.append(req.rid)
+            )
+        )
+        # a real scheduler holds the server's tokenizer; SGLang 0.5.23's Req keeps only the
+        # prompt's ids (not its text), so the plugin decodes them with it for the features
+        s.tokenizer = self.runner.tokenizer
+        if self.on_scheduler is not None:
+            self.on_scheduler(s)
+        self.worker = SimpleNamespace(
+            dllm_algorithm=get_algorithm(s.dllm_config), model_runner=self.runner
+        )
+        self.kv_free_before = s.token_to_kv_pool_allocator.available_size()
+        self.req_slots_free_before = s.req_to_token_pool.available_size()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        state = getattr(self.scheduler, "dwise_serving", None)
+        if state is not None:
+            state.drain()  # what the plugin hands its background threads is on disk
+        self._args.__exit__(*exc)
+
+    # -- what a client does ------------------------------------------------------------------
+    def submit(self, spec: RequestSpec) -> Any:
+        from sglang.srt.managers.schedule_batch import Req
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        sp = SamplingParams(max_new_tokens=spec.max_new_tokens, temperature=0.0)
+        sp.normalize(None)
+        # a server gives every Req the model's EOS ids (ModelConfig.hf_eos_token_id), so a
+        # request finishes at its EOS instead of running to max_new_tokens
+        req = Req(
+            spec.rid,
+            spec.text,
+            array("q", spec.input_ids),
+            sp,
+            eos_token_ids={EOS},
+            dllm_config=self.scheduler.dllm_config,
+        )
+        self.reqs[spec.rid] = req
+        self.scheduler.waiting_queue.append(req)
+        return req
+
+    def abort(self, rid: str = "", *, abort_all: bool = False) -> None:
+        """A client disconnect, through SGLang's own ``Scheduler.abort_request``."""
+        from sglang.srt.managers.io_struct import AbortReq
+
+        self.scheduler.abort_request(AbortReq(rid=rid, abort_all=abort_all))
+        for r, req in self.reqs.items():
+            if (abort_all or r.startswith(rid)) and not req.finished():
+                self.aborted.add(r)
+                self.runner.forget(r)
+
+    # -- one round -----------------------------------------------------------------------------
+    def step(self) -> Any:
+        """One round of SGLang's loop; returns the batch it ran, or None (nothing to run)."""
+        from sglang.srt.managers.tp_worker import TpModelWorker
+
+        s = self.scheduler
+        s.dllm_manager.filter_finished_reqs()
+        for req in s.dllm_manager.staging_queue:
+            s.finish_dllm_forward(req)
+        s.running_batch.batch_is_full = False
+        batch = s.get_new_batch_dllm(s.running_batch)
+        self.rounds += 1
+        if batch is None:
+            s.last_batch = None
+            return None
+        self.runner.reqs = batch.reqs
+        self.last_prefill = [r.is_dllm_prefill() for r in batch.reqs]
+        fb = SimpleNamespace(
+            batch_size=len(batch.reqs),
+            input_ids=batch.prefill_input_ids_cpu.clone(),
+            seq_lens=batch.seq_lens,
+            dllm_prompt_mask=None,
+            forward_mode=batch.forward_mode,
+        )
+        result = TpModelWorker._forward_batch_generation_dllm(self.worker, fb, batch)
+        result.copy_done = None
+        s.process_batch_result_dllm(batch, result)
+        s.last_batch = batch
+        for req in batch.reqs:
+            if req.finished():
+                self.runner.forget(req.rid)
+        return batch
+
+    def drain(self) -> None:
+        """What the next round would do first: drop finished requests from the dLLM queues."""
+        s = self.scheduler
+        s.dllm_manager.filter_finished_reqs()
+        for req in s.dllm_manager.staging_queue:
+            s.finish_dllm_forward(req)
+
+    def kv_balanced(self) -> bool:
+        return _kv_balanced(self.scheduler, self.reqs.values())
+
+    @property
+    def kv_free(self) -> int:
+        return int(self.scheduler.token_to_kv_pool_allocator.available_size())
+
+    @property
+    def req_slots_free(self) -> int:
+        return int(self.scheduler.req_to_token_pool.available_size())
 
 
 def serve(
@@ -275,98 +506,70 @@ def serve(
     pool_tokens: int = 1 << 20,
     max_rounds: int = 100_000,
     on_scheduler: Any = None,
+    arrival_rounds: Sequence[int] | None = None,
 ) -> tuple[RunResult, Any]:
-    """Serve ``requests`` (a burst: all arrive before round 0) to completion; one forward a round.
+    """Serve ``requests`` to completion, one forward a round.
 
-    ``on_scheduler(scheduler)`` runs once the scheduler is built (the plugin's start-up hook
-    stands there in a real server, at the end of ``Scheduler.__init__``).
+    ``arrival_rounds[i]`` is the round before which request i enters SGLang's waiting queue
+    (0 = before the first round); by default all arrive at once (a burst). Rounds are
+    counted from 1, so a request that arrives at round a and finishes in round c took
+    ``c - a`` rounds. ``on_scheduler(scheduler)`` runs once the scheduler is built (the
+    plugin's start-up hook stands there in a real server, at the end of
+    ``Scheduler.__init__``).
     """
-    from sglang.srt.dllm.algorithm import get_algorithm
-    from sglang.srt.managers.schedule_batch import Req
-    from sglang.srt.managers.tp_worker import TpModelWorker
-    from sglang.srt.sampling.sampling_params import SamplingParams
-
-    with server_args(
-        pp_max_micro_batch_size=max_running_requests, max_running_requests=max_running_requests
-    ):
-        s = make_scheduler(
-            max_running_requests=max_running_requests,
-            block_size=block_size,
-            threshold=threshold,
-            pool_tokens=pool_tokens,
-        )
-        # a real scheduler holds the server's tokenizer; SGLang 0.5.23's Req keeps only the
-        # prompt's ids (not its text), so the plugin decodes them with it for the features
-        s.tokenizer = runner.tokenizer
-        if on_scheduler is not None:
-            on_scheduler(s)
-        worker = SimpleNamespace(dllm_algorithm=get_algorithm(s.dllm_config), model_runner=runner)
+    arrive = [0] * len(requests) if arrival_rounds is None else [int(a) for a in arrival_rounds]
+    if len(arrive) != len(requests):
+        raise ValueError("arrival_rounds needs one round per request")
+    order = sorted(range(len(requests)), key=lambda i: (arrive[i], i))
+    with CpuServer(
+        max_running_requests=max_running_requests,
+        runner=runner,
+        block_size=block_size,
+        threshold=threshold,
+        pool_tokens=pool_tokens,
+        on_scheduler=on_scheduler,
+    ) as server:
+        s = server.scheduler
         res = RunResult(
-            kv_free_before=s.token_to_kv_pool_allocator.available_size(),
-            req_slots_free_before=s.req_to_token_pool.available_size(),
+            kv_free_before=server.kv_free_before,
+            req_slots_free_before=server.req_slots_free_before,
         )
-        by_rid: dict[str, Any] = {}
-        for spec in requests:
-            sp = SamplingParams(max_new_tokens=spec.max_new_tokens, temperature=0.0)
-            sp.normalize(None)
-            # a server gives every Req the model's EOS ids (ModelConfig.hf_eos_token_id), so a
-            # request finishes at its EOS instead of running to max_new_tokens
-            req = Req(
-                spec.rid,
-                spec.text,
-                array("q", spec.input_ids),
-                sp,
-                eos_token_ids={EOS},
-                dllm_config=s.dllm_config,
-            )
-            by_rid[spec.rid] = req
-            s.waiting_queue.append(req)
+        nxt = 0
         t0 = time.perf_counter()
         while len(res.completion_round) < len(requests):
-            if res.rounds >= max_rounds:
+            while nxt < len(order) and arrive[order[nxt]] <= server.rounds:
+                spec = requests[order[nxt]]
+                server.submit(spec)
+                res.arrival_round[spec.rid] = server.rounds
+                nxt += 1
+            if server.rounds >= max_rounds:
                 left = len(requests) - len(res.completion_round)
                 raise RuntimeError(f"{left} requests unfinished after {max_rounds} rounds")
-            s.dllm_manager.filter_finished_reqs()
-            for req in s.dllm_manager.staging_queue:
-                s.finish_dllm_forward(req)
-            s.running_batch.batch_is_full = False
-            batch = s.get_new_batch_dllm(s.running_batch)
+            batch = server.step()
             if batch is None:
+                if nxt < len(order):
+                    res.idle_rounds += 1
+                    continue  # nothing has arrived yet: the server idles until something does
                 left = len(requests) - len(res.completion_round)
-                raise RuntimeError(f"round {res.rounds}: no batch with {left} requests unfinished")
-            runner.reqs = batch.reqs
-            prefill = [r.is_dllm_prefill() for r in batch.reqs]
-            fb = SimpleNamespace(
-                batch_size=len(batch.reqs),
-                input_ids=batch.prefill_input_ids_cpu.clone(),
-                seq_lens=batch.seq_lens,
-                dllm_prompt_mask=None,
-                forward_mode=batch.forward_mode,
-            )
-            result = TpModelWorker._forward_batch_generation_dllm(worker, fb, batch)
-            result.copy_done = None
-            s.process_batch_result_dllm(batch, result)
-            res.rounds += 1
+                raise RuntimeError(f"round {server.rounds}: no batch with {left} unfinished")
+            res.rounds = server.rounds
+            prefill = [bool(p) for p in server.last_prefill]
             res.filled_slots += len(batch.reqs)
             res.prefill_only_rounds += int(all(prefill))
-            residents = len(s.dllm_manager.waiting_queue)
-            res.max_residents = max(res.max_residents, residents)
+            res.max_residents = max(res.max_residents, len(s.dllm_manager.waiting_queue))
             for req, pre in zip(batch.reqs, prefill):
                 res.forwards[req.rid] = res.forwards.get(req.rid, 0) + 1
                 res.prompt_forwards[req.rid] = res.prompt_forwards.get(req.rid, 0) + int(pre)
                 if req.output_ids and req.rid not in res.first_block_round:
-                    res.first_block_round[req.rid] = res.rounds
+                    res.first_block_round[req.rid] = server.rounds
                 if req.finished() and req.rid not in res.completion_round:
-                    res.completion_round[req.rid] = res.rounds
+                    res.completion_round[req.rid] = server.rounds
                     res.output_ids[req.rid] = list(req.output_ids)
-                    runner.forget(req.rid)
-            res.kv_balanced_every_round &= _kv_balanced(s, by_rid.values())
-        s.dllm_manager.filter_finished_reqs()
-        for req in s.dllm_manager.staging_queue:
-            s.finish_dllm_forward(req)
+            res.kv_balanced_every_round &= server.kv_balanced()
+        server.drain()
         res.wall_seconds = time.perf_counter() - t0
-        res.kv_free_after = s.token_to_kv_pool_allocator.available_size()
-        res.req_slots_free_after = s.req_to_token_pool.available_size()
+        res.kv_free_after = server.kv_free
+        res.req_slots_free_after = server.req_slots_free
     return res, s
 
 
@@ -397,8 +600,7 @@ def eval_requests(
     ``max_prompt_tokens`` keeps only prompts up to that many tokens (tests use short ones).
     """
     from dwise_predict.tracing.workload import build_workload
-
-    from .data import DataConfig, render_prompt
+    from dwise_predict.zoo.tiny_bd.data import DataConfig, render_prompt
 
     dc = DataConfig()
     records = build_workload(dc.workload_train_size, dc.workload_eval_size, dc.workload_seed).eval
