@@ -36,6 +36,7 @@ import logging
 import statistics
 import sys
 import time
+from array import array
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -246,47 +247,65 @@ def simulate_same(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def overhead_next_to_core(reps: int = 3, rounds: int = 300) -> tuple[dict[str, Any], dict]:
-    """The plugin's per-round cost and the core runtime's own, measured alternately in this
-    process (``reps`` times each, medians), so the ratio does not depend on the machine's mood.
+def overhead_next_to_core(reps: int = 5, rounds: int = 300) -> tuple[dict[str, Any], dict]:
+    """The plugin's per-round cost next to the core runtime's, medians of ``reps`` runs.
 
-    The core's figure is ``benchmarks/scheduler.py``'s "churn" state: the same 1,024 residents +
-    3,072 waiting, B = 128, 2 finishes and 2 arrivals a round, without SGLang's requests.
+    ``plugin_over_core`` divides the plugin's whole per-round time by the core runtime's own
+    part of it (``plan_round``, ``update``, ``add_request``, ``cancel``), timed inside the same
+    rounds: the same requests in the same state, so the ratio is what the plugin adds to the
+    scheduling decision itself. ``benchmarks/scheduler.py``'s "churn" state (the same 1,024 +
+    3,072, B = 128, but with arrivals that rarely rank high, and ``add_request`` untimed) is
+    measured alternately for reference. The steady state (B = 128 of 1,024 residents, nothing
+    arriving or finishing) is timed too.
     """
     sys.path.insert(0, str(Path(__file__).parent))
     from scheduler import bench_runtime  # benchmarks/scheduler.py
 
-    plugin, core = [], []
+    churn, bench, steady = [], [], []
     for _ in range(reps):
-        plugin.append(overhead(rounds=rounds))
-        core.append(bench_runtime(rounds, churn=True))
-    ov = dict(plugin[0])
+        churn.append(overhead(rounds=rounds))
+        bench.append(bench_runtime(rounds, churn=True))
+        steady.append(overhead(rounds=rounds, waiting=0, churn=0))
+    ov = dict(churn[0])
+
+    def med(runs: list[dict[str, Any]], key: str) -> float:
+        return round(statistics.median(p[key] for p in runs), 1)
+
     for key in ("plugin_us_per_round_median", "plugin_us_per_round_p90"):
-        ov[key] = round(statistics.median(p[key] for p in plugin), 1)
-    core_us = statistics.median(core)
-    ratio = ov["plugin_us_per_round_median"] / core_us
+        ov[key] = med(churn, key)
+    ov["core_us_per_round_median"] = med(churn, "core_us_per_round_median")
+    ov["plugin_over_core"] = round(
+        statistics.median(
+            p["plugin_us_per_round_median"] / p["core_us_per_round_median"] for p in churn
+        ),
+        2,
+    )
+    ov["steady_us_per_round"] = med(steady, "plugin_us_per_round_median")
+    ov["steady_core_us_per_round"] = med(steady, "core_us_per_round_median")
+    ov["steady_state"] = steady[0]["state"]
+    ov["reps"] = reps
+    bench_us = statistics.median(bench)
     return ov, {
         "source": "benchmarks/scheduler.py bench_runtime(churn=True), in this run",
         "reps": reps,
-        "dwise_runtime_churn_us": round(core_us, 1),
-        "plugin_over_core": round(ratio, 2),
+        "dwise_runtime_churn_us": round(bench_us, 1),
+        "plugin_over_bench_churn": round(ov["plugin_us_per_round_median"] / bench_us, 2),
     }
 
 
 class _FakeReq:
-    """The Req surface the plugin reads: rid, text, ids, budget, phase, finished."""
+    """The Req surface the plugin reads: rid, ids, budget, phase, finished, output."""
 
-    def __init__(self, i: int, rng: np.random.Generator, block_size: int) -> None:
+    def __init__(self, i: int, rng: np.random.Generator, block_size: int, ids: list[int]) -> None:
         self.rid = f"r{i}"
-        self.origin_input_text = "word " * int(rng.integers(5, 200))
-        self.origin_input_ids = [0] * int(rng.integers(40, 400))
+        self.origin_input_ids = array("q", ids)  # SGLang 0.5.23's Req keeps an array("q")
         self.sampling_params = SimpleNamespace(max_new_tokens=256)
         self.output_ids: list[int] = []
         self.prompt_left = len(self.origin_input_ids) // block_size  # SGLang's floor accounting
-        self.done = False
+        self.finished_reason: Any = None
 
     def finished(self) -> bool:
-        return self.done
+        return self.finished_reason is not None
 
     def is_dllm_prefill(self) -> bool:
         return self.prompt_left > 0
@@ -294,8 +313,6 @@ class _FakeReq:
 
 class _FakeScheduler:
     """SGLang's side of ``compose_round``: the waiting queue, the resident set, the adder."""
-
-    tokenizer = None
 
     def __init__(self) -> None:
         self.waiting_queue: list[Any] = []
@@ -318,6 +335,9 @@ class _ScriptedAdmission:
         out, self.values = self.values[: len(X)], self.values[len(X) :]
         return np.asarray(out, dtype=np.float64)
 
+    def predict_admission_one(self, x: Any) -> float:
+        return float(self.predict_admission_features(np.asarray([x]))[0])
+
 
 def overhead(
     residents: int = 1024,
@@ -326,24 +346,27 @@ def overhead(
     rounds: int = 300,
     warmup: int = 20,
     seed: int = 0,
+    churn: int = 2,
 ) -> dict[str, Any]:
     """The plugin's own per-round cost at ``residents`` residents + ``waiting`` waiting.
 
     What is timed is everything the plugin adds to one SGLang round: ``observe_result`` (in
     ``process_batch_result_dllm``), ``fold_previous`` (the core's ``update`` plus the per-request
     bookkeeping and the monitor), and ``compose_round`` (arrivals with their admission estimate
-    from the real tiny-bd bundle, the core's ``plan_round``, the move of admitted requests into
-    the resident set), i.e. ``DwiseServing.stats.plan_seconds`` plus ``observe_result``. SGLang's
-    own ``_process_batch_by_phase`` (the PrefillAdder) and the forward are not the plugin's and
-    are stubbed. The state mirrors ``benchmarks/scheduler.py``'s "churn" state: 2 requests
-    finish and 2 arrive every round, so the admission path ranks waiting ∪ resident each round.
+    from the real tiny-bd bundle, prompts decoded by its tokenizer, the core's ``plan_round``,
+    the move of admitted requests into the resident set), i.e. ``DwiseServing.stats.plan_seconds``.
+    SGLang's own ``_process_batch_by_phase`` (the PrefillAdder) and the forward are not the
+    plugin's and are stubbed. With ``churn`` = 2 the state mirrors ``benchmarks/scheduler.py``'s
+    "churn" state: 2 requests finish and 2 arrive every round, so the admission path ranks
+    waiting ∪ resident each round; ``churn`` = 0 (and ``waiting`` = 0) is the steady state.
+    The core runtime's own calls are timed inside the same rounds (``core_us_per_round``).
 
     Reaching ``residents`` residents needs a set-up: DWISE admits a waiting request only when it
     ranks in the top B of waiting ∪ resident, and residents' keys only fall as they run, so a
-    burst with no finishes never grows the resident set past the first B (the loop this
-    replaces waited for that forever). As in ``benchmarks/scheduler.py``, the residents arrive
-    in k waves of B, each wave given estimates that outrank the residents before it; the
-    waiting requests and every later arrival get the bundle's real estimates.
+    burst with no finishes never grows the resident set past the first B. As in
+    ``benchmarks/scheduler.py``, the residents arrive in k waves of B, each wave given estimates
+    that outrank the residents before it; the waiting requests and every later arrival get the
+    bundle's real estimates.
     """
     from dwise_predict import load_bundle
     from dwise_predict.sglang.config import PluginConfig
@@ -357,38 +380,65 @@ def overhead(
     st = DwiseServing(
         cfg, bundle, block_size=bs, kv_pool_tokens=1 << 24, req_slots=residents, refine=False
     )
+    featurizer = bundle.admission.featurizer
+    st.set_tokenizer(featurizer.tokenizer)
     sched = _FakeScheduler()
     rng = np.random.default_rng(seed)
+    prompts = [
+        featurizer.tokenizer.encode(featurizer.render(" ".join(["word"] * n))).ids
+        for n in range(5, 200, 7)
+    ]
     nid = 0
 
     def arrive(n: int) -> None:
         nonlocal nid
-        sched.waiting_queue += [_FakeReq(nid + j, rng, bs) for j in range(n)]
+        for j in range(n):
+            ids = prompts[int(rng.integers(len(prompts)))]
+            sched.waiting_queue.append(_FakeReq(nid + j, rng, bs, ids))
         nid += n
 
-    def round_(finish: int) -> float:
-        """One SGLang round with the plugin's hooks; returns the plugin's seconds."""
-        before = st.stats.plan_seconds
+    core_s = [0.0]  # the core runtime's own seconds inside the plugin's
+
+    def timed(fn: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                core_s[0] += time.perf_counter() - t0
+
+        return call
+
+    for name in ("plan_round", "update", "add_request", "cancel"):
+        setattr(st.core, name, timed(getattr(st.core, name)))
+
+    def round_(finish: int) -> tuple[float, float]:
+        """One SGLang round with the plugin's hooks; returns the plugin's and the core's
+        seconds (the core's are part of the plugin's)."""
+        before, core_before = st.stats.plan_seconds, core_s[0]
         adder = SimpleNamespace(can_run_list=[], rem_dllm_tokens=0)
         st.compose_round(sched, adder, None)
         run = adder.can_run_list
+        if st._scoring is not None:  # the forward (untimed): dws-sjf's worker prices arrivals
+            st._scoring[2].result()
         acc = [0] * len(run)
         done = 0
         for j, req in enumerate(run):  # the "forward": a prompt block, or a denoising step
             if req.prompt_left:
                 req.prompt_left -= 1
             elif done < finish:
-                req.done, acc[j] = True, 1
+                req.finished_reason, acc[j] = "FINISH_MATCHED_TOKEN", 1
                 done += 1
-        t0 = time.perf_counter()
         st.observe_result(
             SimpleNamespace(reqs=run),
             SimpleNamespace(accept_length_per_req_cpu=acc, logits_output=None),
         )
-        spent = time.perf_counter() - t0
         st.fold_previous()
+        residents_now = sched.dllm_manager.waiting_queue
+        if done:  # SGLang's filter_finished_reqs at the top of the next round
+            sched.dllm_manager.waiting_queue[:] = [r for r in residents_now if not r.finished()]
         arrive(done)
-        return spent + st.stats.plan_seconds - before
+        return st.stats.plan_seconds - before, core_s[0] - core_before
 
     real = st.bundle
     for wave in range(k):  # each wave outranks the residents before it, so all of it is admitted
@@ -396,6 +446,7 @@ def overhead(
             [1000.0 - 100.0 * wave + float(rng.random()) * 10 for _ in range(slots)]
         )
         arrive(slots)
+        st.register_arrivals(sched.waiting_queue)  # now, with the scripted estimates
         round_(finish=0)
     st.bundle = real
     arrive(waiting)
@@ -405,11 +456,15 @@ def overhead(
             f"set-up reached {st.core.n_resident} residents and "
             f"{st.core.n_waiting} waiting, not {residents} + {waiting}"
         )
+    times: list[float] = []
+    core: list[float] = []
     # the fake requests' "actual" rounds are meaningless: keep the monitor's drift warning quiet
     monitor_log = logging.getLogger("dwise_predict.sglang.monitor")
     level, monitor_log.level = monitor_log.level, logging.ERROR
     try:
-        times = [round_(finish=2) for _ in range(warmup + rounds)][warmup:]
+        both = [round_(finish=churn) for _ in range(warmup + rounds)][warmup:]
+        st.drain()
+        times, core = [b[0] for b in both], [b[1] for b in both]
     finally:
         monitor_log.setLevel(level)
     return {
@@ -418,9 +473,14 @@ def overhead(
         "slots": slots,
         "k": k,
         "rounds": rounds,
-        "state": "churn: 2 finish and 2 arrive per round",
+        "state": (
+            f"churn: {churn} finish and {churn} arrive per round"
+            if churn
+            else f"steady: B = {slots} of {residents} residents, no arrivals or finishes"
+        ),
         "plugin_us_per_round_median": round(statistics.median(times) * 1e6, 1),
         "plugin_us_per_round_p90": round(float(np.percentile(times, 90)) * 1e6, 1),
+        "core_us_per_round_median": round(statistics.median(core) * 1e6, 1),
     }
 
 
@@ -489,10 +549,13 @@ def finish(doc: dict[str, Any], path: Path, command: str) -> dict[str, Any]:
             f"{m['mean_completion_rounds_rel_diff']:>8.1%}{m['work_equal']:>5d}/{doc['requests']}"
         )
     print(
-        f"\nplugin overhead at {ov['residents']} residents + {ov['waiting']} waiting, "
-        f"B={ov['slots']}: {ov['plugin_us_per_round_median']} us/round median; the core alone "
-        f"{core_ref['dwise_runtime_churn_us']} us in the same run "
-        f"({core_ref['plugin_over_core']}x; medians of {core_ref['reps']} alternating runs)"
+        f"\nplugin per round at {ov['residents']} residents + {ov['waiting']} waiting, "
+        f"B={ov['slots']}, churn: {ov['plugin_us_per_round_median']} us median, of which the "
+        f"core runtime {ov['core_us_per_round_median']} us ({ov['plugin_over_core']}x the core); "
+        f"benchmarks/scheduler.py's churn state {core_ref['dwise_runtime_churn_us']} us "
+        f"({core_ref['plugin_over_bench_churn']}x); steady state (B={ov['slots']} of "
+        f"{ov['residents']}, no churn): {ov['steady_us_per_round']} us "
+        f"(core {ov['steady_core_us_per_round']} us); medians of {ov['reps']} alternating runs"
     )
     write_json(path, out)
     print(f"wrote {path}")

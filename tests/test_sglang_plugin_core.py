@@ -132,7 +132,7 @@ def test_served_prompts_lose_the_chat_template_before_their_features():
     from types import SimpleNamespace
 
     from dwise_predict import load_bundle
-    from dwise_predict.sglang.prompt import served_prompt
+    from dwise_predict.sglang.prompt import PromptDecoder, served_prompt
     from dwise_predict.sglang.serving import DwiseServing
 
     bundle = load_bundle("tiny-bd")
@@ -143,7 +143,7 @@ def test_served_prompts_lose_the_chat_template_before_their_features():
     sp = SimpleNamespace(max_new_tokens=64)
     by_text = SimpleNamespace(rid="t", origin_input_ids=ids, sampling_params=sp)
     by_ids = SimpleNamespace(rid="i", origin_input_ids=list(ids), sampling_params=sp)
-    assert served_prompt(by_ids, f.tokenizer, f) == raw
+    assert served_prompt(by_ids, PromptDecoder(f.tokenizer), f) == raw
     assert served_prompt(by_ids, None, f) == ""  # no tokenizer: the token count only
     st = DwiseServing(
         PluginConfig(bundle="tiny-bd", slots=2, k=2),
@@ -157,3 +157,40 @@ def test_served_prompts_lose_the_chat_template_before_their_features():
     expected = float(bundle.predict_admission([raw])[0])
     assert st.tracks["t"].admission == pytest.approx(expected)
     assert st.tracks["i"].admission == pytest.approx(expected)
+
+
+def test_prompt_decoder_reads_byte_level_ids_as_decode_does_and_falls_back_on_a_difference():
+    from array import array
+    from types import SimpleNamespace
+
+    import tokenizers
+
+    from dwise_predict import load_bundle
+    from dwise_predict.sglang.prompt import PromptDecoder, served_prompt
+
+    tok = load_bundle("tiny-bd").admission.featurizer.tokenizer
+    fast = PromptDecoder(tok, verify=0)
+    assert fast.fast
+    texts = [
+        "<|user|>\nSum 12 and 30.\n\nThen   stop.<|eos|>",
+        "héllo 日本語\u3000wide space, tabs\tand\r\nnewlines",
+        "",
+    ]
+    for text in texts:
+        ids = tok.encode(text).ids
+        want = tok.decode(ids, skip_special_tokens=False)
+        assert fast(ids) == fast(array("q", ids)) == want
+    # served prompts keep their words and newlines through the fast path and the frame
+    f = load_bundle("tiny-bd").admission.featurizer
+    for raw in ["two  words\n\tthree\r\nfour", "fünf wörter hier", "sep\x1carated", "", "x"]:
+        ids = tok.encode(f.render(raw)).ids
+        assert served_prompt(SimpleNamespace(origin_input_ids=ids), fast, f) == raw
+    # a table that disagrees with the tokenizer is caught on a verified call, then dropped
+    wrong = PromptDecoder(tok, verify=1)
+    wrong.table = wrong.table.copy()
+    wrong.table[tok.token_to_id("Ġ") or 0] = b"#"
+    ids = tok.encode("a b c").ids
+    assert wrong(ids) == tok.decode(ids, skip_special_tokens=False) and not wrong.fast
+    # a tokenizer that is not byte-level BPE is decoded by the tokenizer itself
+    wp = tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    assert not PromptDecoder(wp).fast

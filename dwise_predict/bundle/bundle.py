@@ -109,6 +109,11 @@ class Bundle:
         counts."""
         return self.need(AdmissionModel).predict_features(X)
 
+    def predict_admission_one(self, x: Sequence[float]) -> float:
+        """One request's estimate from its feature row (word, newline, token counts): the
+        per-arrival path of a serving loop, a few microseconds instead of a batch call's tens."""
+        return self.need(AdmissionModel).predict_one(x)
+
     def predict_refined(
         self, hidden: Any, prompt_tokens: Any, output_budget: Any, *, raw: bool = False
     ) -> np.ndarray:

@@ -105,7 +105,8 @@ def attach(scheduler: Any, config: PluginConfig) -> Any:
         req_slots=seam.request_slots(scheduler),
         refine=refine,
     )
-    state.tokenizer = seam.tokenizer(scheduler)
+    tokenizer = seam.tokenizer(scheduler)
+    state.set_tokenizer(tokenizer)
     tp_rank, dp_rank = seam.ranks()
     if config.trace_dir and tp_rank == 0:
         from .traces import ServingTraceSink
@@ -115,7 +116,7 @@ def attach(scheduler: Any, config: PluginConfig) -> Any:
             server_fingerprint(scheduler),
             dp_rank=dp_rank,
             prompt_text=config.trace_prompt_text,
-            tokenizer=state.tokenizer,
+            tokenizer=tokenizer,
             featurizer=state.featurizer,
         )
     state.gauges = gauges_for(scheduler)

@@ -308,25 +308,30 @@ def admit(sched: Any, reqs: list[Any]) -> None:
     sched.dllm_manager.add_waiting_reqs(reqs)
 
 
+#: SGLang constants looked up once, on first use (a lookup per round costs microseconds)
+_CONSTANTS: dict[str, Any] = {}
+
+
 def run_phase(
     sched: Any, adder: Any, reqs: list[Any], *, prefill: bool, running_batch: Any
 ) -> None:
     """Hand ``reqs`` (all decode, or all prefill) to SGLang's own per-phase batch building."""
-    from sglang.srt.dllm.mixin.req import DllmReqPhase
+    if "prefill" not in _CONSTANTS:
+        from sglang.srt.dllm.mixin.req import DllmReqPhase
 
-    staging, incoming = (
-        (DllmReqPhase.STAGING_PREFILL, DllmReqPhase.INCOMING_PREFILL)
-        if prefill
-        else (DllmReqPhase.STAGING_DECODE, DllmReqPhase.INCOMING_DECODE)
-    )
+        _CONSTANTS["prefill"] = (DllmReqPhase.STAGING_PREFILL, DllmReqPhase.INCOMING_PREFILL)
+        _CONSTANTS["decode"] = (DllmReqPhase.STAGING_DECODE, DllmReqPhase.INCOMING_DECODE)
+    staging, incoming = _CONSTANTS["prefill" if prefill else "decode"]
     sched._process_batch_by_phase(adder, reqs, staging, incoming, running_batch=running_batch)
 
 
 def mixed_forward_mode() -> Any:
     """The forward mode of a round whose rows are each one block, prompt or output alike."""
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    if "mode" not in _CONSTANTS:
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    return ForwardMode.DLLM_EXTEND
+        _CONSTANTS["mode"] = ForwardMode.DLLM_EXTEND
+    return _CONSTANTS["mode"]
 
 
 def set_round_budget(adder: Any, tokens: int) -> None:
@@ -426,16 +431,11 @@ def in_prefill(req: Any) -> bool:
 
 def end_kind(req: Any) -> str:
     """How a finished request ended: ``eos``, ``length``, ``abort`` or ``other``."""
-    from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, FINISH_MATCHED_TOKEN
+    return _END_KINDS.get(type(req.finished_reason).__name__, "other")
 
-    reason = req.finished_reason
-    if isinstance(reason, FINISH_MATCHED_TOKEN):
-        return "eos"
-    if isinstance(reason, FINISH_LENGTH):
-        return "length"
-    if isinstance(reason, FINISH_ABORT):
-        return "abort"
-    return "other"
+
+#: SGLang's finish-reason classes (schedule_batch.FINISH_*) by name, and what each means
+_END_KINDS = {"FINISH_MATCHED_TOKEN": "eos", "FINISH_LENGTH": "length", "FINISH_ABORT": "abort"}
 
 
 # -- the fingerprint ------------------------------------------------------------------------------

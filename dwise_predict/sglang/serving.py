@@ -54,7 +54,7 @@ from . import seam
 from .background import Background
 from .config import PLANNED, PluginConfig
 from .monitor import QualityMonitor
-from .prompt import served_prompt
+from .prompt import PromptDecoder, served_prompt
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +144,8 @@ class DwiseServing:
         self.tracks: dict[Any, RequestTrack] = {}
         #: the Req of each core table row (rows are reused; a live row's entry is current)
         self._req_at = np.empty(self.core.table.capacity, dtype=object)
+        #: scratch: a planned row's position in its plan, -1 elsewhere
+        self._pos_at = np.full(self.core.table.capacity, -1, dtype=np.int64)
         #: finished requests' records, kept only when a caller asks (benchmarks, tests)
         self.keep_finished = False
         self.finished: list[tuple[Any, RequestTrack]] = []
@@ -154,7 +156,8 @@ class DwiseServing:
         self.gauges: Any = None
         #: file writes (trace shards, monitor snapshots) happen here, off the scheduler thread
         self.background = Background()
-        self.tokenizer: Any = None
+        #: the server's tokenizer, as a fast decoder of prompt ids (None: no tokenizer)
+        self.decoder: PromptDecoder | None = None
         self.stats = ServingStats()
         self._pending: _Pending | None = None
         self._resolved: list[Any] = []  # Reqs whose block resolved in the round just run
@@ -162,13 +165,22 @@ class DwiseServing:
         self._aborted = False  # an abort ran since the last reconcile
         #: (length, last request) of SGLang's waiting list when the plugin last looked
         self._seen: tuple[int, Any] = (0, None)
-        #: dws-sjf: arrivals scored by the text encoder while the round runs (registered next)
-        self._encoder: ThreadPoolExecutor | None = None
-        self._scoring: tuple[list[Any], Future[Any]] | None = None
+        #: dws-sjf under load: arrivals priced while the round runs, registered at the next
+        self._worker: ThreadPoolExecutor | None = None
+        self._scoring: tuple[list[tuple[int, Any]], int, Future[Any], int] | None = None
+        #: counts changes to SGLang's queues the plugin did not make (aborts)
+        self._queue_epoch = 0
+        #: where each waiting request stood in SGLang's queue when seen, and how many requests
+        #: the plugin had taken out of the queue by then (see _take_admitted)
+        self._qpos = np.zeros(self.core.table.capacity, dtype=np.int64)
+        self._qrem = np.zeros(self.core.table.capacity, dtype=np.int64)
+        self._removed = 0
+        self._qpos_ok = True
 
     # -- arrivals -----------------------------------------------------------------------------
-    def _new_in(self, waiting: list[Any]) -> list[Any]:
-        """The requests in ``waiting`` the plugin has not seen, without a scan of the queue.
+    def _new_in(self, waiting: list[Any]) -> list[tuple[int, Any]]:
+        """(position, request) of each request in ``waiting`` the plugin has not seen, without
+        a scan of the queue.
 
         SGLang appends arrivals to its waiting list, and only the plugin takes requests out
         (admission) in this mode, so what is new is what follows the last request seen. When
@@ -177,28 +189,64 @@ class DwiseServing:
         n, tail = self._seen
         known = self.reqs
         if 0 < n <= len(waiting) and waiting[n - 1] is tail:
-            new = [r for r in waiting[n:] if seam.rid(r) not in known]
+            new = [(n + i, r) for i, r in enumerate(waiting[n:]) if seam.rid(r) not in known]
         else:
-            new = [r for r in waiting if seam.rid(r) not in known]
+            new = [(i, r) for i, r in enumerate(waiting) if seam.rid(r) not in known]
         self._remember(waiting)
         return new
 
     def _remember(self, waiting: list[Any]) -> None:
         self._seen = (len(waiting), waiting[-1] if waiting else None)
 
+    def _take_admitted(self, queue: list[Any], rows: list[int], admitted: list[Any]) -> list[Any]:
+        """Remove the admitted requests from SGLang's waiting queue; returns the queue.
+
+        A request's position only falls after it is seen (SGLang appends behind it, the plugin
+        removes), and by at most the removals since, so each is found in a short window of
+        the queue rather than by a scan of thousands."""
+        if 8 * len(admitted) >= len(queue):  # many: one pass
+            taken = {id(r) for r in admitted}
+            self._qpos_ok = False
+            return [r for r in queue if id(r) not in taken]
+        if not self._qpos_ok:
+            self._index_positions(queue)
+        removed = self._removed
+        for r, row in zip(admitted, rows):
+            hi = int(self._qpos[row])
+            lo = max(0, hi - (removed - int(self._qrem[row])))
+            try:
+                i = queue.index(r, lo, hi + 1)
+            except ValueError:  # only if the bounds were broken: a full scan, still correct
+                i = queue.index(r)
+            del queue[i]
+            removed += 1
+        self._removed = removed
+        return queue
+
+    def _index_positions(self, queue: list[Any]) -> None:
+        row_of = self.core._row_of
+        for i, r in enumerate(queue):
+            row = row_of.get(seam.rid(r))
+            if row is not None:
+                self._qpos[row], self._qrem[row] = i, self._removed
+        self._qpos_ok = True
+
     def _features(self, new: list[Any]) -> tuple[np.ndarray, list[str]]:
-        X = np.empty((len(new), 3), dtype=np.float64)
-        texts = []
-        for i, req in enumerate(new):
-            texts.append(served_prompt(req, self.tokenizer, self.featurizer))
-            # the token count is SGLang's own, i.e. after the chat template was applied
-            X[i] = (word_count(texts[-1]), newline_count(texts[-1]), len(seam.prompt_ids(req)))
-        return X, texts
+        texts = [served_prompt(req, self.decoder, self.featurizer) for req in new]
+        # the token count is SGLang's own, i.e. after the chat template was applied
+        rows = [
+            (word_count(t), newline_count(t), len(seam.prompt_ids(r))) for t, r in zip(texts, new)
+        ]
+        return np.array(rows, dtype=np.float64).reshape(len(new), 3), texts
 
     def _score(self, new: list[Any]) -> tuple[np.ndarray, np.ndarray, list[float | None]]:
         """Features, admission estimates and (dws-sjf) DWS cost scores of ``new``."""
         X, texts = self._features(new)
-        est = np.asarray(self.bundle.predict_admission_features(X), dtype=np.float64)
+        if len(new) <= 8:  # the usual few arrivals a round: no batch-call overhead
+            one = self.bundle.predict_admission_one
+            est = np.fromiter((one(x) for x in X.tolist()), np.float64, len(new))
+        else:
+            est = np.asarray(self.bundle.predict_admission_features(X), dtype=np.float64)
         scores: list[float | None] = [None] * len(new)
         if self.config.policy == "dws-sjf":  # the DWS surface priced by the cost profile, in ms
             cost = self.bundle.predict_cost(texts, prompt_tokens=X[:, 2].astype(np.int64))
@@ -206,20 +254,28 @@ class DwiseServing:
         return X, est, scores
 
     def register_arrivals(self, waiting: list[Any], tokenizer: Any = None) -> int:
-        """Give every request new to ``waiting`` its admission estimate and a core row."""
-        if tokenizer is not None:
-            self.tokenizer = tokenizer
+        """Give every request new to ``waiting`` its admission estimate and a core row, now."""
+        known = self.decoder is not None and self.decoder.tokenizer is tokenizer
+        if tokenizer is not None and not known:
+            self.set_tokenizer(tokenizer)
         new = self._new_in(waiting)
         if not new:
             return 0
-        self._register(new, *self._score(new))
+        self._register(new, self._removed, *self._score([r for _, r in new]))
         return len(new)
 
     def _register(
-        self, new: list[Any], X: np.ndarray, est: np.ndarray, scores: list[float | None]
+        self,
+        new: list[tuple[int, Any]],
+        removed: int,
+        X: np.ndarray,
+        est: np.ndarray,
+        scores: list[float | None],
     ) -> None:
+        """Core rows for ``new`` ((queue position, request) as seen when ``removed`` requests
+        had been taken out of the queue), with their features, estimates and scores."""
         bs, kv = self.block_size, self.core.kv
-        for req, x, e, score in zip(new, X, est.tolist(), scores):
+        for (pos, req), x, e, score in zip(new, X, est.tolist(), scores):
             rid = seam.rid(req)
             if rid in self.reqs:
                 continue  # registered already (a dws-sjf arrival scored twice)
@@ -248,40 +304,64 @@ class DwiseServing:
                 score=score,
             )
             if row >= self._req_at.size:
-                grown = np.empty(self.core.table.capacity, dtype=object)
-                grown[: self._req_at.size] = self._req_at
-                self._req_at = grown
+                self._grow()
             self._req_at[row] = req
+            self._qpos[row], self._qrem[row] = pos, removed
             self.reqs[rid] = req
             self.tracks[rid] = RequestTrack(
                 n_prompt, budget, e, self.core.round_index, cost_ms=score
             )
 
+    def set_tokenizer(self, tokenizer: Any) -> None:
+        """The server's tokenizer (None with ``--skip-tokenizer-init``)."""
+        self.decoder = None if tokenizer is None else PromptDecoder(tokenizer)
+
+    def _grow(self) -> None:
+        cap = self.core.table.capacity
+        req_at = np.empty(cap, dtype=object)
+        req_at[: self._req_at.size] = self._req_at
+        self._req_at = req_at
+        for name in ("_qpos", "_qrem"):
+            old = getattr(self, name)
+            grown = np.zeros(cap, dtype=np.int64)
+            grown[: old.size] = old
+            setattr(self, name, grown)
+
     def _arrivals(self, sched: Any) -> None:
-        """Register this round's arrivals; under dws-sjf, the text encoder runs while the
-        forward does, and its arrivals join the plan one round later (the same round on every
-        TP rank), unless nothing else is there to run."""
+        """Register this round's arrivals with their estimates.
+
+        Under dws-sjf, pricing a prompt runs a text encoder (milliseconds), so once the round
+        is full (B residents) new arrivals are priced on a worker thread while the round's
+        forward runs, and join the plan at the next round: the same round on every TP rank,
+        whatever the threads' timing. While the round has room they are priced at once.
+        """
         waiting = seam.waiting(sched)
         if self._scoring is not None:
-            reqs, fut = self._scoring
+            new, removed, fut, epoch = self._scoring
             self._scoring = None
-            live = {id(r) for r in waiting}
-            done = fut.result()
-            keep = [i for i, r in enumerate(reqs) if id(r) in live]  # aborted while scored
+            X, est, scores = fut.result()
+            keep = list(range(len(new)))
+            if self._queue_epoch != epoch:  # some may have been aborted while they were scored
+                live = {id(r) for r in waiting}
+                keep = [i for i in keep if id(new[i][1]) in live]
             if keep:
-                X, est, scores = done
                 self._register(
-                    [reqs[i] for i in keep], X[keep], est[keep], [scores[i] for i in keep]
+                    [new[i] for i in keep],
+                    removed,
+                    X[keep],
+                    est[keep],
+                    [scores[i] for i in keep],
                 )
         new = self._new_in(waiting)
         if not new:
             return
-        if self.config.policy != "dws-sjf" or self.core.idle:
-            self._register(new, *self._score(new))
+        if self.config.policy != "dws-sjf" or self.core.n_resident < self.config.slots:
+            self._register(new, self._removed, *self._score([r for _, r in new]))
             return
-        if self._encoder is None:
-            self._encoder = ThreadPoolExecutor(1, thread_name_prefix="dwise-dws-encoder")
-        self._scoring = (new, self._encoder.submit(self._score, new))
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="dwise-dws-encoder")
+        job = self._worker.submit(self._score, [r for _, r in new])
+        self._scoring = (new, self._removed, job, self._queue_epoch)
 
     # -- requests that end outside the plan ------------------------------------------------------
     def abort(self, abort_all: bool, prefix: str) -> None:
@@ -292,6 +372,8 @@ class DwiseServing:
         are read between rounds) defers the clean-up to the next round's reconcile.
         """
         self._aborted = True
+        self._queue_epoch += 1
+        self._qpos_ok = False
         if self._pending is not None:
             return
         ended = [r for r in self.reqs if abort_all or str(r).startswith(prefix)]
@@ -299,6 +381,7 @@ class DwiseServing:
             self._forget(rid, "aborted")
         if ended:
             self._seen = (0, None)  # SGLang's waiting queue changed under the plugin
+            self._qpos_ok = False
 
     def _forget(self, rid: Any, why: str) -> None:
         self.core.cancel(rid)
@@ -310,22 +393,23 @@ class DwiseServing:
     def _reconcile(self, sched: Any) -> None:
         """Forget every request the core holds that is in none of SGLang's queues."""
         self.stats.reconciled += 1
+        self._queue_epoch += 1
         live = {id(r) for r in seam.waiting(sched)}
         live.update(id(r) for r in seam.residents(sched))
         for rid, req in list(self.reqs.items()):
             if id(req) not in live:
                 self._forget(rid, "left SGLang's queues")
         self._seen = (0, None)
+        self._qpos_ok = False
         self._aborted = False
 
     def _in_step(self, sched: Any) -> bool:
-        """Whether SGLang's queues hold exactly the requests the core holds (O(1) check, run
-        after ``_arrivals``): the resident set, and the known part of the waiting queue."""
-        waiting = seam.waiting(sched)
-        if len(seam.residents(sched)) != self.core.n_resident:
-            return False
+        """Whether SGLang's queues hold as many requests as the core (O(1), run after
+        ``_arrivals``): every request the core knows is in SGLang's waiting queue or its
+        resident set, and the queue's other entries are arrivals still being priced."""
         pending = len(self._scoring[0]) if self._scoring is not None else 0
-        return len(waiting) - pending == self.core.n_waiting
+        sglang_side = len(seam.waiting(sched)) - pending + len(seam.residents(sched))
+        return sglang_side == len(self.reqs)
 
     # -- one round ------------------------------------------------------------------------------
     def fold_previous(self) -> None:
@@ -347,13 +431,25 @@ class DwiseServing:
         ended: list[tuple[int, Any, int]] = []
         if self._resolved:
             # position of each planned row in the plan (rows are unique among live requests)
-            pos = {int(r): j for j, r in enumerate(plan.rows.tolist())}
+            many = len(self._resolved) > 8
+            pos = self._pos_at
+            if many:
+                if pos.size < t.capacity:
+                    pos = self._pos_at = np.full(t.capacity, -1, dtype=np.int64)
+                pos[plan.rows] = np.arange(n)
+            rows = plan.rows
             row_of = self.core._row_of
             for req in self._resolved:
                 rid = seam.rid(req)
                 row = row_of.get(rid)
-                j = pos.get(row) if row is not None else None
-                if j is None or plan.prompt[j]:
+                if row is None:
+                    continue
+                if many:
+                    j = int(pos[row])
+                else:
+                    hit = np.flatnonzero(rows == row)
+                    j = int(hit[0]) if hit.size else -1
+                if j < 0 or plan.prompt[j] or reqs[j] is not req:
                     continue  # SGLang reports a prompt block accepted too: no output block's end
                 tr = self.tracks[rid]
                 done = int(t.done_rounds[row]) + 1  # this round's forward included
@@ -364,9 +460,10 @@ class DwiseServing:
                     finished[j] = True
                     ended.append((j, req, done))
             self._resolved = []
-        first = np.flatnonzero(plan.first_denoise)
-        if first.size:
-            for j in first.tolist():
+            if many:
+                pos[plan.rows] = -1
+        if plan.first_denoise.any():
+            for j in np.flatnonzero(plan.first_denoise).tolist():
                 tr = self.tracks[seam.rid(reqs[j])]
                 tr.first_round = ri
                 if tr.refined is not None:
@@ -419,18 +516,14 @@ class DwiseServing:
         if plan.admitted.size:
             admitted = self._req_at[plan.admitted].tolist()
             queue = seam.waiting(sched)
-            if 8 * len(admitted) < len(queue):  # a few: list.remove scans at C speed
-                for r in admitted:
-                    queue.remove(r)
-            else:
-                taken = {id(r) for r in admitted}
-                queue = [r for r in queue if id(r) not in taken]
-                seam.set_waiting(sched, queue)
-            self._remember(queue)
+            taken = self._take_admitted(queue, plan.admitted.tolist(), admitted)
+            if taken is not queue:
+                seam.set_waiting(sched, taken)
+            self._remember(taken)
             seam.admit(sched, admitted)
         run_at = self._req_at[plan.rows]
         run = run_at.tolist()
-        self.stats.max_residents = max(self.stats.max_residents, self.core.n_resident)
+        self.stats.max_residents = max(self.stats.max_residents, int(plan.resident_rows.size))
         # the round's budget is B blocks, not SGLang's max_running_requests blocks
         seam.set_round_budget(adder, len(run) * self.block_size)
         prompt = plan.prompt
@@ -462,7 +555,7 @@ class DwiseServing:
         t0 = time.perf_counter()
         reqs = seam.batch_requests(batch)
         acc = seam.accept_lengths(result)
-        self._resolved = [reqs[i] for i, a in enumerate(acc) if a]
+        self._resolved = [r for r, a in zip(reqs, acc) if a]
         p = self._pending
         if self.refine and p is not None and p.plan.first_denoise.any():
             self._refine(p, reqs, result)

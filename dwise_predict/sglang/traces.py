@@ -32,6 +32,7 @@ from ..features import PromptFeaturizer, newline_count, word_count
 from ..fingerprint import ModelFingerprint
 from ..traces import TRACE_SCHEMA_VERSION
 from . import seam
+from .prompt import PromptDecoder, served_prompt
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ class ServingTraceSink:
         self.folder = Path(out_dir) / f"dp{int(dp_rank)}"
         self.fingerprint = fingerprint
         self.prompt_text = prompt_text
-        self.tokenizer = tokenizer
+        self.decoder = None if tokenizer is None else PromptDecoder(tokenizer)
         self.featurizer = featurizer
         from ..tracing.writer import TraceWriter  # pyarrow only; imported when traces are on
 
@@ -152,11 +153,9 @@ class ServingTraceSink:
 
     def row(self, item: _Finished) -> dict[str, Any]:
         """One trace row (the current schema) for a finished request."""
-        from .prompt import served_prompt
-
         fp = self.fingerprint
         track = item.track
-        text = served_prompt(_PromptIds(item.prompt_ids), self.tokenizer, self.featurizer)
+        text = served_prompt(_PromptIds(item.prompt_ids), self.decoder, self.featurizer)
         rounds = [int(r) for r in track.rounds_per_block]
         hidden = None if track.hidden is None else np.asarray(track.hidden, np.float32).tolist()
         return {
