@@ -384,9 +384,10 @@ def overhead(
     st.set_tokenizer(featurizer.tokenizer)
     sched = _FakeScheduler()
     rng = np.random.default_rng(seed)
+    # templated prompts of 40-400 tokens (tiny-bd's byte-level tokenizer spends 5 a word)
     prompts = [
         featurizer.tokenizer.encode(featurizer.render(" ".join(["word"] * n))).ids
-        for n in range(5, 200, 7)
+        for n in range(7, 80, 3)
     ]
     nid = 0
 

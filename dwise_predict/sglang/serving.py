@@ -59,7 +59,7 @@ from .prompt import PromptDecoder, served_prompt
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestTrack:
     """What the plugin learns about one request while it is live."""
 
@@ -97,7 +97,7 @@ class ServingStats:
     reconciled: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
     plan: RoundPlan
     reqs: list[Any]
@@ -275,23 +275,24 @@ class DwiseServing:
         """Core rows for ``new`` ((queue position, request) as seen when ``removed`` requests
         had been taken out of the queue), with their features, estimates and scores."""
         bs, kv = self.block_size, self.core.kv
-        for (pos, req), x, e, score in zip(new, X, est.tolist(), scores):
+        limit = kv.limit_tokens
+        for (pos, req), x, e, score in zip(new, X.tolist(), est.tolist(), scores):
             rid = seam.rid(req)
             if rid in self.reqs:
                 continue  # registered already (a dws-sjf arrival scored twice)
             n_prompt = int(x[2])
             budget = seam.max_new_tokens(req)
             worst = kv.worst_case(n_prompt, budget, bs)
-            if worst > kv.limit_tokens:  # cannot ever fit the rule: run it alone rather than never
+            if worst > limit:  # cannot ever fit the rule: run it alone rather than never
                 self.stats.kv_clamped += 1
                 log.warning(
                     "request %s needs %d KV tokens worst case, over the plugin's limit %d; "
                     "it will run only when nothing else holds a reservation",
                     rid,
                     worst,
-                    kv.limit_tokens,
+                    limit,
                 )
-                worst = kv.limit_tokens
+                worst = limit
             e = float(e) if math.isfinite(e) and e >= 0 else 0.0
             row = self.core.add_request(
                 rid,
