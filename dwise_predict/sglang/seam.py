@@ -88,7 +88,7 @@ SURFACE: tuple[Name, ...] = (
     _n(f"{HOOKS}.HookType.AROUND", "value"),
     # the scheduler and its dLLM queues
     _n(f"{MIXIN}._process_batch_by_phase", "call"),
-    _n(f"{SCHEDULER}.waiting_queue", "read", True),
+    _n(f"{SCHEDULER}.waiting_queue", "write", True),  # read, and replaced on admission
     _n(f"{SCHEDULER}.dllm_manager", "read", True),
     _n(f"{SCHEDULER}.dllm_config", "read", True),
     _n(f"{SCHEDULER}.token_to_kv_pool_allocator", "read", True),

@@ -98,6 +98,19 @@ class ServingStats:
 
 
 @dataclass(slots=True)
+class _Scored:
+    """Arrivals' feature rows (words, newlines, tokens), admission estimates, DWS scores."""
+
+    rows: list[tuple[int, int, int]]
+    estimates: list[float]
+    scores: list[float | None]
+
+    def subset(self, keep: list[int]) -> _Scored:
+        pick = [self.rows[i] for i in keep], [self.estimates[i] for i in keep]
+        return _Scored(*pick, [self.scores[i] for i in keep])
+
+
+@dataclass(slots=True)
 class _Pending:
     plan: RoundPlan
     reqs: list[Any]
@@ -167,7 +180,7 @@ class DwiseServing:
         self._seen: tuple[int, Any] = (0, None)
         #: dws-sjf under load: arrivals priced while the round runs, registered at the next
         self._worker: ThreadPoolExecutor | None = None
-        self._scoring: tuple[list[tuple[int, Any]], int, Future[Any], int] | None = None
+        self._scoring: tuple[list[tuple[int, Any]], int, Future[_Scored], int] | None = None
         #: counts changes to SGLang's queues the plugin did not make (aborts)
         self._queue_epoch = 0
         #: where each waiting request stood in SGLang's queue when seen, and how many requests
@@ -231,27 +244,25 @@ class DwiseServing:
                 self._qpos[row], self._qrem[row] = i, self._removed
         self._qpos_ok = True
 
-    def _features(self, new: list[Any]) -> tuple[np.ndarray, list[str]]:
+    def _score(self, new: list[Any]) -> _Scored:
+        """Features, admission estimates and (dws-sjf) DWS cost scores of ``new``."""
         texts = [served_prompt(req, self.decoder, self.featurizer) for req in new]
         # the token count is SGLang's own, i.e. after the chat template was applied
         rows = [
             (word_count(t), newline_count(t), len(seam.prompt_ids(r))) for t, r in zip(texts, new)
         ]
-        return np.array(rows, dtype=np.float64).reshape(len(new), 3), texts
-
-    def _score(self, new: list[Any]) -> tuple[np.ndarray, np.ndarray, list[float | None]]:
-        """Features, admission estimates and (dws-sjf) DWS cost scores of ``new``."""
-        X, texts = self._features(new)
-        if len(new) <= 8:  # the usual few arrivals a round: no batch-call overhead
+        if len(rows) <= 8:  # the usual few arrivals a round: no batch-call overhead
             one = self.bundle.predict_admission_one
-            est = np.fromiter((one(x) for x in X.tolist()), np.float64, len(new))
+            est = [one(x) for x in rows]
         else:
-            est = np.asarray(self.bundle.predict_admission_features(X), dtype=np.float64)
+            X = np.array(rows, dtype=np.float64).reshape(len(rows), 3)
+            est = np.asarray(self.bundle.predict_admission_features(X), np.float64).tolist()
         scores: list[float | None] = [None] * len(new)
         if self.config.policy == "dws-sjf":  # the DWS surface priced by the cost profile, in ms
-            cost = self.bundle.predict_cost(texts, prompt_tokens=X[:, 2].astype(np.int64))
+            tokens = np.array([r[2] for r in rows], dtype=np.int64)
+            cost = self.bundle.predict_cost(texts, prompt_tokens=tokens)
             scores = [float(c) if math.isfinite(c) and c >= 0 else 0.0 for c in cost.tolist()]
-        return X, est, scores
+        return _Scored(rows, est, scores)
 
     def register_arrivals(self, waiting: list[Any], tokenizer: Any = None) -> int:
         """Give every request new to ``waiting`` its admission estimate and a core row, now."""
@@ -261,22 +272,15 @@ class DwiseServing:
         new = self._new_in(waiting)
         if not new:
             return 0
-        self._register(new, self._removed, *self._score([r for _, r in new]))
+        self._register(new, self._removed, self._score([r for _, r in new]))
         return len(new)
 
-    def _register(
-        self,
-        new: list[tuple[int, Any]],
-        removed: int,
-        X: np.ndarray,
-        est: np.ndarray,
-        scores: list[float | None],
-    ) -> None:
+    def _register(self, new: list[tuple[int, Any]], removed: int, scored: _Scored) -> None:
         """Core rows for ``new`` ((queue position, request) as seen when ``removed`` requests
         had been taken out of the queue), with their features, estimates and scores."""
         bs, kv = self.block_size, self.core.kv
         limit = kv.limit_tokens
-        for (pos, req), x, e, score in zip(new, X.tolist(), est.tolist(), scores):
+        for (pos, req), x, e, score in zip(new, scored.rows, scored.estimates, scored.scores):
             rid = seam.rid(req)
             if rid in self.reqs:
                 continue  # registered already (a dws-sjf arrival scored twice)
@@ -340,24 +344,18 @@ class DwiseServing:
         if self._scoring is not None:
             new, removed, fut, epoch = self._scoring
             self._scoring = None
-            X, est, scores = fut.result()
-            keep = list(range(len(new)))
+            scored = fut.result()
             if self._queue_epoch != epoch:  # some may have been aborted while they were scored
                 live = {id(r) for r in waiting}
-                keep = [i for i in keep if id(new[i][1]) in live]
-            if keep:
-                self._register(
-                    [new[i] for i in keep],
-                    removed,
-                    X[keep],
-                    est[keep],
-                    [scores[i] for i in keep],
-                )
+                keep = [i for i, (_, r) in enumerate(new) if id(r) in live]
+                new, scored = [new[i] for i in keep], scored.subset(keep)
+            if new:
+                self._register(new, removed, scored)
         new = self._new_in(waiting)
         if not new:
             return
         if self.config.policy != "dws-sjf" or self.core.n_resident < self.config.slots:
-            self._register(new, self._removed, *self._score([r for _, r in new]))
+            self._register(new, self._removed, self._score([r for _, r in new]))
             return
         if self._worker is None:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="dwise-dws-encoder")
