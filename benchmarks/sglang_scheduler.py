@@ -8,7 +8,9 @@ are tiny-bd's, computed on CPU from each request's full token context:
 * ``sglang-fcfs``: stock (``--max-running-requests B``: B residents, B blocks a round,
   prefill-first);
 * ``dwise-plugin``: the plugin loaded by ``load_plugins()`` from its entry point, with
-  ``--max-running-requests k*B`` and the shipped tiny-bd bundle.
+  ``--max-running-requests k*B`` and the shipped tiny-bd bundle;
+* ``observe``: the plugin in observe mode, with no bundle: SGLang's own rounds, serving traces
+  written (checked: a trace per request, outputs and rounds equal to stock's).
 
 The serving runs are saved next to the output (``FILE.runs.json``): the per-run figures and,
 per request, what the simulator needs to replay it (prompt tokens, rounds per block, the
@@ -144,6 +146,8 @@ def serve_both(requests: int, slots: int, k: int, max_new_tokens: int) -> dict[s
     remove_hooks()
     state = s.dwise_serving
     print(f"plugin: {dw.rounds} rounds in {dw.wall_seconds:.0f} s", flush=True)
+    observe = observe_run(reqs, B, runner, stock)
+    print(f"observe: {observe['rounds']} rounds, {observe['traces_written']} traces", flush=True)
     return {
         "sglang_version": importlib.metadata.version("sglang"),
         "requests": len(reqs),
@@ -157,6 +161,7 @@ def serve_both(requests: int, slots: int, k: int, max_new_tokens: int) -> dict[s
         "runs": {
             "sglang-fcfs": _summary(stock, len(reqs)),
             "dwise-plugin": _summary(dw, len(reqs), state),
+            "observe": observe,
         },
         "outputs_equal": stock.output_ids == dw.output_ids,
         "plugin_stats": {
@@ -168,6 +173,48 @@ def serve_both(requests: int, slots: int, k: int, max_new_tokens: int) -> dict[s
         "per_request": {"sglang-fcfs": _per_request(stock), "dwise-plugin": _per_request(dw)},
         "tracks": {str(rid): _track(tr) for rid, tr in sorted(state.finished)},
     }
+
+
+def observe_run(reqs: list[Any], slots: int, runner: Any, stock: Any) -> dict[str, Any]:
+    """Serve the burst in observe mode (no bundle: SGLang's own rounds, serving traces written)
+    and compare with the stock run: same outputs, same rounds, a trace per request."""
+    import tempfile
+
+    from harness import environ, remove_hooks, serve
+    from sglang.srt.plugins import load_plugins
+
+    from dwise_predict import read_traces
+    from dwise_predict.sglang.config import load_config
+    from dwise_predict.sglang.plugin import attach
+
+    def on(sch: Any) -> None:
+        config = load_config()
+        if config is None or config.policy != "observe":
+            raise RuntimeError("DWISE_SGLANG_POLICY=observe is not set: the plugin would not run")
+        attach(sch, config)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {
+            "DWISE_SGLANG_BUNDLE": None,
+            "DWISE_SGLANG_POLICY": "observe",
+            "DWISE_SGLANG_TRACE_DIR": tmp,
+            "SGLANG_PLUGINS": "dwise",
+        }
+        with environ(env):
+            remove_hooks()
+            load_plugins()
+            res, s = serve(reqs, max_running_requests=slots, runner=runner, on_scheduler=on)
+        remove_hooks()
+        traces = read_traces(Path(tmp) / "dp0").to_pylist()  # serve() waits for the writer
+    out = _summary(res, len(reqs), s.dwise_serving)
+    out.update(
+        bundle=None,
+        traces_written=len(traces),
+        traces_with_hidden=sum(t["first_round_hidden"] is not None for t in traces),
+        outputs_equal=res.output_ids == stock.output_ids,
+        completion_rounds_equal_stock=res.completion_round == stock.completion_round,
+    )
+    return out
 
 
 def replay_requests(tracks: dict[str, Any], order: list[str], block_size: int) -> list[Any]:
@@ -537,6 +584,13 @@ def finish(doc: dict[str, Any], path: Path, command: str) -> dict[str, Any]:
         f"\nmean completion speedup {out['completion_speedup']}x, outputs equal: "
         f"{out['outputs_equal']}"
     )
+    ob = runs.get("observe")
+    if ob is not None:
+        print(
+            f"observe mode (no bundle): {ob['traces_written']}/{ob['requests']} requests traced, "
+            f"outputs equal stock's: {ob['outputs_equal']}, rounds equal stock's: "
+            f"{ob['completion_rounds_equal_stock']}, {ob['plugin_us_per_round']} us a round"
+        )
     print(f"\nsimulator vs SGLang's real loop (B={doc['slots']}, k={doc['k']}):")
     print(
         f"{'':14s}{'real rounds':>12s}{'sim rounds':>11s}{'diff':>8s}"

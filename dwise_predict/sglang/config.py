@@ -4,7 +4,8 @@ SGLang plugins take no arguments and run in processes SGLang spawns, so the sett
 the one way that reaches every scheduler process: the environment. ``DWISE_SGLANG_CONFIG``
 may name a JSON file holding the same keys (lower case, without the prefix); a variable that
 is set wins over the file. With neither ``DWISE_SGLANG_BUNDLE`` nor a ``bundle`` in the file,
-the plugin registers nothing and SGLang runs exactly as stock.
+and no ``DWISE_SGLANG_POLICY=observe``, the plugin registers nothing and SGLang runs exactly as
+stock.
 """
 
 from __future__ import annotations
@@ -20,25 +21,29 @@ from typing import Any
 from ..errors import ConfigError
 
 PREFIX = "DWISE_SGLANG_"
-POLICIES = ("dwise", "dws-sjf", "fcfs")
+POLICIES = ("dwise", "dws-sjf", "observe", "fcfs")
 #: the policies whose rounds the plugin composes from the core scheduler's plan
 PLANNED = ("dwise", "dws-sjf")
+#: the policies that leave SGLang's rounds alone and only watch (fcfs: the older name)
+OBSERVED = ("observe", "fcfs")
 
 
 @dataclass(frozen=True)
 class PluginConfig:
     """What the plugin does in a scheduler process.
 
-    ``policy="fcfs"`` leaves SGLang's own round composition in place (the monitor and traces
-    still run); ``"dwise"`` ranks waiting ∪ resident by P + r̂ and runs the B smallest in one
-    mixed-phase round; ``"dws-sjf"`` admits in order of the bundle's DWS cost estimate
-    (non-preemptive shortest job first on prefill-first rounds, as the DWS paper runs it; the
-    bundle needs a DWS predictor and a cost profile). ``slots`` = B block slots per round, ``k``
+    ``policy="observe"`` (or its older name ``"fcfs"``) leaves SGLang's own round composition
+    in place and writes serving traces (``trace_dir``); it needs no bundle, and with one the
+    monitor compares its estimates with what requests took. ``"dwise"`` ranks waiting ∪
+    resident by P + r̂ and runs the B smallest in one mixed-phase round; ``"dws-sjf"`` admits
+    in order of the bundle's DWS cost estimate (non-preemptive shortest job first on
+    prefill-first rounds, as the DWS paper runs it; the bundle needs a DWS predictor and a cost
+    profile). ``slots`` = B block slots per round, ``k``
     the resident multiplier (at most k·B residents: launch SGLang with
     ``--max-running-requests`` at least k·B).
     """
 
-    bundle: str
+    bundle: str | None = None
     policy: str = "dwise"
     slots: int = 16
     k: int = 8
@@ -72,6 +77,16 @@ class PluginConfig:
             )
         if not 0.0 < self.kv_limit_frac <= 1.0:
             raise ConfigError(f"{PREFIX}KV_LIMIT_FRAC={self.kv_limit_frac!r} must lie in (0, 1]")
+        if not self.bundle and self.policy not in OBSERVED:
+            raise ConfigError(
+                f"{PREFIX}POLICY={self.policy} ranks requests by a bundle's estimates: set "
+                f"{PREFIX}BUNDLE, or serve with {PREFIX}POLICY=observe to trace without one"
+            )
+        if not self.bundle and not self.trace_dir:
+            raise ConfigError(
+                f"{PREFIX}POLICY={self.policy} without a bundle only writes serving traces: "
+                f"set {PREFIX}TRACE_DIR (or {PREFIX}BUNDLE to monitor a bundle's estimates)"
+            )
 
     @property
     def max_residents(self) -> int:
@@ -145,7 +160,7 @@ def load_config(env: Mapping[str, str] | None = None) -> PluginConfig | None:
         raw = env.get(f"{PREFIX}{name.upper()}")
         if raw is not None:
             values[name] = raw
-    if not values.get("bundle"):
+    if not values.get("bundle") and str(values.get("policy", "")).strip() not in OBSERVED:
         return None
     parsed = {name: _coerce(name, _KINDS.get(name, str), v) for name, v in values.items()}
     return PluginConfig(**parsed)

@@ -35,7 +35,7 @@ from typing import Any
 
 from ..errors import ConfigError, DwisePredictError
 from . import seam
-from .config import PLANNED, PluginConfig, load_config
+from .config import OBSERVED, PLANNED, PluginConfig, load_config
 from .metrics import gauges_for
 from .seam import (
     LOGITS,
@@ -60,13 +60,13 @@ def attach(scheduler: Any, config: PluginConfig) -> Any:
     mode, and algorithms that cannot share a round between prompt and denoising blocks.
     """
     from ..bundle import load_bundle
-    from .serving import DwiseServing
 
     seam.check_scheduler(scheduler)
     if seam.dllm_config(scheduler) is None:
         raise ConfigError(
-            "DWISE_SGLANG_BUNDLE is set but this SGLang server runs no dLLM "
-            "(--dllm-algorithm is unset): unset DWISE_SGLANG_BUNDLE, or serve a dLLM"
+            "the dwise plugin is on but this SGLang server runs no dLLM "
+            "(--dllm-algorithm is unset): unset DWISE_SGLANG_BUNDLE and "
+            "DWISE_SGLANG_POLICY, or serve a dLLM"
         )
     if not seam.fdfo(scheduler):
         raise ConfigError(
@@ -75,37 +75,32 @@ def attach(scheduler: Any, config: PluginConfig) -> Any:
             "remaining work cannot be counted per round: enable --dllm-fdfo, or "
             "unset DWISE_SGLANG_BUNDLE"
         )
-    if seam.separate_context_encoding(scheduler) and config.policy in PLANNED:
+    if seam.separate_context_encoding(scheduler):
         raise ConfigError(
-            f"the {seam.algorithm(scheduler)} algorithm prefills with a variable-length "
-            "EXTEND, so prompt and denoising blocks cannot share a round: use "
-            "DWISE_SGLANG_POLICY=fcfs with it"
+            f"the {seam.algorithm(scheduler)} algorithm encodes the context in a separate "
+            "variable-length EXTEND pass, so prompt and denoising blocks cannot share a round "
+            "and its rounds are not counted per block the way traces count them: the plugin "
+            "does not support it yet; unset DWISE_SGLANG_BUNDLE and DWISE_SGLANG_POLICY"
         )
-    bundle = load_bundle(config.bundle)
-    bundle.check(server_fingerprint(scheduler), allow_mismatch=config.allow_mismatch)
-    if config.policy == "dws-sjf" and (bundle.dws is None or bundle.cost_profile is None):
-        raise ConfigError(
-            f"DWISE_SGLANG_POLICY=dws-sjf ranks by the DWS cost estimate, but bundle "
-            f"'{bundle.name}' has no {'DWS predictor' if bundle.dws is None else 'cost profile'}"
-            ": train one with `dwise-predict train --only dws --cost-profile ...` (and profile "
-            "the deployment with `dwise-predict profile`), or use DWISE_SGLANG_POLICY=dwise"
-        )
-    refine = config.refine and bundle.refinement is not None
-    if config.refine and not refine:
+    bundle = None
+    if config.bundle:
+        bundle = load_bundle(config.bundle)
+        bundle.check(server_fingerprint(scheduler), allow_mismatch=config.allow_mismatch)
+    if config.policy == "dws-sjf" and bundle is not None:
+        _check_dws(bundle)
+    refine = config.refine and bundle is not None and bundle.refinement is not None
+    if config.refine and bundle is not None and not refine:
         log.warning(
             "bundle '%s' has no refinement predictor: ranking by the admission estimate "
             "only (train one with `dwise-predict train --only refine`)",
             bundle.name,
         )
-    state = DwiseServing(
-        config,
-        bundle,
-        block_size=seam.block_size(scheduler),
-        kv_pool_tokens=seam.kv_pool_tokens(scheduler),
-        req_slots=seam.request_slots(scheduler),
-        refine=refine,
-    )
     tokenizer = seam.tokenizer(scheduler)
+    state = (
+        _planned_state(scheduler, config, bundle, refine)
+        if config.policy in PLANNED
+        else _observed_state(scheduler, config, bundle, tokenizer)
+    )
     state.set_tokenizer(tokenizer)
     tp_rank, dp_rank = seam.ranks()
     if config.trace_dir and tp_rank == 0:
@@ -128,9 +123,50 @@ def attach(scheduler: Any, config: PluginConfig) -> Any:
         config.slots,
         config.k,
         "on" if refine else "off",
-        bundle.name,
+        "none" if bundle is None else bundle.name,
     )
     return state
+
+
+def _check_dws(bundle: Any) -> None:
+    if bundle.dws is None or bundle.cost_profile is None:
+        raise ConfigError(
+            f"DWISE_SGLANG_POLICY=dws-sjf ranks by the DWS cost estimate, but bundle "
+            f"'{bundle.name}' has no "
+            f"{'DWS predictor' if bundle.dws is None else 'cost profile'}: train one with "
+            "`dwise-predict train --only dws --cost-profile ...` (and profile the "
+            "deployment with `dwise-predict profile`), or use DWISE_SGLANG_POLICY=dwise"
+        )
+
+
+def _planned_state(scheduler: Any, config: PluginConfig, bundle: Any, refine: bool) -> Any:
+    from .serving import DwiseServing
+
+    return DwiseServing(
+        config,
+        bundle,
+        block_size=seam.block_size(scheduler),
+        kv_pool_tokens=seam.kv_pool_tokens(scheduler),
+        req_slots=seam.request_slots(scheduler),
+        refine=refine,
+    )
+
+
+def _observed_state(scheduler: Any, config: PluginConfig, bundle: Any, tokenizer: Any) -> Any:
+    from .observe import ObserveServing
+    from .prompt import featurizer_of
+
+    admission = None if bundle is None else bundle.admission
+    featurizer = getattr(admission, "featurizer", None)
+    if featurizer is None:  # no bundle's template: the server tokenizer's own
+        featurizer = featurizer_of(tokenizer)
+    return ObserveServing(
+        config,
+        bundle,
+        block_size=seam.block_size(scheduler),
+        featurizer=featurizer,
+        pool_hidden=bool(config.trace_dir),
+    )
 
 
 def _state(scheduler: Any, config: PluginConfig) -> Any:
@@ -168,38 +204,50 @@ def register() -> None:
 
     seam.register_hook(f"{SCHEDULER}.__init__", after_init, "AFTER")
 
-    if config.policy not in PLANNED:
-        return  # fcfs: SGLang's own rounds; the plugin only checked the bundle at start-up
-
-    def fetch_waiting(original_fn: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
-        return None  # admission is the plan's (compose_round), not SGLang's FIFO top-up
-
-    def process_batches(
-        original_fn: Any, scheduler: Any, adder: Any, running_batch: Any = None, **kwargs: Any
-    ) -> Any:
-        rb = running_batch if running_batch is not None else kwargs.get("running_batch")
-        return _state(scheduler, config).compose_round(scheduler, adder, rb)
-
     def abort_request(original_fn: Any, scheduler: Any, recv_req: Any, *a: Any, **kw: Any) -> Any:
         out = original_fn(scheduler, recv_req, *a, **kw)
         _state(scheduler, config).abort(*seam.abort_target(recv_req))
         return out
 
-    def batch_result(
-        original_fn: Any, scheduler: Any, batch: Any, result: Any, *args: Any, **kwargs: Any
-    ) -> Any:
-        state = _state(scheduler, config)
-        state.observe_result(batch, result)
-        out = original_fn(scheduler, batch, result, *args, **kwargs)
-        state.fold_previous()  # now, so the last round of a burst is folded too
-        return out
-
-    seam.register_hook(f"{MIXIN}._fetch_waiting_reqs", fetch_waiting, "AROUND")
-    seam.register_hook(f"{MIXIN}._process_dllm_batches", process_batches, "AROUND")
     seam.register_hook(f"{SCHEDULER}.abort_request", abort_request, "AROUND")
-    seam.register_hook(f"{MIXIN}.process_batch_result_dllm", batch_result, "AROUND")
 
-    if config.refine:
+    if config.policy in OBSERVED:
+
+        def watch_result(
+            original_fn: Any, scheduler: Any, batch: Any, result: Any, *args: Any, **kwargs: Any
+        ) -> Any:
+            state = _state(scheduler, config)
+            state.observe_result(batch, result)
+            out = original_fn(scheduler, batch, result, *args, **kwargs)
+            state.after_result(batch)
+            return out
+
+        seam.register_hook(f"{MIXIN}.process_batch_result_dllm", watch_result, "AROUND")
+    else:
+
+        def fetch_waiting(original_fn: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+            return None  # admission is the plan's (compose_round), not SGLang's FIFO top-up
+
+        def process_batches(
+            original_fn: Any, scheduler: Any, adder: Any, running_batch: Any = None, **kwargs: Any
+        ) -> Any:
+            rb = running_batch if running_batch is not None else kwargs.get("running_batch")
+            return _state(scheduler, config).compose_round(scheduler, adder, rb)
+
+        def batch_result(
+            original_fn: Any, scheduler: Any, batch: Any, result: Any, *args: Any, **kwargs: Any
+        ) -> Any:
+            state = _state(scheduler, config)
+            state.observe_result(batch, result)
+            out = original_fn(scheduler, batch, result, *args, **kwargs)
+            state.fold_previous()  # now, so the last round of a burst is folded too
+            return out
+
+        seam.register_hook(f"{MIXIN}._fetch_waiting_reqs", fetch_waiting, "AROUND")
+        seam.register_hook(f"{MIXIN}._process_dllm_batches", process_batches, "AROUND")
+        seam.register_hook(f"{MIXIN}.process_batch_result_dllm", batch_result, "AROUND")
+
+    if config.refine or (config.policy in OBSERVED and config.trace_dir):
 
         def keep_hidden(
             original_fn: Any,

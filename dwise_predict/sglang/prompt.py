@@ -127,3 +127,21 @@ def served_prompt(
         return ""
     text = decode(seam.prompt_ids(req))
     return featurizer.user_text(text) if featurizer is not None else text
+
+
+def featurizer_of(tokenizer: Any) -> PromptFeaturizer | None:
+    """A featurizer from the server's own tokenizer and its chat template (a ``transformers``
+    tokenizer's ``chat_template``), so observe mode counts the raw prompt's words and newlines
+    without a bundle; None without a template (the counts are then the served text's)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if tokenizer is None or not isinstance(template, str) or not template:
+        return None
+    try:
+        return PromptFeaturizer(getattr(tokenizer, "backend_tokenizer", tokenizer), template)
+    except Exception as e:  # a template this renderer cannot read: count the served text
+        log.warning(
+            "cannot read the server tokenizer's chat template (%s): serving traces "
+            "count the words of the prompt as served, template included",
+            e,
+        )
+        return None

@@ -136,6 +136,7 @@ SURFACE: tuple[Name, ...] = (
     _n(f"{SAMPLING}.max_new_tokens", "read", True),
     _n(f"{REQ}.output_ids", "read", True),
     _n(f"{REQ}.finished_reason", "read", True),
+    _n(f"{REQ}.extra_key", "read", True),
     _n(f"{REQ}.finished", "call"),
     _n(f"{REQ}.is_dllm_prefill", "call"),
     _n(f"{FINISH}.FINISH_ABORT", "value"),
@@ -419,6 +420,12 @@ def max_new_tokens(req: Any) -> int:
 
 def output_ids(req: Any) -> list[int]:
     return list(req.output_ids)
+
+
+def label(req: Any) -> str | None:
+    """The client's ``extra_key`` (a classification SGLang also keys its prefix cache on)."""
+    key = req.extra_key
+    return None if key is None else str(key)
 
 
 def finished(req: Any) -> bool:

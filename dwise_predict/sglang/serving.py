@@ -78,6 +78,8 @@ class RequestTrack:
     cost_ms: float | None = None
     #: denoising forwards run when its current block began
     block_start: int = 0
+    #: what the client said the request is (observe mode: ``extra_key`` ``category:NAME``)
+    category: str = "serving"
 
 
 @dataclass

@@ -161,7 +161,7 @@ class ServingTraceSink:
         return {
             "schema_version": TRACE_SCHEMA_VERSION,
             "request_id": item.rid,
-            "category": "serving",
+            "category": str(getattr(track, "category", "serving")),
             "source": "sglang",
             "prompt": text if self.prompt_text else None,
             "prompt_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),

@@ -122,6 +122,20 @@ class TinyBDRunner:
         return SimpleNamespace(logits_output=logits_output, can_run_graph=False)
 
 
+class ServerTokenizer:
+    """What a server's ``scheduler.tokenizer`` is: a ``transformers`` fast tokenizer, with its
+    ``decode``, its ``backend_tokenizer`` and its ``chat_template``."""
+
+    def __init__(self, backend: Any, chat_template: str | None) -> None:
+        self.backend_tokenizer = backend
+        self.chat_template = chat_template
+
+    def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
+        return str(
+            self.backend_tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        )
+
+
 class _LMHead:
     """Stands in for the LogitsProcessor instance: tied embeddings, the mask never predicted."""
 
@@ -209,6 +223,8 @@ class RequestSpec:
     input_ids: list[int]
     max_new_tokens: int
     category: str = ""
+    #: what the client sends as SGLang's ``extra_key`` (observe mode reads ``category:NAME``)
+    label: str | None = None
 
 
 @dataclass
@@ -397,7 +413,9 @@ class CpuServer:
         )
         # a real scheduler holds the server's tokenizer; SGLang 0.5.23's Req keeps only the
         # prompt's ids (not its text), so the plugin decodes them with it for the features
-        s.tokenizer = self.runner.tokenizer
+        tok = self.runner.tokenizer
+        chat_template = getattr(self.runner, "chat_template", None)
+        s.tokenizer = None if tok is None else ServerTokenizer(tok, chat_template)
         if self.on_scheduler is not None:
             self.on_scheduler(s)
         self.worker = SimpleNamespace(
@@ -429,6 +447,7 @@ class CpuServer:
             sp,
             eos_token_ids={EOS},
             dllm_config=self.scheduler.dllm_config,
+            extra_key=spec.label,
         )
         self.reqs[spec.rid] = req
         self.scheduler.waiting_queue.append(req)
