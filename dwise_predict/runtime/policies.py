@@ -61,6 +61,10 @@ class FCFS:
         return table.seq[rows].astype(np.float64)
 
 
+#: what a DWISE policy ranks by, from the full algorithm down (see ``DWISE.estimates``)
+ESTIMATE_LEVELS = ("refined", "admission", "none")
+
+
 @dataclass(frozen=True)
 class DWISE:
     """Remaining-work SRPT, R = P + r̂, preemptive, mixed-phase (paper Algorithm 1).
@@ -75,11 +79,21 @@ class DWISE:
     aging: float = 0.0
     batch_former: str = "mixed"
     name: str = "dwise"
+    #: which estimates rank requests: "refined" (admission, then the refined one after the
+    #: first denoising round: the paper's DWISE), "admission" (never refined), or "none"
+    #: (r̂ = 0: ranked by prompt blocks left alone). The paper's component ladder, as drivers
+    #: read it (:func:`~.simulator.policy_inputs`, the SGLang plugin)
+    estimates: str = "refined"
     preemptive: ClassVar[bool] = True
     needs: ClassVar[frozenset[str]] = frozenset({"estimate"})
 
     def __post_init__(self) -> None:
         _check_former(self.batch_former)
+        if self.estimates not in ESTIMATE_LEVELS:
+            raise ConfigError(
+                f"estimates={self.estimates!r} is not one of {ESTIMATE_LEVELS} "
+                "(refined = the paper's DWISE)"
+            )
         if not np.isfinite(self.aging) or self.aging < 0:
             raise ConfigError(
                 f"aging={self.aging} must be a finite number >= 0 (0 turns aging off)"

@@ -7,6 +7,7 @@ DWISE-vs-FCFS gain beside the paper's LLaDA2.1-mini figures.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -44,15 +45,33 @@ PAPER_LLADA21 = {
     "dwise_preemptions_per_request": 0.34,
 }
 
-POLICY_NAMES = ("fcfs", "fcfs-mixed", "mlfq", "sjf", "srpt", "dwise", "oracle", "dws-sjf")
+POLICY_NAMES = (
+    "fcfs",
+    "fcfs-mixed",
+    "mlfq",
+    "mlfq-mixed",
+    "sjf",
+    "srpt",
+    "dwise-r0",
+    "dwise-admission",
+    "dwise",
+    "oracle",
+    "dws-sjf",
+)
 
 
-def make_policy(name: str) -> Policy:
-    """A policy by its CLI name (see ``POLICY_NAMES``)."""
+def make_policy(name: str, aging: float = 0.0) -> Policy:
+    """A policy by its CLI name (see ``POLICY_NAMES``); ``aging`` for the DWISE family.
+
+    ``dwise-r0``, ``dwise-admission`` and ``dwise`` are the paper's component ladder: ranked by
+    prompt blocks left alone, plus the admission estimate, plus the refined one."""
     table: dict[str, Any] = {
         "fcfs": FCFS,
         "fcfs-mixed": lambda: FCFS(batch_former="mixed", name="fcfs-mixed"),
         "mlfq": MLFQ,
+        "mlfq-mixed": lambda: MLFQ(batch_former="mixed", name="mlfq-mixed"),
+        "dwise-r0": lambda: DWISE(estimates="none", name="dwise-r0"),
+        "dwise-admission": lambda: DWISE(estimates="admission", name="dwise-admission"),
         "sjf": ScoreSJF,
         "srpt": SRPT,
         "dwise": DWISE,
@@ -62,7 +81,10 @@ def make_policy(name: str) -> Policy:
     key = name.strip().lower()
     if key not in table:
         raise ConfigError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
-    return table[key]()
+    policy = table[key]()
+    if aging and isinstance(policy, DWISE):
+        policy = dataclasses.replace(policy, aging=float(aging))
+    return policy  # type: ignore[no-any-return]
 
 
 def parse_policies(text: str | Sequence[str | Policy]) -> list[Policy]:

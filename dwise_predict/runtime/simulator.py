@@ -89,6 +89,11 @@ def policy_inputs(workload: Workload, policy: Policy) -> dict[str, np.ndarray | 
                 "or use the synthetic workload, which carries noisy estimates"
             )
         out["admission"], out["refined"] = workload.admission, workload.refined
+        level = getattr(policy, "estimates", "refined")
+        if level != "refined":  # a rung of the ladder: no refinement, or no estimate at all
+            out["refined"] = None
+        if level == "none":
+            out["admission"] = np.zeros_like(np.asarray(workload.admission, dtype=np.float64))
     if "true_rounds" in policy.needs:
         out["true_rounds"] = workload.total_rounds.astype(np.float64)
     if "score" in policy.needs:

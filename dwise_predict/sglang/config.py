@@ -21,11 +21,21 @@ from typing import Any
 from ..errors import ConfigError
 
 PREFIX = "DWISE_SGLANG_"
-POLICIES = ("dwise", "dws-sjf", "observe", "fcfs")
-#: the policies whose rounds the plugin composes from the core scheduler's plan
-PLANNED = ("dwise", "dws-sjf")
+#: the policies whose rounds the plugin composes from the core scheduler's plan: DWISE, its
+#: component ladder (ranked by prompt blocks alone, by the admission estimate alone), and the
+#: peers it is measured against in SGLang's loop (the same names as the simulator's)
+PLANNED = (
+    "dwise",
+    "dwise-admission",
+    "dwise-r0",
+    "oracle",
+    "fcfs-mixed",
+    "mlfq-mixed",
+    "dws-sjf",
+)
 #: the policies that leave SGLang's rounds alone and only watch (fcfs: the older name)
 OBSERVED = ("observe", "fcfs")
+POLICIES = (*PLANNED, *OBSERVED)
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,9 @@ class PluginConfig:
     drift_threshold: float = 1.5
     kv_limit_frac: float = 0.9
     slack_blocks: int = 2
+    #: policy "oracle": a JSON file {request id: denoising forwards} or a trace folder whose
+    #: rows give each request's true work (benchmarks replay requests they served before)
+    oracle: str | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -81,6 +94,11 @@ class PluginConfig:
             raise ConfigError(
                 f"{PREFIX}POLICY={self.policy} ranks requests by a bundle's estimates: set "
                 f"{PREFIX}BUNDLE, or serve with {PREFIX}POLICY=observe to trace without one"
+            )
+        if self.policy == "oracle" and not self.oracle:
+            raise ConfigError(
+                f"{PREFIX}POLICY=oracle ranks by each request's true work: set {PREFIX}ORACLE "
+                "to a JSON file {request id: denoising forwards} or a folder of its traces"
             )
         if not self.bundle and not self.trace_dir:
             raise ConfigError(

@@ -142,7 +142,7 @@ def _check_dws(bundle: Any) -> None:
 def _planned_state(scheduler: Any, config: PluginConfig, bundle: Any, refine: bool) -> Any:
     from .serving import DwiseServing
 
-    return DwiseServing(
+    state = DwiseServing(
         config,
         bundle,
         block_size=seam.block_size(scheduler),
@@ -150,6 +150,11 @@ def _planned_state(scheduler: Any, config: PluginConfig, bundle: Any, refine: bo
         req_slots=seam.request_slots(scheduler),
         refine=refine,
     )
+    if config.oracle and state.oracle_used:
+        from .oracle import load_oracle
+
+        state.oracle = load_oracle(config.oracle)
+    return state
 
 
 def _observed_state(scheduler: Any, config: PluginConfig, bundle: Any, tokenizer: Any) -> Any:

@@ -49,7 +49,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..features import newline_count, word_count
-from ..runtime import DWISE, DWSSJF, RoundPlan, RoundResult, Scheduler
+from ..runtime import DWSSJF, RoundPlan, RoundResult, Scheduler, make_policy
 from . import seam
 from .background import Background
 from .config import PLANNED, PluginConfig
@@ -144,8 +144,16 @@ class DwiseServing:
         self.featurizer = getattr(admission, "featurizer", None)
         self.block_size = int(block_size)
         self.refine = refine
-        # a frozen dataclass satisfies Policy at runtime
-        policy: Any = DWSSJF() if config.policy == "dws-sjf" else DWISE(aging=config.aging)
+        # the same policy the simulator runs under this name (dws-sjf: priced by DWS)
+        policy: Any = (
+            DWSSJF() if config.policy == "dws-sjf" else make_policy(config.policy, config.aging)
+        )
+        #: what the core ranks by: estimates (the DWISE family), truth (oracle), or neither
+        self.estimates = getattr(policy, "estimates", None)
+        self.refine = refine and self.estimates == "refined"
+        #: policy "oracle": each request's true denoising forwards, by request id
+        self.oracle: dict[str, float] = {}
+        self.oracle_missing = 0
         self.core = Scheduler(
             policy,
             slots=config.slots,
@@ -303,12 +311,13 @@ class DwiseServing:
             row = self.core.add_request(
                 rid,
                 n_prompt // bs,
-                e,
+                0.0 if self.estimates == "none" else e,
                 prompt_tokens=n_prompt,
                 output_budget=budget,
                 block_size=bs,
                 kv_tokens_worst_case=worst,
                 score=score,
+                true_rounds=self._true_rounds(rid, e) if self.oracle_used else None,
             )
             if row >= self._req_at.size:
                 self._grow()
@@ -318,6 +327,25 @@ class DwiseServing:
             self.tracks[rid] = RequestTrack(
                 n_prompt, budget, e, self.core.round_index, cost_ms=score
             )
+
+    @property
+    def oracle_used(self) -> bool:
+        return "true_rounds" in self.core.policy.needs
+
+    def _true_rounds(self, rid: Any, estimate: float) -> float:
+        """The oracle's work for ``rid``; a request it does not know is ranked by its admission
+        estimate instead (counted in ``oracle_missing``, warned about once)."""
+        true = self.oracle.get(str(rid))
+        if true is not None:
+            return max(float(true), 1.0)
+        if not self.oracle_missing:
+            log.warning(
+                "the oracle does not know request %s: ranking it (and any other unknown "
+                "request) by its admission estimate",
+                rid,
+            )
+        self.oracle_missing += 1
+        return max(estimate, 1.0)
 
     def set_tokenizer(self, tokenizer: Any) -> None:
         """The server's tokenizer (None with ``--skip-tokenizer-init``)."""

@@ -283,3 +283,43 @@ def test_200_randomized_runs_hold_every_invariant():
     for seed in range(200):
         _random_run(seed, coverage)
     assert all(coverage.values()), f"a state was never aborted in: {coverage}"
+
+
+@pytest.mark.parametrize(
+    "policy", ["dwise-admission", "dwise-r0", "oracle", "fcfs-mixed", "mlfq-mixed"]
+)
+def test_every_ladder_rung_serves_in_sglangs_loop(policy, tmp_path):
+    """The component ladder's rungs and peers, each a plugin policy of the simulator's name."""
+    import json
+
+    from harness import remove_hooks
+    from sglang.srt.plugins import load_plugins
+
+    specs = [_spec(f"r{i}", 40 + 17 * i, 64) for i in range(8)]
+    lengths = {f"r{i}": 60 - 7 * i for i in range(8)}  # later arrivals answer sooner
+    oracle = tmp_path / "oracle.json"
+    # the oracle's knowledge: each request's denoising forwards, from a plain dwise run
+    with _server(ScriptedRunner(lengths)) as srv:
+        srv.scheduler.dwise_serving.keep_finished = True
+        w = Watch(srv)
+        for spec in specs:
+            srv.submit(spec)
+        w.run_out()
+        truth = {rid: tr.forwards for rid, tr in srv.scheduler.dwise_serving.finished}
+    oracle.write_text(json.dumps(truth))
+    remove_hooks()
+    env = {**plugin_env("tiny-bd", slots=B, k=K, policy=policy, oracle=oracle)}
+    with environ({**env, "SGLANG_PLUGINS": None}):
+        load_plugins()
+        with _server(ScriptedRunner(lengths)) as srv:
+            st = srv.scheduler.dwise_serving
+            assert st.core.policy.name == policy
+            w = Watch(srv)
+            for spec in specs:
+                srv.submit(spec)
+            w.run_out()
+    assert st.stats.refinements == 0  # only dwise refines
+    if policy == "oracle":
+        assert st.oracle == {k: float(v) for k, v in truth.items()} and st.oracle_missing == 0
+    if policy == "fcfs-mixed":
+        assert st.stats.max_residents <= B  # arrival order, B residents, mixed rounds
