@@ -24,6 +24,9 @@ same-run figure.
     .venv-sglang/bin/python benchmarks/sglang_scheduler.py --requests 64 --slots 16 \
         --out benchmarks/results/sglang_scheduler.json
 
+``--ladder`` runs DWISE's component ladder in three arrival regimes instead
+(``benchmarks/sglang_ladder.py``).
+
 Serving 64 requests takes about 25 minutes on a CPU. ``--from-runs FILE.runs.json`` recomputes
 the simulator cross-check and the overhead from a saved runs file without serving again.
 
@@ -618,6 +621,12 @@ def finish(doc: dict[str, Any], path: Path, command: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args_in = sys.argv[1:] if argv is None else argv
+    if "--ladder" in args_in:  # the component ladder: benchmarks/sglang_ladder.py
+        sys.path.insert(0, str(Path(__file__).parent))
+        from sglang_ladder import main as ladder
+
+        return ladder(args_in)
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--slots", type=int, default=16)

@@ -70,9 +70,13 @@ def _has_op(name: str) -> bool:
 class TinyBDRunner:
     """A model runner whose logits are tiny-bd's, per request, from its full token context."""
 
-    def __init__(self, block_size: int = 32, checkpoint: str = "tiny-bd") -> None:
+    def __init__(self, block_size: int = 32, checkpoint: str = "tiny-bd", memo: bool = False) -> None:
         # one thread: the per-request forwards are tiny, and a shared CPU thrashes with more
         torch.set_num_threads(1)
+        #: with ``memo``, each request's block forward is computed once and reused by later
+        #: serving runs of the same requests (a benchmark's many policies): its output is a
+        #: function of the request, the block's position and its current tokens only
+        self.memo: dict[tuple[Any, int, bytes], torch.Tensor] | None = {} if memo else None
         tb = from_pretrained(checkpoint)
         self.model = tb.model.eval()
         self.tokenizer = tb.tokenizer
@@ -108,12 +112,18 @@ class TinyBDRunner:
         hidden = []
         for i, req in enumerate(self.reqs):
             start = int(req.dllm_block_offset)
+            key = (req.rid, start, ids[i].numpy().tobytes()) if self.memo is not None else None
+            if key is not None and key in self.memo:  # type: ignore[operator]
+                hidden.append(self.memo[key])  # type: ignore[index]
+                continue
             committed = list(req.origin_input_ids) + list(req.output_ids)
             ctx = committed[:start]
             kv = self._prefix_kv(req.rid, ctx)
             pos = torch.arange(start, start + bs)[None]
             out = self.model(ids[i : i + 1].long(), pos, None, kv)
             hidden.append(out.hidden[0])
+            if key is not None:
+                self.memo[key] = out.hidden[0].clone()  # type: ignore[index]
         self.forwards += 1
         h = torch.cat(hidden, dim=0)
         # through the class attribute, so a hook on _get_dllm_logits (the plugin's hidden-state

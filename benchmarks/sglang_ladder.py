@@ -1,0 +1,327 @@
+"""What ordering adds inside SGLang: DWISE's component ladder in SGLang 0.5.23's real loop.
+
+The same category-stratified eval requests are served through SGLang's real scheduler classes
+(the CPU harness of ``tests/sglang_plugin/harness.py``, tiny-bd computing the logits) under
+stock SGLang and under each plugin policy, in three arrival regimes:
+
+* ``burst``: every request arrives before round 0;
+* ``poisson-below``: Poisson arrivals at ``--load-below`` times stock's capacity (its requests
+  per round in the burst run);
+* ``poisson-above``: the same at ``--load-above`` times, more than stock can serve.
+
+Policies (the simulator's names; stock = SGLang's own prefill-first FCFS with B residents):
+``fcfs-mixed`` (arrival order, prompt and denoising blocks in one round: what an upstream SGLang
+change adds), ``dwise-r0`` (ranked by prompt blocks left alone), ``dwise-admission`` (plus the
+admission estimate), ``dwise`` (plus the refined estimate), ``oracle`` (true remaining work,
+from the burst ``dwise`` run's record of each request), ``mlfq-mixed``, ``dws-sjf``. Rounds are
+the unit: completion = the round a request finished in minus the round it arrived before.
+
+Each run is replayed in the project's simulator with the same arrival rounds, the same B, k
+and KV pool, each request's work as SGLang spent it, and the estimates the plugin computed.
+
+    .venv-sglang/bin/python benchmarks/sglang_scheduler.py --ladder --requests 256 \\
+        --out benchmarks/results/sglang_ladder.json
+
+The model runner computes each request's block forward once and reuses it in later runs (its
+output is a function of the request and the block's tokens only), so the first run costs the
+model's forwards and the others mostly SGLang's own loop. Prints a table, writes the JSON.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+BLOCK_SIZE = 32
+PLUGIN_POLICIES = (
+    "fcfs-mixed",
+    "dwise-r0",
+    "dwise-admission",
+    "dwise",
+    "oracle",
+    "mlfq-mixed",
+    "dws-sjf",
+)
+POLICIES = ("stock", *PLUGIN_POLICIES)
+REGIMES = ("burst", "poisson-below", "poisson-above")
+
+
+def _pct(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else float("nan")
+
+
+def summarize(res: Any, reqs: list[Any]) -> dict[str, Any]:
+    """A served run's figures, in rounds from each request's arrival."""
+    arrive = res.arrival_round
+    lat = {r: res.completion_round[r] - arrive[r] for r in res.completion_round}
+    ttft = {r: res.first_block_round[r] - arrive[r] for r in res.first_block_round}
+    done = list(lat.values())
+    per_cat: dict[str, dict[str, float]] = {}
+    for cat in sorted({s.category for s in reqs}):
+        vals = [lat[s.rid] for s in reqs if s.category == cat and s.rid in lat]
+        per_cat[cat] = {
+            "requests": sum(s.category == cat for s in reqs),
+            "mean_completion_rounds": round(statistics.mean(vals), 2) if vals else None,
+            "p99_completion_rounds": round(_pct(vals, 99), 2) if vals else None,
+        }
+    return {
+        "mean_completion_rounds": round(statistics.mean(done), 2),
+        "p50_completion_rounds": round(_pct(done, 50), 2),
+        "p99_completion_rounds": round(_pct(done, 99), 2),
+        "max_completion_rounds": int(max(done)),
+        "mean_ttft_rounds": round(statistics.mean(ttft.values()), 2),
+        "rounds": res.rounds,
+        "idle_rounds": res.idle_rounds,
+        "finished": len(done),
+        "requests": len(reqs),
+        "kv_free_before": res.kv_free_before,
+        "kv_free_after": res.kv_free_after,
+        "req_slots_free_before": res.req_slots_free_before,
+        "req_slots_free_after": res.req_slots_free_after,
+        "kv_balanced_every_round": res.kv_balanced_every_round,
+        "per_category": per_cat,
+        "wall_s": round(res.wall_seconds, 1),
+    }
+
+
+def arrival_rounds(regime: str, n: int, rate: float | None, seed: int) -> list[int]:
+    """The round before which each request (in the requests' order) arrives."""
+    if regime == "burst":
+        return [0] * n
+    if rate is None or rate <= 0:
+        raise ValueError(f"{regime} needs a positive rate")
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=n)
+    return np.floor(np.cumsum(gaps) - gaps[0]).astype(int).tolist()
+
+
+def serve_policy(
+    policy: str,
+    reqs: list[Any],
+    arrive: list[int],
+    runner: Any,
+    slots: int,
+    k: int,
+    oracle_file: Path | None,
+) -> tuple[Any, Any]:
+    from harness import environ, plugin_env, remove_hooks, serve
+    from sglang.srt.plugins import load_plugins
+
+    from dwise_predict.sglang.config import load_config
+    from dwise_predict.sglang.plugin import attach
+
+    remove_hooks()
+    if policy == "stock":
+        with environ({"DWISE_SGLANG_BUNDLE": None, "DWISE_SGLANG_POLICY": None}):
+            load_plugins()
+            res, s = serve(reqs, max_running_requests=slots, runner=runner, arrival_rounds=arrive)
+        remove_hooks()
+        return res, None
+
+    def keep(sch: Any) -> None:
+        config = load_config()
+        if config is None or config.policy != policy:
+            raise RuntimeError(f"the plugin is not configured for {policy}")
+        attach(sch, config).keep_finished = True
+
+    settings: dict[str, Any] = {"slots": slots, "k": k, "policy": policy}
+    if policy == "oracle":
+        settings["oracle"] = oracle_file
+    with environ({**plugin_env("tiny-bd", **settings), "SGLANG_PLUGINS": "dwise"}):
+        load_plugins()
+        res, s = serve(
+            reqs,
+            max_running_requests=slots * k,
+            runner=runner,
+            on_scheduler=keep,
+            arrival_rounds=arrive,
+        )
+    remove_hooks()
+    return res, s.dwise_serving
+
+
+def tracks_of(state: Any) -> dict[str, dict[str, Any]]:
+    return {
+        str(rid): {
+            "prompt_tokens": int(tr.prompt_tokens),
+            "output_budget": int(tr.output_budget),
+            "rounds_per_block": [int(r) for r in tr.rounds_per_block],
+            "admission": float(tr.admission),
+            "refined": None if tr.refined is None else float(tr.refined),
+            "forwards": int(tr.forwards),
+            "cost_ms": None if tr.cost_ms is None else float(tr.cost_ms),
+        }
+        for rid, tr in state.finished
+    }
+
+
+def simulate_regime(
+    tracks: dict[str, dict[str, Any]],
+    costs: dict[str, float],
+    reqs: list[Any],
+    arrive: list[int],
+    slots: int,
+    k: int,
+    kv_pool: int,
+) -> dict[str, dict[str, Any]]:
+    """Every policy in the simulator, with the real runs' arrival rounds and work."""
+    from dwise_predict.runtime import (
+        FCFS,
+        Arrivals,
+        RoundTimeModel,
+        SimRequest,
+        Workload,
+        make_policy,
+        simulate,
+    )
+
+    order = [s.rid for s in reqs]
+    sim_reqs = [
+        SimRequest(
+            rid,
+            tracks[rid]["prompt_tokens"] // BLOCK_SIZE,
+            tracks[rid]["prompt_tokens"],
+            tuple(r + 1 for r in tracks[rid]["rounds_per_block"]),  # SGLang's r + 1 forwards
+            tracks[rid]["output_budget"],
+            BLOCK_SIZE,
+            category=s.category,
+            admission_estimate=tracks[rid]["admission"],
+            refined_estimate=tracks[rid]["refined"],
+            cost=costs.get(rid),
+        )
+        for rid, s in zip(order, reqs)
+    ]
+    wl = Workload.from_requests(sim_reqs)
+    arrivals = Arrivals(np.arange(wl.n, dtype=np.int64), np.asarray(arrive, dtype=np.float64) / 1e3)
+    rt = RoundTimeModel(overhead_ms=1.0, per_slot_ms=0.0, per_slot_per_1k_context_ms=0.0)
+    out = {}
+    for name in POLICIES:
+        pol = FCFS() if name == "stock" else make_policy(name)
+        run = simulate(
+            wl, pol, arrivals=arrivals, slots=slots, k=k, round_time=rt, kv_pool_tokens=kv_pool
+        )
+        lat = (np.asarray(run.finish_time) - np.asarray(arrive, dtype=np.float64) / 1e3) * 1e3
+        out[name] = {
+            "mean_completion_rounds": round(float(np.mean(lat)), 2),
+            "p99_completion_rounds": round(float(np.percentile(lat, 99)), 2),
+            "max_completion_rounds": round(float(np.max(lat)), 2),
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import importlib.metadata
+
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--ladder", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--requests", type=int, default=256)
+    ap.add_argument("--slots", type=int, default=16)
+    ap.add_argument("--k", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--load-below", type=float, default=0.7, help="x stock's capacity")
+    ap.add_argument("--load-above", type=float, default=1.5, help="x stock's capacity")
+    ap.add_argument("--regimes", default=",".join(REGIMES))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="benchmarks/results/sglang_ladder.json")
+    args = ap.parse_args(argv)
+    command = ".venv-sglang/bin/python benchmarks/sglang_scheduler.py " + " ".join(
+        sys.argv[1:] if argv is None else argv
+    )
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "sglang_plugin"))
+    from harness import TinyBDRunner, eval_requests, install_torchvision_shim
+
+    install_torchvision_shim()
+    from dwise_predict.atomic import write_json
+
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    runner = TinyBDRunner(block_size=BLOCK_SIZE, memo=True)
+    reqs = eval_requests(args.requests, runner, max_new_tokens=args.max_new_tokens)
+    mix = {c: sum(r.category == c for r in reqs) for c in sorted({r.category for r in reqs})}
+    print(f"{len(reqs)} eval-split requests, stratified: {mix}", flush=True)
+    doc: dict[str, Any] = {
+        "command": command,
+        "sglang_version": importlib.metadata.version("sglang"),
+        "requests": len(reqs),
+        "slots": args.slots,
+        "k": args.k,
+        "max_new_tokens": args.max_new_tokens,
+        "mix": mix,
+        "regimes": {},
+    }
+    oracle_file = out_path.with_suffix(".oracle.json")
+    capacity: float | None = None
+    for regime in args.regimes.split(","):
+        rate = None
+        if regime != "burst":
+            if capacity is None:
+                raise SystemExit("the Poisson regimes are set from the burst run: run it first")
+            load = args.load_below if regime == "poisson-below" else args.load_above
+            rate = load * capacity
+        arrive = arrival_rounds(regime, len(reqs), rate, args.seed)
+        runs: dict[str, Any] = {}
+        states: dict[str, Any] = {}
+        for policy in POLICIES:
+            t0 = time.perf_counter()
+            res, state = serve_policy(policy, reqs, arrive, runner, args.slots, args.k, oracle_file)
+            runs[policy] = summarize(res, reqs)
+            states[policy] = state
+            if policy == "stock" and regime == "burst":
+                capacity = len(reqs) / res.rounds
+            if policy == "dwise" and regime == "burst":
+                # the oracle's knowledge: each request's forwards, as this run spent them
+                write_json(oracle_file, {r: t["forwards"] for r, t in tracks_of(state).items()})
+            print(
+                f"{regime:14s} {policy:16s} mean {runs[policy]['mean_completion_rounds']:>9} "
+                f"p99 {runs[policy]['p99_completion_rounds']:>9} "
+                f"finished {runs[policy]['finished']}/{len(reqs)} "
+                f"({time.perf_counter() - t0:.0f} s)",
+                flush=True,
+            )
+        tracks = tracks_of(states["dwise"])
+        costs = {r: t["cost_ms"] for r, t in tracks_of(states["dws-sjf"]).items() if t["cost_ms"]}
+        kv_pool = int(runs["stock"]["kv_free_before"])
+        sim = simulate_regime(tracks, costs, reqs, arrive, args.slots, args.k, kv_pool)
+        for policy in POLICIES:
+            real = runs[policy]["mean_completion_rounds"]
+            sim[policy]["mean_rel_diff"] = round(
+                sim[policy]["mean_completion_rounds"] / real - 1, 4
+            )
+        doc["regimes"][regime] = {
+            "arrival": "burst" if rate is None else f"poisson: {rate:.5f} requests/round",
+            "rate_per_round": rate,
+            "runs": runs,
+            "simulator": sim,
+        }
+        write_json(out_path, doc)  # after every regime: a long run loses little
+    doc["stock_capacity_requests_per_round"] = capacity
+    write_json(out_path, doc)
+    print_table(doc)
+    print(f"wrote {out_path}")
+    return 0
+
+
+def print_table(doc: dict[str, Any]) -> None:
+    print(
+        f"\n{'regime':14s}{'policy':17s}{'mean':>9s}{'p99':>9s}{'max':>7s}{'vs fcfs-mixed':>15s}"
+        f"{'sim mean':>10s}{'diff':>8s}"
+    )
+    for regime, r in doc["regimes"].items():
+        base = r["runs"]["fcfs-mixed"]["mean_completion_rounds"]
+        for policy, run in r["runs"].items():
+            sim = r["simulator"][policy]
+            print(
+                f"{regime:14s}{policy:17s}{run['mean_completion_rounds']:>9.1f}"
+                f"{run['p99_completion_rounds']:>9.1f}{run['max_completion_rounds']:>7d}"
+                f"{base / run['mean_completion_rounds']:>14.2f}x"
+                f"{sim['mean_completion_rounds']:>10.1f}{sim['mean_rel_diff']:>8.1%}"
+            )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
