@@ -24,7 +24,7 @@ import json
 import os
 import secrets
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +106,34 @@ def write_temp(target: str | os.PathLike[str], data: bytes) -> Path:
         remove_quietly(tmp)
         raise
     return tmp
+
+
+def commit_files(
+    moves: Iterable[tuple[str | os.PathLike[str], str | os.PathLike[str]]],
+) -> list[Path]:
+    """Rename each ``(temp, target)`` into place, in order, all or nothing.
+
+    For writers that place several files as one result (a workload's three files, a
+    compaction's merged shards): write every temp first (:func:`write_temp`), then commit
+    them here. On a failure (or an interrupt) the temps not yet placed and the targets this
+    call already placed are removed before the error propagates, so no reader sees part of
+    the set. Each target folder is fsync-ed once at the end. Returns the targets.
+    """
+    pairs = [(Path(t), Path(d)) for t, d in moves]
+    placed: list[Path] = []
+    try:
+        for tmp, target in pairs:
+            os.replace(tmp, target)
+            placed.append(target)
+    except BaseException:
+        for tmp, _ in pairs[len(placed) :]:
+            remove_quietly(tmp)
+        for target in placed:
+            remove_quietly(target)
+        raise
+    for folder in dict.fromkeys(target.parent for _, target in pairs):
+        fsync_dir(folder)
+    return placed
 
 
 def write_bytes(target: str | os.PathLike[str], data: bytes) -> Path:

@@ -92,3 +92,32 @@ def test_staged_folder_error_leaves_the_old_folder_untouched(tmp_path: Path) -> 
         raise KeyboardInterrupt
     assert (target / "a.txt").read_text() == "v1"
     assert _names(tmp_path) == ["bundle"]
+
+
+def test_commit_files_places_a_set_whole_or_removes_it(tmp_path, monkeypatch):
+    import os
+
+    from dwise_predict.atomic import commit_files, write_temp
+
+    targets = [tmp_path / f"{name}.txt" for name in ("a", "b", "c")]
+    temps = [write_temp(t, t.name.encode()) for t in targets]
+    assert commit_files(zip(temps, targets)) == targets
+    assert [t.read_text() for t in targets] == ["a.txt", "b.txt", "c.txt"]
+    assert not [p for p in tmp_path.iterdir() if p not in targets]  # no temp left behind
+
+    fresh = [tmp_path / f"{name}.new" for name in ("x", "y", "z")]
+    temps = [write_temp(t, b"data") for t in fresh]
+    real_replace, calls = os.replace, []
+
+    def fail_on_third(src, dst):
+        calls.append(dst)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", fail_on_third)
+    with pytest.raises(OSError, match="No space"):
+        commit_files(zip(temps, fresh))
+    monkeypatch.setattr(os, "replace", real_replace)
+    # the two placed before the failure are gone again, and so is every temp
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.txt", "c.txt"]

@@ -22,14 +22,13 @@ folder meanwhile.
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dwise_predict.atomic import TEMP_SUFFIX, fsync_dir
+from dwise_predict.atomic import TEMP_SUFFIX, commit_files, fsync_dir
 from dwise_predict.errors import TraceError
 from dwise_predict.traces import META_FINGERPRINT, META_SCHEMA_VERSION, check_schema, first_copies
 
@@ -102,14 +101,13 @@ def compact_traces(
             staged.append(_stage(merged, metadata, out, writer_id, len(staged)))
         summary.rows_after = len(seen)
         final = [out / shard_name(writer_id, i) for i in range(len(staged))]
-        for tmp, path in zip(staged, final):
-            os.replace(tmp, path)
+        commit_files(zip(staged, final))  # all merged shards in place, or none
     except BaseException:
         for tmp in staged:
             with contextlib.suppress(OSError):
                 tmp.unlink()
         raise
-    fsync_dir(out)
+    fsync_dir(out)  # the merged shards are durable before any old one goes
     for shard in shards:  # the merged shards are in place: the old ones are copies now
         with contextlib.suppress(FileNotFoundError):
             shard.unlink()

@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from dwise_predict.atomic import fsync_dir, remove_quietly, write_temp
+from dwise_predict.atomic import commit_files, remove_quietly, write_temp
 from dwise_predict.errors import WorkloadError
 
 from .builder import WorkloadSplits
@@ -36,22 +36,19 @@ def write_splits(splits: WorkloadSplits, out_dir: str | os.PathLike[str]) -> dic
 
     created = _make_dir(out)  # folders this call made, deepest first
     temps: dict[str, Path] = {}
-    placed: list[Path] = []  # renamed into place by this call; removed again if a later one fails
     try:
         for name, data in payloads.items():
             temps[name] = write_temp(out / name, data)
-        for name, tmp in temps.items():  # summary.json last: its presence means the set is whole
-            os.replace(tmp, out / name)
-            placed.append(out / name)
-        fsync_dir(out)
+        # summary.json last: its presence means the set is whole
+        commit_files((tmp, out / name) for name, tmp in temps.items())
     except OSError as e:
-        _cleanup([*temps.values(), *placed], created)
+        _cleanup(temps.values(), created)
         raise WorkloadError(
             f"cannot write the workload to {out}: {e.strerror or e}; "
             "choose a writable --out folder with free space"
         ) from e
     except BaseException:
-        _cleanup([*temps.values(), *placed], created)
+        _cleanup(temps.values(), created)
         raise
     return {name: out / name for name in payloads}
 
