@@ -196,3 +196,23 @@ def test_a_profile_for_another_decoder_is_refused_and_the_bundle_left_alone(
     assert priced.cost_profile is not None and priced.cost_profile is not own
     assert priced.cost_profile.alpha_ms != own.alpha_ms
     assert b.cost_profile is own  # re-pricing returns a new bundle; this one is unchanged
+
+
+def test_profile_clock_defaults_to_one_threads_cpu_time_on_a_cpu_and_wall_on_a_gpu():
+    from types import SimpleNamespace
+
+    from dwise_predict.cli.profile import r2_warning, resolve_clock
+    from dwise_predict.errors import ConfigError
+
+    assert resolve_clock("auto", "cpu", None) == ("cpu", 1)
+    assert resolve_clock("auto", "cpu", 4) == ("cpu", 4)  # an explicit --threads stands
+    assert resolve_clock("auto", "cuda:0", None) == ("wall", None)
+    assert resolve_clock("wall", "cpu", None) == ("wall", None)
+    with pytest.raises(ConfigError, match="--clock wall"):
+        resolve_clock("cpu", "cuda", None)
+    poor, good = SimpleNamespace(cv={"r2": 0.80}), SimpleNamespace(cv={"r2": 0.996})
+    assert r2_warning(good, "cpu") is None
+    assert "0.800" in r2_warning(poor, "wall") and "--clock cpu --threads 1" in r2_warning(
+        poor, "wall"
+    )
+    assert "quieter machine" in r2_warning(poor, "cpu")

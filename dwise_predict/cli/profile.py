@@ -72,18 +72,24 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
     p.add_argument("--threshold", type=float, default=None, help="LowConfidence threshold (0.95)")
     p.add_argument("--block-size", type=int, default=None, help="block size (default: the model's)")
     p.add_argument(
+        "--device",
+        default="cpu",
+        help="where the model runs: cpu (default) or cuda[:N]",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         default=None,
         metavar="N",
-        help="CPU threads for the model (default: torch's choice)",
+        help="CPU threads for the model (default: 1 with --clock cpu, else torch's choice)",
     )
     p.add_argument(
         "--clock",
-        default="wall",
-        choices=("wall", "cpu"),
-        help="time phases by wall clock (default) or by this thread's CPU time "
-        "(steadier on a shared machine; use with --threads 1)",
+        default="auto",
+        choices=("auto", "wall", "cpu"),
+        help="time phases by this thread's CPU time (steady on a shared machine) or by wall "
+        "clock (what a server sees); auto (default): CPU time on one thread when the model "
+        "runs on the CPU, wall clock on a GPU, whose work no CPU clock sees",
     )
     p.add_argument("--warmup", type=int, default=3, help="unrecorded warm-up requests (default: 3)")
     p.add_argument(
@@ -114,8 +120,48 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
     p.set_defaults(func=run)
 
 
+#: a 5-fold R² under this means the timings, not the cost form, are what varies
+MIN_GOOD_R2 = 0.9
+
+
+def resolve_clock(clock: str, device: str, threads: int | None) -> tuple[str, int | None]:
+    """(clock, threads) a profile measures with. On a CPU, wall-clock timings of a model that
+    shares its cores with anything else scatter (R² 0.80 on a 2-core machine against 0.996
+    for one thread's CPU time, on the same 200 requests), so ``auto`` means CPU time on one
+    thread there; on a GPU the work happens off the CPU, so ``auto`` means wall clock."""
+    on_cpu = str(device).split(":")[0] == "cpu"
+    if clock == "auto":
+        clock = "cpu" if on_cpu else "wall"
+    if clock == "cpu" and not on_cpu:
+        raise ConfigError(
+            f"--clock cpu times this thread's CPU, which does not see work on {device}: "
+            "use --clock wall (or auto) on a GPU"
+        )
+    if clock == "cpu" and threads is None:
+        threads = 1  # one thread's CPU time is the model's whole cost only on one thread
+    return clock, threads
+
+
+def r2_warning(profile: Any, clock: str) -> str | None:
+    """A warning naming the fix when the profile's cross-validated R² is poor."""
+    r2 = (profile.cv or {}).get("r2")
+    if r2 is None or not r2 < MIN_GOOD_R2:
+        return None
+    fix = (
+        "profile again with --clock cpu --threads 1 (the default on a CPU), on a machine "
+        "with nothing else running"
+        if clock == "wall"
+        else "profile again on a quieter machine, with more requests (--limit)"
+    )
+    return (
+        f"the cost profile's 5-fold R² is {r2:.3f}, under {MIN_GOOD_R2}: its timings scatter "
+        f"more than a cost model can explain, so DWS costs built on it will be noisy; {fix}"
+    )
+
+
 def _measure(args: argparse.Namespace) -> Any:
     """Serve the workload one request at a time; returns the ProfileRun (and writes it)."""
+    args.clock, args.threads = resolve_clock(args.clock, args.device, args.threads)
     if args.threads is not None:
         if args.threads < 1:
             raise ConfigError(f"--threads must be >= 1, got {args.threads}")
@@ -138,7 +184,7 @@ def _serve(args: argparse.Namespace) -> Any:
     from .trace import read_records
 
     records = read_records(args.workload, args.split)
-    adapter = load_adapter(args.model)
+    adapter = load_adapter(args.model, device=args.device)
     n = min(len(records), args.limit)
     bar = progress(total=n, desc="profile", unit="req", quiet=args.quiet)
     try:
@@ -232,6 +278,8 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     if (warning := prompt_coverage_warning(requests)) is not None:
+        log.warning(warning)
+    if (warning := r2_warning(profile, getattr(args, "clock", "auto"))) is not None:
         log.warning(warning)
     if not args.quiet:
         rows = summary_rows(profile, len(requests), config.folds)
