@@ -233,7 +233,9 @@ def _rows(path: Path, fmt: str) -> Iterator[tuple[int, Any]]:
     except (OSError, UnicodeDecodeError) as e:
         raise WorkloadError(f"cannot read {path}: {e}; prompt files are UTF-8 text") from e
     if fmt == "jsonl":
-        for i, line in enumerate(text.splitlines(), start=1):
+        # lines end at "\n" only: str.splitlines() would also cut at U+2028, U+0085 and the
+        # like, which JSON strings may hold raw (ShareGPT prompts do)
+        for i, line in enumerate(text.split("\n"), start=1):
             if line.strip():
                 try:
                     yield i, json.loads(line)

@@ -91,3 +91,18 @@ def test_unknown_suffix_missing_file_and_empty_file(tmp_path):
     (tmp_path / "e.csv").write_text("prompt\n")
     with pytest.raises(WorkloadError, match="holds no records"):
         read_prompts(tmp_path / "e.csv")
+
+
+def test_jsonl_prompts_may_hold_unicode_line_separators(tmp_path):
+    """JSON strings may hold U+2028, U+0085 and \\r raw; only "\\n" ends a JSONL line."""
+    import json
+
+    from dwise_predict.prompts import read_prompts
+
+    prompts = ["one\u2028two", "three\x85four", "five\rsix"]
+    path = tmp_path / "p.jsonl"
+    path.write_text(
+        "\r\n".join(json.dumps({"prompt": p}, ensure_ascii=False) for p in prompts) + "\r\n",
+        encoding="utf-8",
+    )
+    assert [r.prompt for r in read_prompts(path)] == prompts
