@@ -7,7 +7,11 @@ stock SGLang and under each plugin policy, in three arrival regimes:
 * ``burst``: every request arrives before round 0;
 * ``poisson-below``: Poisson arrivals at ``--load-below`` times stock's capacity (its requests
   per round in the burst run);
-* ``poisson-above``: the same at ``--load-above`` times, more than stock can serve.
+* ``poisson-above``: the same at ``--load-above`` times, more than stock can serve;
+* ``poisson-overload``: Poisson at ``--load-above`` times the capacity of ``fcfs-mixed`` (its
+  requests per round in the burst run), more than a mixed-phase server can serve: the regime
+  where ordering decides the tails. Stock SGLang's capacity is far below a mixed-phase
+  server's, so the first two Poisson regimes load the plugin's policies lightly.
 
 Policies (the simulator's names; stock = SGLang's own prefill-first FCFS with B residents):
 ``fcfs-mixed`` (arrival order, prompt and denoising blocks in one round: what an upstream SGLang
@@ -48,7 +52,7 @@ PLUGIN_POLICIES = (
     "dws-sjf",
 )
 POLICIES = ("stock", *PLUGIN_POLICIES)
-REGIMES = ("burst", "poisson-below", "poisson-above")
+REGIMES = ("burst", "poisson-below", "poisson-above", "poisson-overload")
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -255,14 +259,15 @@ def main(argv: list[str] | None = None) -> int:
         "regimes": {},
     }
     oracle_file = out_path.with_suffix(".oracle.json")
-    capacity: float | None = None
+    capacity: float | None = None  # stock's requests per round in the burst
+    capacity_mixed: float | None = None  # fcfs-mixed's
     for regime in args.regimes.split(","):
         rate = None
         if regime != "burst":
-            if capacity is None:
+            if capacity is None or capacity_mixed is None:
                 raise SystemExit("the Poisson regimes are set from the burst run: run it first")
             load = args.load_below if regime == "poisson-below" else args.load_above
-            rate = load * capacity
+            rate = load * (capacity_mixed if regime == "poisson-overload" else capacity)
         arrive = arrival_rounds(regime, len(reqs), rate, args.seed)
         runs: dict[str, Any] = {}
         states: dict[str, Any] = {}
@@ -273,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
             states[policy] = state
             if policy == "stock" and regime == "burst":
                 capacity = len(reqs) / res.rounds
+            if policy == "fcfs-mixed" and regime == "burst":
+                capacity_mixed = len(reqs) / res.rounds
             if policy == "dwise" and regime == "burst":
                 # the oracle's knowledge: each request's forwards, as this run spent them
                 write_json(oracle_file, {r: t["forwards"] for r, t in tracks_of(state).items()})
@@ -300,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         write_json(out_path, doc)  # after every regime: a long run loses little
     doc["stock_capacity_requests_per_round"] = capacity
+    doc["fcfs_mixed_capacity_requests_per_round"] = capacity_mixed
     write_json(out_path, doc)
     print_table(doc)
     print(f"wrote {out_path}")

@@ -70,7 +70,9 @@ def _has_op(name: str) -> bool:
 class TinyBDRunner:
     """A model runner whose logits are tiny-bd's, per request, from its full token context."""
 
-    def __init__(self, block_size: int = 32, checkpoint: str = "tiny-bd", memo: bool = False) -> None:
+    def __init__(
+        self, block_size: int = 32, checkpoint: str = "tiny-bd", memo: bool = False
+    ) -> None:
         # one thread: the per-request forwards are tiny, and a shared CPU thrashes with more
         torch.set_num_threads(1)
         #: with ``memo``, each request's block forward is computed once and reused by later
