@@ -232,7 +232,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--regimes", default=",".join(REGIMES))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results/sglang_ladder.json")
+    ap.add_argument("--plot", default="docs/img/sglang-ladder.png", help="the gain-per-rung plot")
+    ap.add_argument(
+        "--from-json", metavar="JSON", help="print and plot a finished run's JSON, serve nothing"
+    )
     args = ap.parse_args(argv)
+    if args.from_json:
+        import json
+
+        doc = json.loads(Path(args.from_json).read_text())
+        print_table(doc)
+        print(f"wrote {plot(doc, Path(args.plot))}")
+        return 0
     command = ".venv-sglang/bin/python benchmarks/sglang_scheduler.py " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
@@ -310,8 +321,39 @@ def main(argv: list[str] | None = None) -> int:
     doc["fcfs_mixed_capacity_requests_per_round"] = capacity_mixed
     write_json(out_path, doc)
     print_table(doc)
-    print(f"wrote {out_path}")
+    print(f"wrote {out_path} and {plot(doc, Path(args.plot))}")
     return 0
+
+
+RUNGS = ("fcfs-mixed", "dwise-r0", "dwise-admission", "dwise", "oracle")
+
+
+def plot(doc: dict[str, Any], path: Path) -> Path:
+    """Gain in mean completion over fcfs-mixed, per rung, one line per arrival regime."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for regime, r in doc["regimes"].items():
+        base = r["runs"]["fcfs-mixed"]["mean_completion_rounds"]
+        gains = [base / r["runs"][p]["mean_completion_rounds"] for p in RUNGS]
+        ax.plot(RUNGS, gains, marker="o", label=f"{regime} ({r['arrival']})")
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    ax.set_ylabel("mean completion, gain over fcfs-mixed")
+    ax.set_title(
+        f"DWISE's ladder in SGLang {doc['sglang_version']}'s real loop "
+        f"(tiny-bd, {doc['requests']} requests, B = {doc['slots']}, k = {doc['k']})",
+        fontsize=9,
+    )
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def print_table(doc: dict[str, Any]) -> None:
