@@ -336,7 +336,8 @@ def plot(doc: dict[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    for regime, r in doc["regimes"].items():
+    for regime in [r for r in REGIMES if r in doc["regimes"]]:
+        r = doc["regimes"][regime]
         base = r["runs"]["fcfs-mixed"]["mean_completion_rounds"]
         gains = [base / r["runs"][p]["mean_completion_rounds"] for p in RUNGS]
         ax.plot(RUNGS, gains, marker="o", label=f"{regime} ({r['arrival']})")
@@ -361,9 +362,11 @@ def print_table(doc: dict[str, Any]) -> None:
         f"\n{'regime':14s}{'policy':17s}{'mean':>9s}{'p99':>9s}{'max':>7s}{'vs fcfs-mixed':>15s}"
         f"{'sim mean':>10s}{'diff':>8s}"
     )
-    for regime, r in doc["regimes"].items():
+    for regime in [r for r in REGIMES if r in doc["regimes"]]:
+        r = doc["regimes"][regime]
         base = r["runs"]["fcfs-mixed"]["mean_completion_rounds"]
-        for policy, run in r["runs"].items():
+        for policy in POLICIES:
+            run = r["runs"][policy]
             sim = r["simulator"][policy]
             print(
                 f"{regime:14s}{policy:17s}{run['mean_completion_rounds']:>9.1f}"
