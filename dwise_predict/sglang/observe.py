@@ -27,15 +27,11 @@ import math
 import time
 from typing import Any
 
-import numpy as np
-
-from ..features import PromptFeaturizer, newline_count, word_count
+from ..features import PromptFeaturizer
 from . import seam
-from .background import Background
 from .config import PluginConfig
-from .monitor import QualityMonitor
-from .prompt import PromptDecoder, served_prompt
-from .serving import RequestTrack, ServingStats
+from .prompt import prompt_features
+from .state import PluginState, RequestTrack
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +48,7 @@ def request_category(label: str | None) -> str:
     return "serving"
 
 
-class ObserveServing:
+class ObserveServing(PluginState):
     """The plugin's state in observe mode (see the module docstring)."""
 
     def __init__(
@@ -64,36 +60,22 @@ class ObserveServing:
         featurizer: PromptFeaturizer | None,
         pool_hidden: bool,
     ) -> None:
-        self.config = config
-        self.bundle = bundle
-        self.block_size = int(block_size)
+        super().__init__(config, bundle, block_size=block_size)
         self.featurizer = featurizer
         self.pool_hidden = pool_hidden
         self.refine = bundle is not None and getattr(bundle, "refinement", None) is not None
-        self.decoder: PromptDecoder | None = None
-        self.tracks: dict[Any, RequestTrack] = {}
-        self.trace_sink: Any = None
-        self.monitor = QualityMonitor(config.monitor_window, config.drift_threshold)
-        self.gauges: Any = None
-        self.background = Background()
-        self.stats = ServingStats()
-        self.keep_finished = False
-        self.finished: list[tuple[Any, RequestTrack]] = []
         self._round = 0
-
-    def set_tokenizer(self, tokenizer: Any) -> None:
-        self.decoder = None if tokenizer is None else PromptDecoder(tokenizer)
 
     # -- a round's result -------------------------------------------------------------------------
     def _track(self, req: Any) -> RequestTrack:
-        ids = seam.prompt_ids(req)
         estimate = 0.0
         if self.bundle is not None:
-            text = served_prompt(req, self.decoder, self.featurizer)
-            x = (word_count(text), newline_count(text), len(ids))
+            x = prompt_features(req, self.decoder, self.featurizer)
             e = float(self.bundle.predict_admission_one(x))
             estimate = e if math.isfinite(e) and e >= 0 else 0.0
-        tr = RequestTrack(len(ids), seam.max_new_tokens(req), estimate, self._round)
+        tr = RequestTrack(
+            len(seam.prompt_ids(req)), seam.max_new_tokens(req), estimate, self._round
+        )
         tr.category = request_category(seam.label(req))
         self.tracks[seam.rid(req)] = tr
         return tr
@@ -127,27 +109,13 @@ class ObserveServing:
 
     def _pool(self, reqs: list[Any], idx: list[int], result: Any) -> None:
         hidden = seam.round_hidden(result)
-        if hidden is None:
-            return
-        todo = [self.tracks[seam.rid(reqs[i])] for i in idx]
-        tails = [t.prompt_tokens % self.block_size for t in todo]
-        try:
-            H = seam.pool_block_rows(hidden, idx, tails, self.block_size, len(reqs))
-        except seam.SGLangIncompatibleError as err:
-            log.error("%s; serving traces carry no hidden state from now on", err)
-            self.pool_hidden = self.refine = False
-            return
-        refined: list[float | None] = [None] * len(todo)
-        if self.refine:
-            est = self.bundle.predict_refined(
-                H,
-                np.array([t.prompt_tokens for t in todo]),
-                np.array([t.output_budget for t in todo]),
-            )
-            refined = [float(e) if math.isfinite(e) and e >= 0 else None for e in est.tolist()]
-        for tr, h, r in zip(todo, H, refined):
-            tr.hidden = h
-            tr.refined = r
+        if hidden is not None:
+            todo = [self.tracks[seam.rid(reqs[i])] for i in idx]
+            self._pool_first_rows(hidden, idx, todo, len(reqs))
+
+    def _hidden_off(self) -> None:
+        super()._hidden_off()
+        self.pool_hidden = False  # the serving traces carry no hidden state from now on
 
     def after_result(self, batch: Any) -> None:
         """After SGLang folded the result: record the requests that finished in it."""
@@ -161,42 +129,10 @@ class ObserveServing:
 
     def _finish(self, req: Any, tr: RequestTrack) -> None:
         tr.finish_round = self._round
-        if seam.end_kind(req) == "abort":
-            self.stats.cancelled += 1
-            return
-        actual = float(sum(tr.rounds_per_block))
-        if self.bundle is not None:
-            refined_total = None if tr.refined is None else 1.0 + tr.refined
-            self.monitor.record(actual, tr.admission, refined_total)
-        else:
-            self.monitor.finished += 1
-        if self.trace_sink is not None:
-            self.trace_sink.add(seam.rid(req), req, tr)
-        if self.monitor.finished % self.config.monitor_every == 0:
-            self.background.submit(self._publish, self.monitor.snapshot())
-        if self.keep_finished:
-            self.finished.append((seam.rid(req), tr))
-
-    def _publish(self, snapshot: dict[str, Any]) -> None:
-        self.monitor.publish(self.config.monitor_file, snapshot)
-        if self.gauges is not None:
-            self.gauges.set(snapshot)
-        if self.trace_sink is not None:
-            self.trace_sink.flush_now()
+        self._record(req, tr)
 
     def abort(self, abort_all: bool, prefix: str) -> None:
         """SGLang just ran ``abort_request``: stop following the requests it ended."""
         for rid in [r for r in self.tracks if abort_all or str(r).startswith(prefix)]:
             del self.tracks[rid]
             self.stats.cancelled += 1
-
-    def drain(self) -> None:
-        if self.trace_sink is not None:
-            self.trace_sink.drain()
-        self.background.drain()
-        if self.trace_sink is not None:
-            self.trace_sink.drain()
-
-    @property
-    def plugin_us_per_round(self) -> float:
-        return 1e6 * self.stats.plan_seconds / max(1, self.stats.rounds)

@@ -216,19 +216,18 @@ def register() -> None:
 
     seam.register_hook(f"{SCHEDULER}.abort_request", abort_request, "AROUND")
 
-    if config.policy in OBSERVED:
+    def batch_result(
+        original_fn: Any, scheduler: Any, batch: Any, result: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        state = _state(scheduler, config)
+        state.observe_result(batch, result)
+        out = original_fn(scheduler, batch, result, *args, **kwargs)
+        state.after_result(batch)
+        return out
 
-        def watch_result(
-            original_fn: Any, scheduler: Any, batch: Any, result: Any, *args: Any, **kwargs: Any
-        ) -> Any:
-            state = _state(scheduler, config)
-            state.observe_result(batch, result)
-            out = original_fn(scheduler, batch, result, *args, **kwargs)
-            state.after_result(batch)
-            return out
+    seam.register_hook(f"{MIXIN}.process_batch_result_dllm", batch_result, "AROUND")
 
-        seam.register_hook(f"{MIXIN}.process_batch_result_dllm", watch_result, "AROUND")
-    else:
+    if config.policy in PLANNED:
 
         def fetch_waiting(original_fn: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
             return None  # admission is the plan's (compose_round), not SGLang's FIFO top-up
@@ -239,18 +238,8 @@ def register() -> None:
             rb = running_batch if running_batch is not None else kwargs.get("running_batch")
             return _state(scheduler, config).compose_round(scheduler, adder, rb)
 
-        def batch_result(
-            original_fn: Any, scheduler: Any, batch: Any, result: Any, *args: Any, **kwargs: Any
-        ) -> Any:
-            state = _state(scheduler, config)
-            state.observe_result(batch, result)
-            out = original_fn(scheduler, batch, result, *args, **kwargs)
-            state.fold_previous()  # now, so the last round of a burst is folded too
-            return out
-
         seam.register_hook(f"{MIXIN}._fetch_waiting_reqs", fetch_waiting, "AROUND")
         seam.register_hook(f"{MIXIN}._process_dllm_batches", process_batches, "AROUND")
-        seam.register_hook(f"{MIXIN}.process_batch_result_dllm", batch_result, "AROUND")
 
     if config.refine or (config.policy in OBSERVED and config.trace_dir):
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..features import PromptFeaturizer
+from ..features import PromptFeaturizer, newline_count, word_count
 from . import seam
 
 log = logging.getLogger(__name__)
@@ -117,16 +117,36 @@ def _as_index(ids: Any) -> np.ndarray:
     return np.asarray(ids, dtype=np.int64)
 
 
+def user_prompt(
+    ids: Any, decode: PromptDecoder | None, featurizer: PromptFeaturizer | None = None
+) -> str:
+    """The user's prompt in the token ids ``ids``: decoded, without the chat template's
+    frame; "" when the server has no tokenizer (``--skip-tokenizer-init``; the text features
+    are then 0 and the estimate rests on the token count, docs/sglang.md)."""
+    if decode is None:
+        return ""
+    text = decode(ids)
+    return featurizer.user_text(text) if featurizer is not None else text
+
+
 def served_prompt(
     req: Any, decode: PromptDecoder | None, featurizer: PromptFeaturizer | None = None
 ) -> str:
-    """The user's prompt of ``req``: its ids decoded, without the chat template's frame; ""
-    when the server has no tokenizer (``--skip-tokenizer-init``; the text features are then 0
-    and the estimate rests on the token count, docs/sglang.md)."""
-    if decode is None:
-        return ""
-    text = decode(seam.prompt_ids(req))
-    return featurizer.user_text(text) if featurizer is not None else text
+    """The user's prompt of SGLang's request ``req`` (:func:`user_prompt` of its ids)."""
+    return user_prompt(seam.prompt_ids(req), decode, featurizer)
+
+
+def text_features(text: str, ids: Any) -> tuple[int, int, int]:
+    """The admission features: the user prompt's words and newlines, and SGLang's own token
+    count (after the chat template)."""
+    return word_count(text), newline_count(text), len(ids)
+
+
+def prompt_features(
+    req: Any, decode: PromptDecoder | None, featurizer: PromptFeaturizer | None = None
+) -> tuple[int, int, int]:
+    """The admission features of SGLang's request ``req``."""
+    return text_features(served_prompt(req, decode, featurizer), seam.prompt_ids(req))
 
 
 def featurizer_of(tokenizer: Any) -> PromptFeaturizer | None:

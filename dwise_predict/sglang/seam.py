@@ -146,15 +146,16 @@ SURFACE: tuple[Name, ...] = (
     _n(f"{ABORT}.abort_all", "read", True),
 )
 
-#: what the live scheduler object must carry when the plugin attaches
-SCHEDULER_ATTRS = tuple(
-    n.path.rsplit(".", 1)[1] for n in SURFACE if n.instance and n.path.startswith(SCHEDULER + ".")
-)
 
-#: what the live dLLM manager must carry
-MANAGER_ATTRS = tuple(
-    n.path.rsplit(".", 1)[1] for n in SURFACE if n.instance and n.path.startswith(MANAGER + ".")
-)
+def _instance_attrs(owner: str) -> tuple[str, ...]:
+    return tuple(
+        n.path.rsplit(".", 1)[1] for n in SURFACE if n.instance and n.path.startswith(owner + ".")
+    )
+
+
+#: what the live scheduler object, and its dLLM manager, must carry when the plugin attaches
+SCHEDULER_ATTRS = _instance_attrs(SCHEDULER)
+MANAGER_ATTRS = _instance_attrs(MANAGER)
 
 #: SGLang algorithm class name -> the decoding name traces and bundles record
 DECODING_NAMES = {"LowConfidence": "low_confidence", "JointThreshold": "joint_threshold"}

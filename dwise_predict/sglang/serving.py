@@ -42,61 +42,19 @@ import logging
 import math
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..errors import ConfigError
-from ..features import newline_count, word_count
 from ..runtime import DWSSJF, RoundPlan, RoundResult, Scheduler, make_policy
 from . import seam
-from .background import Background
 from .config import PLANNED, PluginConfig
-from .monitor import QualityMonitor
-from .prompt import PromptDecoder, served_prompt
+from .prompt import served_prompt, text_features
+from .state import PluginState, RequestTrack
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class RequestTrack:
-    """What the plugin learns about one request while it is live."""
-
-    prompt_tokens: int
-    output_budget: int
-    admission: float
-    arrival_round: int
-    refined: float | None = None
-    #: denoising forwards run (SGLang's count: r + 1 per resolved block), set at the end
-    forwards: int = 0
-    rounds_per_block: list[int] = field(default_factory=list)
-    first_round: int | None = None
-    finish_round: int | None = None
-    hidden: np.ndarray | None = None
-    #: the DWS cost estimate the request was ranked by (policy dws-sjf), else None
-    cost_ms: float | None = None
-    #: denoising forwards run when its current block began
-    block_start: int = 0
-    #: what the client said the request is (observe mode: ``extra_key`` ``category:NAME``)
-    category: str = "serving"
-
-
-@dataclass
-class ServingStats:
-    """Counters the benchmark and the tests read (none of them feeds a decision)."""
-
-    rounds: int = 0
-    plan_seconds: float = 0.0
-    refinements: int = 0
-    max_residents: int = 0
-    refused_by_adder: int = 0
-    phase_mismatches: int = 0
-    kv_clamped: int = 0
-    #: requests that ended outside the plan (aborted in SGLang's queues, or dropped by it)
-    cancelled: int = 0
-    #: rounds that found SGLang's queues out of step with the core and reconciled them
-    reconciled: int = 0
 
 
 @dataclass(slots=True)
@@ -118,7 +76,7 @@ class _Pending:
     reqs: list[Any]
 
 
-class DwiseServing:
+class DwiseServing(PluginState):
     """The plugin's state inside one SGLang scheduler process (see the module docstring)."""
 
     def __init__(
@@ -137,13 +95,10 @@ class DwiseServing:
                 f"{config.k}*{config.slots} = {config.max_residents} residents: launch with "
                 f"--max-running-requests {config.max_residents} (or lower DWISE_SGLANG_K)"
             )
-        self.config = config
-        self.bundle = bundle
+        super().__init__(config, bundle, block_size=block_size)
         admission = getattr(bundle, "admission", None)
         #: unwraps served prompts from the chat template the bundle was traced with
         self.featurizer = getattr(admission, "featurizer", None)
-        self.block_size = int(block_size)
-        self.refine = refine
         # the same policy the simulator runs under this name (dws-sjf: priced by DWS)
         policy: Any = (
             DWSSJF() if config.policy == "dws-sjf" else make_policy(config.policy, config.aging)
@@ -164,28 +119,13 @@ class DwiseServing:
             capacity=max(1024, 2 * config.max_residents),
         )
         self.reqs: dict[Any, Any] = {}  # rid -> Req, for every request the core knows
-        self.tracks: dict[Any, RequestTrack] = {}
         #: the Req of each core table row (rows are reused; a live row's entry is current)
         self._req_at = np.empty(self.core.table.capacity, dtype=object)
         #: scratch: a planned row's position in its plan, -1 elsewhere
         self._pos_at = np.full(self.core.table.capacity, -1, dtype=np.int64)
-        #: finished requests' records, kept only when a caller asks (benchmarks, tests)
-        self.keep_finished = False
-        self.finished: list[tuple[Any, RequestTrack]] = []
-        #: a ServingTraceSink when DWISE_SGLANG_TRACE_DIR is set (TP rank 0 only)
-        self.trace_sink: Any = None
-        self.monitor = QualityMonitor(config.monitor_window, config.drift_threshold)
-        #: Prometheus gauges of the monitor when SGLang runs with --enable-metrics (metrics.py)
-        self.gauges: Any = None
-        #: file writes (trace shards, monitor snapshots) happen here, off the scheduler thread
-        self.background = Background()
-        #: the server's tokenizer, as a fast decoder of prompt ids (None: no tokenizer)
-        self.decoder: PromptDecoder | None = None
-        self.stats = ServingStats()
         self._pending: _Pending | None = None
         self._resolved: list[Any] = []  # Reqs whose block resolved in the round just run
-        self._first: list[tuple[int, Any]] = []  # (batch index, Req) in their first denoising
-        self._aborted = False  # an abort ran since the last reconcile
+        self._aborted = False  # an abort arrived while a round was out: reconcile next round
         #: (length, last request) of SGLang's waiting list when the plugin last looked
         self._seen: tuple[int, Any] = (0, None)
         #: dws-sjf under load: arrivals priced while the round runs, registered at the next
@@ -257,10 +197,7 @@ class DwiseServing:
     def _score(self, new: list[Any]) -> _Scored:
         """Features, admission estimates and (dws-sjf) DWS cost scores of ``new``."""
         texts = [served_prompt(req, self.decoder, self.featurizer) for req in new]
-        # the token count is SGLang's own, i.e. after the chat template was applied
-        rows = [
-            (word_count(t), newline_count(t), len(seam.prompt_ids(r))) for t, r in zip(texts, new)
-        ]
+        rows = [text_features(t, seam.prompt_ids(r)) for t, r in zip(texts, new)]
         if len(rows) <= 8:  # the usual few arrivals a round: no batch-call overhead
             one = self.bundle.predict_admission_one
             est = [one(x) for x in rows]
@@ -347,10 +284,6 @@ class DwiseServing:
         self.oracle_missing += 1
         return max(estimate, 1.0)
 
-    def set_tokenizer(self, tokenizer: Any) -> None:
-        """The server's tokenizer (None with ``--skip-tokenizer-init``)."""
-        self.decoder = None if tokenizer is None else PromptDecoder(tokenizer)
-
     def _grow(self) -> None:
         cap = self.core.table.capacity
         req_at = np.empty(cap, dtype=object)
@@ -400,17 +333,16 @@ class DwiseServing:
         still holds them. A round in flight (never the case in SGLang's loop, where aborts
         are read between rounds) defers the clean-up to the next round's reconcile.
         """
-        self._aborted = True
-        self._queue_epoch += 1
+        self._queue_epoch += 1  # arrivals being priced may be among the ended
         self._qpos_ok = False
         if self._pending is not None:
+            self._aborted = True
             return
         ended = [r for r in self.reqs if abort_all or str(r).startswith(prefix)]
         for rid in ended:
             self._forget(rid, "aborted")
         if ended:
             self._seen = (0, None)  # SGLang's waiting queue changed under the plugin
-            self._qpos_ok = False
 
     def _forget(self, rid: Any, why: str) -> None:
         self.core.cancel(rid)
@@ -511,26 +443,7 @@ class DwiseServing:
         self.reqs.pop(rid, None)
         tr.finish_round = round_index
         tr.forwards = forwards
-        if seam.end_kind(req) == "abort":  # ended by SGLang mid-way: no measurement of its work
-            self.stats.cancelled += 1
-            return
-        actual = float(sum(tr.rounds_per_block))
-        refined_total = None if tr.refined is None else 1.0 + tr.refined
-        self.monitor.record(actual, tr.admission, refined_total)
-        if self.trace_sink is not None:
-            self.trace_sink.add(rid, req, tr)
-        if self.monitor.finished % self.config.monitor_every == 0:
-            self.background.submit(self._publish, self.monitor.snapshot())
-        if self.keep_finished:
-            self.finished.append((rid, tr))
-
-    def _publish(self, snapshot: dict[str, Any]) -> None:
-        """Background thread: log and write the monitor's snapshot, set gauges, cut a shard."""
-        self.monitor.publish(self.config.monitor_file, snapshot)
-        if self.gauges is not None:
-            self.gauges.set(snapshot)
-        if self.trace_sink is not None:
-            self.trace_sink.flush_now()  # a shard per monitor period: little to lose on a kill
+        self._record(req, tr)
 
     def compose_round(self, sched: Any, adder: Any, running_batch: Any) -> Any:
         """SGLang's ``_process_dllm_batches`` under DWISE: fill ``adder`` with the plan's rows."""
@@ -595,35 +508,13 @@ class DwiseServing:
         hidden = seam.round_hidden(result)
         if hidden is None:
             return
-        first_rids = {seam.rid(r) for r in np.asarray(p.reqs, dtype=object)[p.plan.first_denoise]}
-        idx = [i for i, r in enumerate(reqs) if seam.rid(r) in first_rids]
-        if not idx:
-            return
-        bs = self.block_size
-        todo = [self.tracks[seam.rid(reqs[i])] for i in idx]
-        # the first output block shares its first (prompt_tokens % bs) rows with the prompt
-        tails = [t.prompt_tokens % bs for t in todo]
-        try:
-            H = seam.pool_block_rows(hidden, idx, tails, bs, len(reqs))
-        except seam.SGLangIncompatibleError as err:
-            log.error("%s; refinement is off from now on (admission estimates only)", err)
-            self.refine = False
-            return
-        est = self.bundle.predict_refined(
-            H, np.array([t.prompt_tokens for t in todo]), np.array([t.output_budget for t in todo])
-        )
-        for tr, h, e in zip(todo, H, np.asarray(est, dtype=np.float64).tolist()):
-            tr.hidden = h
-            tr.refined = float(e) if math.isfinite(e) and e >= 0 else None
+        first = {seam.rid(p.reqs[j]) for j in np.flatnonzero(p.plan.first_denoise).tolist()}
+        idx = [i for i, r in enumerate(reqs) if seam.rid(r) in first]
+        if idx:
+            todo = [self.tracks[seam.rid(reqs[i])] for i in idx]
+            self._pool_first_rows(hidden, idx, todo, len(reqs))
 
-    def drain(self) -> None:
-        """Wait until every trace row and monitor snapshot handed off so far is written."""
-        if self.trace_sink is not None:
-            self.trace_sink.drain()
-        self.background.drain()
-        if self.trace_sink is not None:
-            self.trace_sink.drain()
-
-    @property
-    def plugin_us_per_round(self) -> float:
-        return 1e6 * self.stats.plan_seconds / max(1, self.stats.rounds)
+    def after_result(self, batch: Any) -> None:
+        """After SGLang folded the round's result: report it to the core now, so the last
+        round of a burst is folded too."""
+        self.fold_previous()

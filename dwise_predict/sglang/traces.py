@@ -32,7 +32,7 @@ from ..features import PromptFeaturizer, newline_count, word_count
 from ..fingerprint import ModelFingerprint
 from ..traces import TRACE_SCHEMA_VERSION
 from . import seam
-from .prompt import PromptDecoder, served_prompt
+from .prompt import PromptDecoder, user_prompt
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +46,6 @@ class _Finished:
     output_ids: list[int]
     end: str
     track: Any
-
-
-class _PromptIds:
-    """Stands in for the request when the writer thread decodes its prompt."""
-
-    def __init__(self, ids: list[int]) -> None:
-        self.origin_input_ids = ids
 
 
 class ServingTraceSink:
@@ -155,13 +148,13 @@ class ServingTraceSink:
         """One trace row (the current schema) for a finished request."""
         fp = self.fingerprint
         track = item.track
-        text = served_prompt(_PromptIds(item.prompt_ids), self.decoder, self.featurizer)
+        text = user_prompt(item.prompt_ids, self.decoder, self.featurizer)
         rounds = [int(r) for r in track.rounds_per_block]
         hidden = None if track.hidden is None else np.asarray(track.hidden, np.float32).tolist()
         return {
             "schema_version": TRACE_SCHEMA_VERSION,
             "request_id": item.rid,
-            "category": str(getattr(track, "category", "serving")),
+            "category": track.category,
             "source": "sglang",
             "prompt": text if self.prompt_text else None,
             "prompt_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
