@@ -149,18 +149,9 @@ def serve_policy(
 
 
 def tracks_of(state: Any) -> dict[str, dict[str, Any]]:
-    return {
-        str(rid): {
-            "prompt_tokens": int(tr.prompt_tokens),
-            "output_budget": int(tr.output_budget),
-            "rounds_per_block": [int(r) for r in tr.rounds_per_block],
-            "admission": float(tr.admission),
-            "refined": None if tr.refined is None else float(tr.refined),
-            "forwards": int(tr.forwards),
-            "cost_ms": None if tr.cost_ms is None else float(tr.cost_ms),
-        }
-        for rid, tr in state.finished
-    }
+    from sglang_scheduler import track_json  # benchmarks/sglang_scheduler.py
+
+    return {str(rid): track_json(tr) for rid, tr in state.finished}
 
 
 def simulate_regime(

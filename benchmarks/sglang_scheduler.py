@@ -92,7 +92,7 @@ def _per_request(res: Any) -> dict[str, dict[str, int]]:
     }
 
 
-def _track(tr: Any) -> dict[str, Any]:
+def track_json(tr: Any) -> dict[str, Any]:
     """A plugin RequestTrack as JSON: what the simulator needs to replay the request."""
     return {
         "prompt_tokens": int(tr.prompt_tokens),
@@ -101,6 +101,7 @@ def _track(tr: Any) -> dict[str, Any]:
         "admission": float(tr.admission),
         "refined": None if tr.refined is None else float(tr.refined),
         "forwards": int(tr.forwards),
+        "cost_ms": None if tr.cost_ms is None else float(tr.cost_ms),
     }
 
 
@@ -174,7 +175,7 @@ def serve_both(requests: int, slots: int, k: int, max_new_tokens: int) -> dict[s
         },
         "monitor": state.monitor.snapshot(),
         "per_request": {"sglang-fcfs": _per_request(stock), "dwise-plugin": _per_request(dw)},
-        "tracks": {str(rid): _track(tr) for rid, tr in sorted(state.finished)},
+        "tracks": {str(rid): track_json(tr) for rid, tr in sorted(state.finished)},
     }
 
 
