@@ -37,8 +37,8 @@ from dwise_predict.trainers.cost_profile import (
 )
 from dwise_predict.trainers.profile_traces import read_profile_traces
 
-from dwise_predict.cli._common import format_table
 from dwise_predict.cost import CostProfile
+from dwise_predict.tables import format_table
 
 RESULTS = Path(__file__).parent / "results" / "cost_model.json"
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from dwise_predict.atomic import write_json
-from dwise_predict.cli._common import format_table
+from dwise_predict.tables import format_table
 from dwise_predict.traces import read_trace_fingerprint, read_traces
 
 RESULTS = Path(__file__).parent / "results" / "decoders.json"

@@ -47,10 +47,10 @@ from dwise_predict.export.quantize import NotQuantizable, quantize_int8  # noqa:
 
 from dwise_predict.atomic import write_json  # noqa: E402
 from dwise_predict.bundle import load_bundle  # noqa: E402
-from dwise_predict.cli._common import format_table  # noqa: E402
 from dwise_predict.predictors import AdmissionModel, IsotonicMap, MLPWeights, RefinementEnsemble  # noqa: E402
 from dwise_predict.predictors.onnx_runtime import OnnxRefinement  # noqa: E402
 from dwise_predict.ranking import spearman  # noqa: E402
+from dwise_predict.tables import format_table  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "export.json"
 

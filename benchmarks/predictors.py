@@ -67,7 +67,7 @@ def main() -> int:
     from synthetic_traces import make_traces, synthetic_featurizer
 
     from dwise_predict.atomic import write_json
-    from dwise_predict.cli._common import format_table
+    from dwise_predict.tables import format_table
 
     torch.set_num_threads(1)
     n_train, hidden = (512, 2048) if args.quick else (2048, 2048)

@@ -27,7 +27,6 @@ from pathlib import Path
 import numpy as np
 
 from dwise_predict.atomic import write_json
-from dwise_predict.cli._common import format_table
 from dwise_predict.runtime import (
     DWISE,
     RoundResult,
@@ -36,6 +35,7 @@ from dwise_predict.runtime import (
     simulate,
     synthetic_workload,
 )
+from dwise_predict.tables import format_table
 
 B, K, RESIDENTS, WAITING = 128, 8, 1024, 3072
 

@@ -35,7 +35,7 @@ from dwise_predict.tracing.engine import DecodeConfig, DecodeRequest, decode
 from dwise_predict.tracing.runner import trace_workload
 
 from dwise_predict.atomic import write_json
-from dwise_predict.cli._common import format_table
+from dwise_predict.tables import format_table
 
 RESULTS = Path(__file__).parent / "results" / "trace_throughput.json"
 

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from dwise_predict.atomic import write_json
-from dwise_predict.cli._common import format_table
+from dwise_predict.tables import format_table
 from dwise_predict.traces import validate_table
 
 RESULTS = Path(__file__).parent / "results" / "trace_validation.json"

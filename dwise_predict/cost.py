@@ -28,7 +28,8 @@ The fitter (which needs scipy) lives in ``dwise_predict.trainers.cost_profile``.
 
 In a bundle the profile is a module of kind ``cost_profile`` (``dwise_predict.bundle.modules``):
 ``cost_profile.json`` plus a manifest entry with the hardware, the cross-validation metrics and
-a ``revision`` counted up by every re-profiling (:func:`write_bundle_cost_profile`).
+a ``revision`` counted up by every re-profiling
+(:func:`dwise_predict.bundle.update.write_bundle_cost_profile`).
 """
 
 from __future__ import annotations
@@ -353,35 +354,6 @@ class CostProfile:
                 f"{where}: the cost profile was measured for another "
                 f"dLLM/decoder ({', '.join(bad)}); re-profile the bundle"
             )
-
-
-def write_bundle_cost_profile(
-    ref: str | Path,
-    profile: CostProfile,
-    *,
-    out: str | Path | None = None,
-    allow_mismatch: bool = False,
-) -> Path:
-    """Write a new revision of bundle ``ref`` holding ``profile``; returns its folder.
-
-    Only ``cost_profile.json``, its manifest entry (``revision`` + 1), the card and the manifest
-    change: the predictor files stay byte-identical, so nothing is retrained. A profile measured
-    for another dLLM, block size or decoder is refused (unless ``allow_mismatch``). Atomic: on
-    any error the bundle is left as it was."""
-    from .bundle.update import update_bundle
-
-    with update_bundle(ref, out=out) as draft:
-        if not allow_mismatch:
-            profile.check_compatible(draft.source.fingerprint)
-        files = profile.save(draft.path(COST_PROFILE_FILE))
-        parts = draft.manifest.setdefault("predictors", {})
-        previous = parts.get(CostProfile.kind) or {}
-        parts[CostProfile.kind] = {
-            **profile.entry(),
-            "files": files,
-            "revision": int(previous.get("revision", 0)) + 1,
-        }
-        return draft.destination
 
 
 def _as_fingerprint(d: dict[str, Any]) -> ModelFingerprint:

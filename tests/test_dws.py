@@ -310,7 +310,7 @@ def test_int8_only_module_ships_one_onnx_file_and_survives_reprofiling(
     from dwise_predict.export.quantize import quantize_int8
 
     from dwise_predict.bundle.dws import write_bundle_dws
-    from dwise_predict.cost import write_bundle_cost_profile
+    from dwise_predict.bundle.update import write_bundle_cost_profile
     from dwise_predict.errors import BundleError
     from dwise_predict.predictors.dws import DWSPredictor
 

@@ -22,12 +22,12 @@ import pyarrow.parquet as pq
 import pytest
 from _tracing_helpers import make_tiny_bd, one_torch_thread, workload_records  # noqa: F401
 from dwise_predict.tracing.compact import compact_traces
-from dwise_predict.tracing.writer import TraceWriter, existing_shards, remove_stale_temps
 
 from dwise_predict.cli import main
 from dwise_predict.errors import TraceError, WorkloadError
 from dwise_predict.fingerprint import ModelFingerprint
 from dwise_predict.prompts import read_prompts, select_shard, shard_of
+from dwise_predict.trace_writer import TraceWriter, existing_shards, remove_stale_temps
 from dwise_predict.traces import META_FINGERPRINT, read_traces
 
 PROMPTS = [
@@ -276,7 +276,7 @@ def test_time_flush_writes_without_further_requests(tmp_path, model_dir):
 def test_a_failed_timed_write_stops_the_run_and_close_keeps_the_rows(
     tmp_path, model_dir, monkeypatch
 ):
-    import dwise_predict.tracing.writer as w
+    import dwise_predict.trace_writer as w
 
     wl, src = _workload(tmp_path / "w.jsonl", "e", 2), tmp_path / "src"
     assert main(_trace(model_dir, wl, src, *FAST)) == 0

@@ -30,15 +30,14 @@ import pyarrow.parquet as pq
 
 from dwise_predict.atomic import TEMP_SUFFIX, commit_files, fsync_dir
 from dwise_predict.errors import TraceError
-from dwise_predict.traces import META_FINGERPRINT, META_SCHEMA_VERSION, check_schema, first_copies
-
-from .writer import (
+from dwise_predict.trace_writer import (
     existing_shards,
     new_writer_id,
     remove_stale_temps,
     shard_name,
     write_table_atomic,
 )
+from dwise_predict.traces import META_FINGERPRINT, META_SCHEMA_VERSION, check_schema, first_copies
 
 #: rows per merged shard: large enough that a million-request folder is tens of files
 DEFAULT_COMPACT_SHARD_SIZE = 100_000

@@ -24,6 +24,12 @@ from dwise_predict.errors import ConfigError, TraceError, WorkloadError
 from dwise_predict.features import newline_count, word_count
 from dwise_predict.fingerprint import ModelFingerprint
 from dwise_predict.signals import terminate_as_interrupt
+from dwise_predict.trace_writer import (
+    DEFAULT_FLUSH_INTERVAL_S,
+    DEFAULT_SHARD_SIZE,
+    TraceWriter,
+    existing_shards,
+)
 from dwise_predict.traces import TRACE_SCHEMA_VERSION
 
 from .decoders import (
@@ -33,7 +39,6 @@ from .decoders import (
     LOW_CONFIDENCE,
 )
 from .engine import DecodeConfig, DecodeRequest, RequestResult, decode, validate_requests
-from .writer import DEFAULT_FLUSH_INTERVAL_S, DEFAULT_SHARD_SIZE, TraceWriter, existing_shards
 
 DEFAULT_MAX_NEW_TOKENS = 256
 

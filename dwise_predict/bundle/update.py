@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..atomic import staged_folder, write_json, write_text
+from ..cost import COST_PROFILE_FILE, CostProfile
 from ..errors import BundleError
 from .card import CARD_FILE, render_card
 from .format import MANIFEST, file_record, safe_name
@@ -137,3 +138,30 @@ def _copy_tree(src: Path, dst: Path, listed: set[str]) -> None:
             target = dst / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, target)
+
+
+def write_bundle_cost_profile(
+    ref: str | Path,
+    profile: CostProfile,
+    *,
+    out: str | Path | None = None,
+    allow_mismatch: bool = False,
+) -> Path:
+    """Write a new revision of bundle ``ref`` holding ``profile``; returns its folder.
+
+    Only ``cost_profile.json``, its manifest entry (``revision`` + 1), the card and the manifest
+    change: the predictor files stay byte-identical, so nothing is retrained. A profile measured
+    for another dLLM, block size or decoder is refused (unless ``allow_mismatch``). Atomic: on
+    any error the bundle is left as it was."""
+    with update_bundle(ref, out=out) as draft:
+        if not allow_mismatch:
+            profile.check_compatible(draft.source.fingerprint)
+        files = profile.save(draft.path(COST_PROFILE_FILE))
+        parts = draft.manifest.setdefault("predictors", {})
+        previous = parts.get(CostProfile.kind) or {}
+        parts[CostProfile.kind] = {
+            **profile.entry(),
+            "files": files,
+            "revision": int(previous.get("revision", 0)) + 1,
+        }
+        return draft.destination

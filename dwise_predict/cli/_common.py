@@ -1,9 +1,9 @@
-"""Helpers shared by the subcommands: progress bars, tables, stub commands."""
+"""Helpers shared by the subcommands: progress bars."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -25,37 +25,3 @@ def progress(
     return tqdm(
         iterable, total=total, desc=desc, unit=unit, disable=disable, dynamic_ncols=True, **kwargs
     )
-
-
-def format_table(
-    headers: Sequence[str], rows: Iterable[Sequence[Any]], floatfmt: str = ".3g"
-) -> str:
-    """A plain aligned text table (no third-party dependency)."""
-
-    def fmt(v: Any) -> str:
-        if isinstance(v, float):
-            return format(v, floatfmt)
-        return str(v)
-
-    cells = [[fmt(v) for v in r] for r in rows]
-    widths = [
-        max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)
-    ]
-    right = [all(_numeric(r[i]) for r in cells) for i in range(len(headers))]
-
-    def line(vals: Sequence[str]) -> str:
-        return "  ".join(
-            v.rjust(w) if rj else v.ljust(w) for v, w, rj in zip(vals, widths, right)
-        ).rstrip()
-
-    out = [line(headers), line(["-" * w for w in widths])]
-    out += [line(r) for r in cells]
-    return "\n".join(out)
-
-
-def _numeric(s: str) -> bool:
-    try:
-        float(s.rstrip("x%"))
-        return True
-    except ValueError:
-        return False

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ._common import format_table
+from ..tables import format_table
 
 
 def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> None:

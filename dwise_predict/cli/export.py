@@ -11,7 +11,7 @@ from typing import Any
 
 from ..atomic import write_json
 from ..errors import MissingDependencyError
-from ._common import format_table
+from ..tables import format_table
 
 
 def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> None:

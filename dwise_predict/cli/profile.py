@@ -6,7 +6,7 @@
 
 Composes :func:`dwise_predict.tracing.profile.profile_workload` (serve one request at a time,
 time every phase), :func:`dwise_predict.trainers.cost_profile.fit_cost_profile` (NNLS with
-smoothing, k-fold metrics) and :func:`dwise_predict.cost.write_bundle_cost_profile`
+smoothing, k-fold metrics) and :func:`dwise_predict.bundle.update.write_bundle_cost_profile`
 (new bundle revision, predictor files untouched). torch/scipy load inside :func:`run` only.
 """
 
@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ._common import format_table, progress
+from ..tables import format_table
+from ._common import progress
 
 log = logging.getLogger(__name__)
 
@@ -270,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
             )
         written.append(args.out / profile.save(args.out)[0])
     if args.bundle is not None:
-        from dwise_predict.cost import write_bundle_cost_profile
+        from dwise_predict.bundle.update import write_bundle_cost_profile
 
         written.append(
             write_bundle_cost_profile(

@@ -16,7 +16,8 @@ from typing import Any
 
 from ..errors import ConfigError, WorkloadError
 from ..prompts import PromptColumns, PromptRecord, read_prompts, select_shard
-from ._common import format_table, progress
+from ..tables import format_table
+from ._common import progress
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ._common import format_table
+from ..tables import format_table
 
 _COMPACT_HELP = (
     "Merge a trace folder's shards into fewer, larger ones (atomically; every "

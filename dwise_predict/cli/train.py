@@ -11,7 +11,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from ._common import format_table
+from ..tables import format_table
 
 if TYPE_CHECKING:
     from ..features import PromptFeaturizer

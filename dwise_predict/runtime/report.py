@@ -114,7 +114,7 @@ class SimulationReport:
         return self.summary[num][metric] / self.summary[den][metric]
 
     def table(self) -> str:
-        from ..cli._common import format_table
+        from ..tables import format_table
 
         base = self.summary.get("fcfs")
         headers = [

@@ -67,7 +67,7 @@ class ServingTraceSink:
         self.prompt_text = prompt_text
         self.decoder = None if tokenizer is None else PromptDecoder(tokenizer)
         self.featurizer = featurizer
-        from ..tracing.writer import TraceWriter  # pyarrow only; imported when traces are on
+        from ..trace_writer import TraceWriter  # pyarrow only; imported when traces are on
 
         self.writer = TraceWriter(self.folder, fingerprint, shard_size=shard_size, resume=True)
         self._lock = threading.Lock()

@@ -247,7 +247,8 @@ def trace_eval(
     if threads is not None:
         torch.set_num_threads(threads)
     from dwise_predict.tracing.runner import trace_workload
-    from dwise_predict.tracing.writer import existing_shards
+
+    from dwise_predict.trace_writer import existing_shards
 
     if overwrite and out_dir.exists():
         shutil.rmtree(out_dir)
