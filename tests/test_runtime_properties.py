@@ -31,6 +31,8 @@ POLICIES = [
     FCFS(batch_former="mixed", name="fcfs-mixed"),
     DWISE(),
     DWISE(aging=0.5, name="dwise-aging"),
+    DWISE(starvation_cap=3, name="dwise-capped"),
+    DWISE(starvation_cap=2, starvation_clock="waited", aging=0.5, name="dwise-capped-waited"),
     OracleSRPT(),
     MLFQ(),
     MLFQ(batch_former="mixed", name="mlfq-mixed"),

@@ -52,6 +52,28 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
         default="burst",
         help="burst | poisson:RATE | burst+poisson:RATE (req/s; default: burst)",
     )
+    p.add_argument(
+        "--aging",
+        type=float,
+        default=0.0,
+        help="DWISE family: work units subtracted per round a request spends without running "
+        "(default: 0 = off)",
+    )
+    p.add_argument(
+        "--starvation-cap",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="DWISE family: a request past ROUNDS on the starvation clock runs ahead of all "
+        "others, in arrival order (default: 0 = off; docs/runtime.md)",
+    )
+    p.add_argument(
+        "--starvation-clock",
+        choices=["age", "waited"],
+        default="age",
+        help="what --starvation-cap counts: rounds since arrival (age) or rounds spent "
+        "without running (waited) (default: %(default)s)",
+    )
     p.add_argument("--slots", type=int, default=128, help="block slots B per round (default: 128)")
     p.add_argument("--k", type=int, default=8, help="resident-set multiplier k (default: 8)")
     p.add_argument(
@@ -130,11 +152,16 @@ def _workload(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..runtime import compare_policies
+    from ..runtime import compare_policies, make_policy
     from ._common import progress
 
-    workload = _workload(args)
     names = [s for s in args.policies.split(",") if s.strip()]
+    if not names:
+        raise ConfigError("no policies given; pass e.g. --policies fcfs,dwise,oracle")
+    policies = [
+        make_policy(n, args.aging, args.starvation_cap, args.starvation_clock) for n in names
+    ]
+    workload = _workload(args)
     bar = progress(total=len(names), desc="simulating", unit="policy", quiet=args.quiet)
     round_time = None
     if args.cost_profile:
@@ -146,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         )
     report = compare_policies(
         workload,
-        args.policies,
+        policies,
         args.arrival,
         args.slots,
         args.k,

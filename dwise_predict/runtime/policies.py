@@ -61,6 +61,12 @@ class FCFS:
         return table.seq[rows].astype(np.float64)
 
 
+#: what ``DWISE.starvation_cap`` measures: rounds since arrival, or rounds without running
+STARVATION_CLOCKS = ("age", "waited")
+#: the key of a starved request: below any remaining work or aged key a run can reach, so the
+#: starved outrank everyone else and tie among themselves (broken by arrival order)
+STARVED_KEY = -1e18
+
 #: what a DWISE policy ranks by, from the full algorithm down (see ``DWISE.estimates``)
 ESTIMATE_LEVELS = ("refined", "admission", "none")
 
@@ -69,14 +75,25 @@ ESTIMATE_LEVELS = ("refined", "admission", "none")
 class DWISE:
     """Remaining-work SRPT, R = P + r̂, preemptive, mixed-phase (paper Algorithm 1).
 
-    ``aging`` (default 0 = off, as in the paper) subtracts ``aging`` work units per round a
-    request has spent without running (waiting or paused): a request passed over for W rounds
-    outranks any fresh request with R < its own R − aging·W, so no request starves longer than
-    (R_max / aging) rounds behind a stream of short arrivals. It trades mean latency for a bound
-    on the tail; no peer scheduler offers it.
+    Two anti-starvation rules, both off by default (as in the paper), may be combined:
+
+    * ``aging`` subtracts ``aging`` work units per round a request has spent without running
+      (waiting or paused): a request passed over for W rounds outranks any fresh request with
+      R < its own R − aging·W, so no request starves longer than (R_max / aging) rounds behind
+      a stream of short arrivals. It reorders *every* request a little, so it pays in mean
+      latency long before it bounds the tail (docs/runtime.md: "Tails under overload").
+    * ``starvation_cap`` = C > 0 rounds: a request whose clock passes C is *starved* and runs
+      ahead of every request that is not, in arrival order among the starved; below the cap
+      the order is plain SRPT. Only the few requests SRPT would starve are touched, so it
+      bounds the tail while keeping most of the mean gain. ``starvation_clock`` picks what
+      counts: ``"age"`` (rounds since arrival: the completion time a client sees, so a request
+      finishes within about C + its own work) or ``"waited"`` (rounds spent without running,
+      the clock ``aging`` reads).
     """
 
     aging: float = 0.0
+    starvation_cap: int = 0
+    starvation_clock: str = "age"
     batch_former: str = "mixed"
     name: str = "dwise"
     #: which estimates rank requests: "refined" (admission, then the refined one after the
@@ -98,12 +115,30 @@ class DWISE:
             raise ConfigError(
                 f"aging={self.aging} must be a finite number >= 0 (0 turns aging off)"
             )
+        cap = self.starvation_cap
+        if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 0:
+            raise ConfigError(
+                f"starvation_cap={cap!r} must be a whole number of rounds >= 0 (0 turns it off)"
+            )
+        if self.starvation_clock not in STARVATION_CLOCKS:
+            raise ConfigError(
+                f"starvation_clock={self.starvation_clock!r} is not one of {STARVATION_CLOCKS} "
+                "(age = rounds since arrival, waited = rounds spent without running)"
+            )
 
     def key(self, table: RequestTable, rows: np.ndarray, round_index: int) -> np.ndarray:
         k = table.prompt_blocks[rows] + table.r_hat[rows]
         if self.aging:
             waited = round_index - table.arrival_round[rows] - table.attained[rows]
             k = k - self.aging * waited
+        if self.starvation_cap:
+            clock = round_index - table.arrival_round[rows]
+            if self.starvation_clock == "waited":
+                clock = clock - table.attained[rows]
+            starved = clock > self.starvation_cap
+            if starved.any():
+                # one key for all the starved: the tie-break (arrival order) ranks them, FCFS
+                k = np.where(starved, STARVED_KEY, k)
         return k
 
 

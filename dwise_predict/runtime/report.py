@@ -60,8 +60,15 @@ POLICY_NAMES = (
 )
 
 
-def make_policy(name: str, aging: float = 0.0) -> Policy:
-    """A policy by its CLI name (see ``POLICY_NAMES``); ``aging`` for the DWISE family.
+def make_policy(
+    name: str,
+    aging: float = 0.0,
+    starvation_cap: int = 0,
+    starvation_clock: str = "age",
+) -> Policy:
+    """A policy by its CLI name (see ``POLICY_NAMES``); ``aging``, ``starvation_cap`` and
+    ``starvation_clock`` set the DWISE family's anti-starvation rules (see :class:`DWISE`;
+    other policies ignore them).
 
     ``dwise-r0``, ``dwise-admission`` and ``dwise`` are the paper's component ladder: ranked by
     prompt blocks left alone, plus the admission estimate, plus the refined one."""
@@ -82,8 +89,13 @@ def make_policy(name: str, aging: float = 0.0) -> Policy:
     if key not in table:
         raise ConfigError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
     policy = table[key]()
-    if aging and isinstance(policy, DWISE):
-        policy = dataclasses.replace(policy, aging=float(aging))
+    if isinstance(policy, DWISE) and (aging or starvation_cap or starvation_clock != "age"):
+        policy = dataclasses.replace(
+            policy,
+            aging=float(aging),
+            starvation_cap=starvation_cap,
+            starvation_clock=starvation_clock,
+        )
     return policy  # type: ignore[no-any-return]
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..runtime.policies import STARVATION_CLOCKS
 
 PREFIX = "DWISE_SGLANG_"
 #: the policies whose rounds the plugin composes from the core scheduler's plan: DWISE, its
@@ -59,6 +60,10 @@ class PluginConfig:
     k: int = 8
     refine: bool = True
     aging: float = 0.0
+    #: DWISE family: a request past this many rounds on ``starvation_clock`` runs ahead of all
+    #: others, in arrival order (0 = off; see ``runtime.policies.DWISE``)
+    starvation_cap: int = 0
+    starvation_clock: str = "age"
     allow_mismatch: bool = False
     trace_dir: str | None = None
     trace_prompt_text: bool = False
@@ -82,6 +87,16 @@ class PluginConfig:
         if not math.isfinite(self.aging) or self.aging < 0:
             raise ConfigError(
                 f"{PREFIX}AGING={self.aging!r} must be a finite number >= 0 (0 = off)"
+            )
+        if self.starvation_cap < 0:
+            raise ConfigError(
+                f"{PREFIX}STARVATION_CAP={self.starvation_cap!r} must be a whole number of "
+                "rounds >= 0 (0 = off)"
+            )
+        if self.starvation_clock not in STARVATION_CLOCKS:
+            raise ConfigError(
+                f"{PREFIX}STARVATION_CLOCK={self.starvation_clock!r} is not one of "
+                f"{STARVATION_CLOCKS} (age = rounds since arrival, waited = rounds not run)"
             )
         if not self.drift_threshold > 1.0:
             raise ConfigError(
@@ -146,6 +161,7 @@ _KINDS: dict[str, type] = {
     "allow_mismatch": bool,
     "trace_prompt_text": bool,
     "aging": float,
+    "starvation_cap": int,
     "drift_threshold": float,
     "kv_limit_frac": float,
 }

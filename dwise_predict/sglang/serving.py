@@ -101,7 +101,11 @@ class DwiseServing(PluginState):
         self.featurizer = getattr(admission, "featurizer", None)
         # the same policy the simulator runs under this name (dws-sjf: priced by DWS)
         policy: Any = (
-            DWSSJF() if config.policy == "dws-sjf" else make_policy(config.policy, config.aging)
+            DWSSJF()
+            if config.policy == "dws-sjf"
+            else make_policy(
+                config.policy, config.aging, config.starvation_cap, config.starvation_clock
+            )
         )
         #: what the core ranks by: estimates (the DWISE family), truth (oracle), or neither
         self.estimates = getattr(policy, "estimates", None)

@@ -1,0 +1,163 @@
+"""DWISE's anti-starvation rules: the starvation cap's bound, its order, its knobs.
+
+Latencies here are in rounds: every round costs 1 ms and arrival j ms means "before round j".
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from dwise_predict.cli import main
+from dwise_predict.errors import ConfigError
+from dwise_predict.runtime import (
+    DWISE,
+    Arrivals,
+    RoundTimeModel,
+    SimRequest,
+    Workload,
+    make_policy,
+    simulate,
+    synthetic_workload,
+)
+from dwise_predict.sglang.config import load_config
+
+ONE_MS_ROUNDS = RoundTimeModel(overhead_ms=1.0, per_slot_ms=0.0, per_slot_per_1k_context_ms=0.0)
+
+
+def _req(rid: str, prompt_blocks: int, rounds: tuple[int, ...]) -> SimRequest:
+    return SimRequest(
+        rid,
+        prompt_blocks,
+        max(1, prompt_blocks * 32),
+        rounds,
+        output_budget=32 * len(rounds),
+        block_size=32,
+        admission_estimate=float(sum(rounds)),
+        refined_estimate=float(sum(rounds) - 1),
+    )
+
+
+def _serve(reqs: list[SimRequest], arrive: list[int], policy, slots: int) -> np.ndarray:
+    """Completion rounds of ``reqs`` (arrival round to the round it finished in, inclusive)."""
+    wl = Workload.from_requests(reqs)
+    arrivals = Arrivals(np.arange(wl.n, dtype=np.int64), np.asarray(arrive, dtype=float) / 1e3)
+    run = simulate(wl, policy, arrivals=arrivals, slots=slots, k=8, round_time=ONE_MS_ROUNDS)
+    return np.rint((run.finish_time - run.arrival_time) * 1e3).astype(int)
+
+
+def _long_under_short_stream(n_long: int = 1, stream_rounds: int = 300):
+    """``n_long`` long requests at round 0 (21 rounds of work each: 1 prompt block, 2 output
+    blocks of 10), then 2 one-round requests before every round for ``stream_rounds`` rounds:
+    with B = 2 the shorts alone fill every round, so SRPT never runs the long ones."""
+    longs = [_req(f"long{i}", 1, (10, 10)) for i in range(n_long)]
+    shorts = [_req(f"s{j}", 0, (1,)) for j in range(2 * stream_rounds)]
+    arrive = [0] * n_long + [j // 2 for j in range(2 * stream_rounds)]
+    return [*longs, *shorts], arrive
+
+
+@pytest.mark.parametrize("clock", ["age", "waited"])
+def test_a_long_request_under_a_stream_of_short_ones_finishes_within_the_cap(clock):
+    reqs, arrive = _long_under_short_stream()
+    plain = _serve(reqs, arrive, DWISE(), slots=2)
+    assert plain[0] > 300  # SRPT: it waits for the stream to end
+    for cap in (20, 50, 120):
+        capped = _serve(reqs, arrive, DWISE(starvation_cap=cap, starvation_clock=clock), slots=2)
+        # promoted the round after its clock passes the cap, it then runs every round
+        assert cap < capped[0] <= cap + 21 + 1
+        assert capped[1:].max() < plain[0]  # and the shorts still finish (B = 2, one left)
+
+
+def test_the_starved_run_in_arrival_order_even_when_a_later_one_is_shorter():
+    longs = [_req("first", 1, (15, 15)), _req("second", 1, (5, 5))]  # 31 and 11 rounds of work
+    shorts = [_req(f"s{j}", 0, (1,)) for j in range(200)]
+    arrive = [0, 1] + [j for j in range(200)]
+    capped = _serve([*longs, *shorts], arrive, DWISE(starvation_cap=30), slots=1)
+    done_first, done_second = capped[0], capped[1] + 1  # back on the common round axis
+    # both starve behind the stream; once starved, the earlier arrival runs first to the end
+    assert 30 < done_first <= 30 + 31 + 1
+    assert done_second == done_first + 11
+    plain = _serve([*longs, *shorts], arrive, DWISE(), slots=1)
+    assert plain[1] + 1 < plain[0]  # SRPT alone would finish the shorter one first
+
+
+def test_a_cap_no_request_reaches_leaves_dwise_unchanged():
+    w = synthetic_workload(n=400, seed=1)
+    runs = [
+        simulate(w, p, arrivals="burst+poisson:16", slots=32, k=4, seed=1)
+        for p in (DWISE(), DWISE(starvation_cap=10**7), DWISE(starvation_cap=10**7, aging=0.0))
+    ]
+    assert np.array_equal(runs[0].finish_time, runs[1].finish_time)
+    assert np.array_equal(runs[0].finish_time, runs[2].finish_time)
+    # a cap the run does reach trades mean for the tail on the same workload
+    capped = simulate(w, DWISE(starvation_cap=60), arrivals="burst+poisson:16", slots=32, k=4)
+    lat0 = runs[0].finish_time - runs[0].arrival_time
+    lat1 = capped.finish_time - capped.arrival_time
+    assert lat1.max() < lat0.max() and lat1.mean() > lat0.mean()
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"starvation_cap": -1}, "starvation_cap=-1"),
+        ({"starvation_cap": 2.5}, "whole number of rounds"),
+        ({"starvation_cap": True}, "whole number of rounds"),
+        ({"starvation_clock": "wall"}, "starvation_clock='wall'"),
+    ],
+)
+def test_bad_starvation_settings_are_refused(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        DWISE(**kwargs)
+
+
+def test_make_policy_and_the_plugin_settings_carry_the_cap():
+    p = make_policy("dwise-admission", 0.0, 900, "waited")
+    assert (p.name, p.starvation_cap, p.starvation_clock) == ("dwise-admission", 900, "waited")
+    assert make_policy("fcfs-mixed", 0.0, 900).name == "fcfs-mixed"  # others ignore it
+    cfg = load_config(
+        {
+            "DWISE_SGLANG_BUNDLE": "tiny-bd",
+            "DWISE_SGLANG_STARVATION_CAP": "900",
+            "DWISE_SGLANG_STARVATION_CLOCK": "waited",
+        }
+    )
+    assert cfg is not None and (cfg.starvation_cap, cfg.starvation_clock) == (900, "waited")
+    for env, match in (
+        ({"DWISE_SGLANG_STARVATION_CAP": "-3"}, "STARVATION_CAP"),
+        ({"DWISE_SGLANG_STARVATION_CAP": "1.5"}, "STARVATION_CAP"),
+        ({"DWISE_SGLANG_STARVATION_CLOCK": "wall"}, "STARVATION_CLOCK"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            load_config({"DWISE_SGLANG_BUNDLE": "tiny-bd", **env})
+
+
+def test_cli_simulate_takes_the_cap(tmp_path, capsys):
+    argv = [
+        "simulate",
+        "--synthetic",
+        "paper-llada2.1-mini",
+        "--requests",
+        "300",
+        "--policies",
+        "fcfs-mixed,dwise",
+        "--arrival",
+        "burst+poisson:16",
+        "--slots",
+        "16",
+        "--k",
+        "4",
+        "--no-plots",
+        "--quiet",
+    ]
+    assert main([*argv, "--out", str(tmp_path / "plain")]) == 0
+    assert main([*argv, "--starvation-cap", "100", "--out", str(tmp_path / "capped")]) == 0
+    capsys.readouterr()
+    plain, capped = (
+        json.loads((tmp_path / d / "summary.json").read_text())["policies"]
+        for d in ("plain", "capped")
+    )
+    for metric in ("mean_latency", "p99_latency"):  # the cap is the DWISE family's alone
+        assert capped["fcfs-mixed"][metric] == plain["fcfs-mixed"][metric]
+    assert capped["dwise"]["p99_latency"] < plain["dwise"]["p99_latency"]
