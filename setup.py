@@ -1,14 +1,15 @@
 """Package discovery only; all metadata lives in pyproject.toml.
 
-The four feature folders (tracing/, trainers/, export/, zoo/) sit at the repository root,
-as the users asked, but install under the ``dwise_predict`` namespace so nothing generic
-lands in site-packages. setuptools cannot express "this folder is that subpackage, and so
+The feature folders (tracing/, trainers/, export/) sit at the repository root, as the users
+asked, but install under the ``dwise_predict`` namespace so nothing generic lands in
+site-packages. zoo/ is the fourth feature folder, built as its own distribution
+(``dwise-predict-zoo``, zoo/pyproject.toml) so the model binaries stay out of this wheel. setuptools cannot express "this folder is that subpackage, and so
 are all its children" declaratively, so we compute the mapping here.
 """
 
 from setuptools import find_packages, setup
 
-FEATURES = {"tracing", "trainers", "export", "zoo"}
+FEATURES = {"tracing", "trainers", "export"}
 
 packages = ["dwise_predict", *(f"dwise_predict.{p}" for p in find_packages("dwise_predict"))]
 package_dir = {"dwise_predict": "dwise_predict"}

@@ -1,12 +1,17 @@
-"""The zoo: names of published predictor bundles -> where they live and which dLLM they fit.
+"""The zoo index: names of published predictor bundles -> where they live and which dLLM they fit.
 
-Like timm's pretrained configs, the table of artifacts (``index.json``, shipped in the package) is
-kept apart from any code, so publishing a bundle is a data change and code never hard-codes a
+Like timm's pretrained configs, the table of artifacts (``zoo_index.json``, shipped with the core)
+is kept apart from any code, so publishing a bundle is a data change and code never hard-codes a
 repository or URL. A name is ``MODEL`` (its default tag) or ``MODEL.TAG``; each entry records the
 Hub repository and the *pinned* revision (a tag or commit, so a name keeps meaning the same bytes),
 the dLLM fingerprint the bundle was trained for (so a caller can refuse a mismatch before
-downloading anything) and optionally a bundle folder shipped inside the package, which makes the
-name loadable offline.
+downloading anything) and, optionally, the installed package that carries a copy of the bundle
+(``shipped_in``), which makes the name loadable offline.
+
+The index lives in the core and the binaries do not: like spaCy's model packages, the reference
+model's weights and bundles ship in their own distribution (``dwise-predict-zoo``, built from
+``zoo/``), so a scheduler process that only predicts installs a small wheel. The index names
+that distribution, so a missing copy is reported with the exact install command.
 
 Light on purpose: json + the core only (no torch), importable by a scheduler process.
 See ``docs/zoo.md``.
@@ -15,8 +20,9 @@ See ``docs/zoo.md``.
 from __future__ import annotations
 
 import fnmatch
+import importlib.util
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -27,8 +33,34 @@ from dwise_predict.hub import HF_SCHEME, parse_hub_ref
 
 INDEX_FORMAT = "dwise-predict-zoo"
 INDEX_FORMAT_VERSION = 1
-#: the index shipped with the package; ``local_path`` entries are relative to its folder
-INDEX_PATH = Path(__file__).with_name("index.json")
+#: the index shipped with the core; ``local_path`` entries are relative to its folder
+INDEX_PATH = Path(__file__).with_name("zoo_index.json")
+
+
+@dataclass(frozen=True)
+class Shipment:
+    """Where an installed distribution carries a zoo artifact: ``path`` inside ``package``."""
+
+    package: str
+    path: str
+    distribution: str
+
+    def folder(self) -> Path | None:
+        """The artifact's folder when ``package`` is installed, else None (nothing imported:
+        only the package's location is looked up)."""
+        try:
+            spec = importlib.util.find_spec(self.package)
+        except (ImportError, ValueError):  # a parent package is missing
+            return None
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        return Path(next(iter(spec.submodule_search_locations))) / self.path
+
+    def install_hint(self) -> str:
+        return (
+            f"pip install {self.distribution} (from a checkout of dwise-predict: "
+            f"pip install -e ./zoo)"
+        )
 
 
 @dataclass(frozen=True)
@@ -44,6 +76,7 @@ class ZooEntry:
     is_default: bool = False
     description: str = ""
     local_path: Path | None = None
+    shipped_in: Shipment | None = None
 
     @property
     def hub_ref(self) -> str:
@@ -54,9 +87,10 @@ class ZooEntry:
         return ModelFingerprint.from_dict(self.fingerprint)
 
     def local_bundle(self) -> Path | None:
-        """The bundle folder shipped in the package, or None when this install does not carry it."""
-        if self.local_path is not None and (self.local_path / MANIFEST).is_file():
-            return self.local_path
+        """The bundle folder an installed package carries, or None when this install does not."""
+        for folder in (self.local_path, self.shipped_in.folder() if self.shipped_in else None):
+            if folder is not None and (folder / MANIFEST).is_file():
+                return folder
         return None
 
 
@@ -67,6 +101,8 @@ class ZooIndex:
     entries: dict[str, ZooEntry]
     defaults: dict[str, str]
     source: Path
+    #: each model's weights, when a distribution ships them (``tiny-bd`` -> dwise-predict-zoo)
+    weights: dict[str, Shipment] = field(default_factory=dict)
 
     def names(self) -> list[str]:
         return sorted(self.entries)
@@ -111,6 +147,7 @@ def load_index(path: str | Path | None = None) -> ZooIndex:
         raise ConfigError(f"{where} lists no models")
     entries: dict[str, ZooEntry] = {}
     defaults: dict[str, str] = {}
+    weights: dict[str, Shipment] = {}
     for model, spec in sorted(models.items()):
         _check_name(model, where)
         tags = _get(spec, "tags")
@@ -127,7 +164,9 @@ def load_index(path: str | Path | None = None) -> ZooIndex:
             full = f"{model}.{tag}"
             entries[full] = _entry(full, model, tag, t, tag == default, source.parent, where)
         defaults[model] = f"{model}.{default}"
-    return ZooIndex(entries, defaults, source)
+        if isinstance(spec, dict) and spec.get("weights") is not None:
+            weights[model] = _shipment(spec["weights"], f"{where}: model {model!r} weights")
+    return ZooIndex(entries, defaults, source, weights)
 
 
 def resolve(name: str, *, index: ZooIndex | None = None) -> ZooEntry:
@@ -149,6 +188,32 @@ def list_models(pattern: str | None = None, *, index: ZooIndex | None = None) ->
     """Full names (``model.tag``), sorted; ``pattern`` is a shell glob like ``"tiny-*"``."""
     names = (index or load_index()).names()
     return [n for n in names if pattern is None or fnmatch.fnmatchcase(n, pattern)]
+
+
+def model_weights(model: str, *, index: ZooIndex | None = None) -> Path | None:
+    """The installed weights folder of a zoo dLLM (``"tiny-bd"``), or None when ``model`` is not
+    a zoo model. A zoo model whose distribution is not installed is an error naming the install
+    command, so ``--model tiny-bd`` never falls through to a confusing path lookup."""
+    shipment = (index or load_index()).weights.get(model)
+    if shipment is None:
+        return None
+    folder = shipment.folder()
+    if folder is None or not folder.is_dir():
+        raise ConfigError(
+            f"the {model} weights ship in the {shipment.distribution} distribution, which is "
+            f"not installed: {shipment.install_hint()}"
+        )
+    return folder
+
+
+def _shipment(spec: Any, where: str) -> Shipment:
+    keys = ("package", "path", "distribution")
+    if not isinstance(spec, dict) or any(not isinstance(spec.get(k), str) for k in keys):
+        raise ConfigError(f"{where} must be an object with string fields {', '.join(keys)}")
+    p = PurePosixPath(spec["path"])
+    if p.is_absolute() or ".." in p.parts:
+        raise ConfigError(f"{where}: path {spec['path']!r} must be relative to its package")
+    return Shipment(spec["package"], spec["path"], spec["distribution"])
 
 
 def _entry(
@@ -183,6 +248,8 @@ def _entry(
                 f"{where}: {full} local_path {local!r} must be relative to the index folder"
             )
         local_path = base / p
+    shipped = t.get("shipped_in")
+    shipped_in = _shipment(shipped, f"{where}: {full} shipped_in") if shipped else None
     return ZooEntry(
         name=full,
         model=model,
@@ -193,6 +260,7 @@ def _entry(
         is_default=is_default,
         description=str(t.get("description", "")),
         local_path=local_path,
+        shipped_in=shipped_in,
     )
 
 

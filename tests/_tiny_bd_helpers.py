@@ -8,13 +8,13 @@ from collections import Counter
 from typing import Any
 
 from dwise_predict.zoo.tiny_bd.config import TinyBDConfig
-from dwise_predict.zoo.tiny_bd.data import (
+from dwise_predict.zoo.tiny_bd.recipe.data import (
     EncodedExample,
     TrainingExample,
     TrainingSet,
     encode_examples,
 )
-from dwise_predict.zoo.tiny_bd.train import TrainConfig
+from dwise_predict.zoo.tiny_bd.recipe.train import TrainConfig
 
 BS = 8
 CONFIG = TinyBDConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, block_size=BS)

@@ -136,7 +136,7 @@ def test_streamed_training_and_evaluation_equal_in_memory(sharded, tmp_path):
 
 
 def test_device_options_reach_the_tiny_bd_trainer():
-    from dwise_predict.zoo.tiny_bd.train import TrainConfig, build_parser, make_trainer
+    from dwise_predict.zoo.tiny_bd.recipe.train import TrainConfig, build_parser, make_trainer
     from pytorch_lightning.accelerators import CPUAccelerator
     from pytorch_lightning.strategies import DDPStrategy, SingleDeviceStrategy
 

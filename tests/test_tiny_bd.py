@@ -13,7 +13,7 @@ import pytest
 import torch
 from dwise_predict.tracing.workload import WorkloadRecord, make_math, make_mcq
 from dwise_predict.zoo.tiny_bd.config import TinyBDConfig
-from dwise_predict.zoo.tiny_bd.data import (
+from dwise_predict.zoo.tiny_bd.recipe.data import (
     DataConfig,
     TrainingExample,
     build_training_set,
@@ -22,7 +22,7 @@ from dwise_predict.zoo.tiny_bd.data import (
     render_prompt,
     token_budget_batches,
 )
-from dwise_predict.zoo.tiny_bd.free_text import (
+from dwise_predict.zoo.tiny_bd.recipe.free_text import (
     BRIEF_CLOSINGS,
     BRIEF_OPENINGS,
     CATEGORY_WEIGHTS,
@@ -37,7 +37,7 @@ from dwise_predict.zoo.tiny_bd.generate import _extend, generate, prefill
 from dwise_predict.zoo.tiny_bd.io import WEIGHTS_DIR, from_pretrained, save_pretrained
 from dwise_predict.zoo.tiny_bd.model import TinyBDModel
 from dwise_predict.zoo.tiny_bd.tokenizer import EOS, MASK, build_tokenizer
-from dwise_predict.zoo.tiny_bd.train import (
+from dwise_predict.zoo.tiny_bd.recipe.train import (
     diffusion_loss,
     lr_factor,
     parse_free_text_categories,
@@ -45,7 +45,7 @@ from dwise_predict.zoo.tiny_bd.train import (
     parse_mcq_kinds,
     parse_mix,
 )
-from dwise_predict.zoo.tiny_bd.two_stream import CLEAN, NOISY, PROMPT, collate
+from dwise_predict.zoo.tiny_bd.recipe.two_stream import CLEAN, NOISY, PROMPT, collate
 
 from dwise_predict.errors import ModelError, TrainingError
 
@@ -361,8 +361,8 @@ def test_training_learns_to_read_the_prompt_not_only_the_format() -> None:
     shipped stage-1/2 weights answered math and mcq at chance (``toys read-prompt`` prints the
     grid). So this guards the defaults.
     """
-    from dwise_predict.zoo.tiny_bd.toys import read_prompt
-    from dwise_predict.zoo.tiny_bd.train import TrainConfig
+    from dwise_predict.zoo.tiny_bd.recipe.toys import read_prompt
+    from dwise_predict.zoo.tiny_bd.recipe.train import TrainConfig
 
     assert read_prompt(TrainConfig.pad_weight, TrainConfig.lr, steps=300) >= 18
 
@@ -371,7 +371,7 @@ def test_training_learns_to_read_the_prompt_not_only_the_format() -> None:
     not (WEIGHTS_DIR / "model.safetensors").exists(), reason="shipped weights not trained yet"
 )
 def test_probe_reports_letter_accuracy_per_kind_and_easy_math_on_eval_requests() -> None:
-    from dwise_predict.zoo.tiny_bd.probe import probe
+    from dwise_predict.zoo.tiny_bd.recipe.probe import probe
 
     out = probe("tiny-bd", n_mcq=36, n_math=3)
     assert out["mcq_n"] == 36 and out["easy_math_n"] == 3
@@ -386,7 +386,7 @@ def test_probe_reports_letter_accuracy_per_kind_and_easy_math_on_eval_requests()
 
 
 def test_ensemble_of_one_checkpoint_with_itself_scores_as_the_checkpoint_does() -> None:
-    from dwise_predict.zoo.tiny_bd.probe import ensemble_letters, probe
+    from dwise_predict.zoo.tiny_bd.recipe.probe import ensemble_letters, probe
 
     from dwise_predict.errors import ConfigError
 
@@ -404,7 +404,7 @@ def test_ensemble_of_one_checkpoint_with_itself_scores_as_the_checkpoint_does() 
 
 
 def test_free_text_probe_counts_tokens_per_round_as_the_report_does() -> None:
-    from dwise_predict.zoo.tiny_bd.probe import free_text
+    from dwise_predict.zoo.tiny_bd.recipe.probe import free_text
 
     out = free_text("tiny-bd", n_per_category=3, categories=("chat",))
     chat = out["chat"]
@@ -417,9 +417,9 @@ def test_free_text_probe_counts_tokens_per_round_as_the_report_does() -> None:
 def test_validate_scores_checkpoints_on_requests_outside_the_reports_set(tmp_path: Path) -> None:
     """Choosing a checkpoint must not read the requests the report then measures it on."""
     from dwise_predict.tracing.workload import build_workload
-    from dwise_predict.zoo.tiny_bd.data import DataConfig
-    from dwise_predict.zoo.tiny_bd.probe import compare_validations, validate
-    from dwise_predict.zoo.tiny_bd.report import REPORT_REQUESTS
+    from dwise_predict.zoo.tiny_bd.recipe.data import DataConfig
+    from dwise_predict.zoo.tiny_bd.recipe.probe import compare_validations, validate
+    from dwise_predict.zoo.tiny_bd.recipe.report import REPORT_REQUESTS
 
     from dwise_predict.errors import ConfigError
     from dwise_predict.traces import read_traces
@@ -449,7 +449,7 @@ def test_validate_scores_checkpoints_on_requests_outside_the_reports_set(tmp_pat
 
 
 def test_mcnemar_p_is_the_exact_two_sided_binomial_test() -> None:
-    from dwise_predict.zoo.tiny_bd.probe import mcnemar_p
+    from dwise_predict.zoo.tiny_bd.recipe.probe import mcnemar_p
 
     assert mcnemar_p(0, 0) == 1.0 and mcnemar_p(3, 3) == 1.0
     assert mcnemar_p(10, 0) == pytest.approx(2 / 2**10)
@@ -498,7 +498,7 @@ def test_report_rewrites_the_shipped_cards_measured_section_in_place(tmp_path) -
     import shutil
 
     from dwise_predict.zoo.tiny_bd.card import MEASURED_HEADING
-    from dwise_predict.zoo.tiny_bd.report import _update_card
+    from dwise_predict.zoo.tiny_bd.recipe.report import _update_card
 
     shutil.copy(WEIGHTS_DIR / "README.md", tmp_path / "README.md")
     recorded = json.loads((Path(__file__).parents[1] / "docs" / "reference-model.json").read_text())
@@ -510,7 +510,7 @@ def test_report_rewrites_the_shipped_cards_measured_section_in_place(tmp_path) -
 
 def test_math_skills_score_each_step_of_a_worked_answer():
     from dwise_predict.tracing.workload.generators import make_math
-    from dwise_predict.zoo.tiny_bd.probe import MATH_SKILLS, score_math_steps
+    from dwise_predict.zoo.tiny_bd.recipe.probe import MATH_SKILLS, score_math_steps
 
     rec = make_math(random.Random(3), digits=1, ops=2)
     ref = rec.reference
@@ -538,7 +538,7 @@ def test_math_skills_score_each_step_of_a_worked_answer():
 
 
 def test_math_skills_run_on_the_shipped_model_over_the_reports_problems():
-    from dwise_predict.zoo.tiny_bd.probe import MATH_SKILLS, math_skills
+    from dwise_predict.zoo.tiny_bd.recipe.probe import MATH_SKILLS, math_skills
 
     out = math_skills("tiny-bd", n_requests=40)
     assert out["problems"] >= 3 and out["max_digits"] == 2
@@ -548,7 +548,7 @@ def test_math_skills_run_on_the_shipped_model_over_the_reports_problems():
 
 
 def test_math_chain_separates_facts_from_steps_that_do_not_chain():
-    from dwise_predict.zoo.tiny_bd.probe import MATH_CHAIN, score_math_chain
+    from dwise_predict.zoo.tiny_bd.recipe.probe import MATH_CHAIN, score_math_chain
 
     ref = "5 + 3 = 8. 8 + 6 = 14. The answer is 14."
     assert score_math_chain(ref, ref, 14) == dict.fromkeys(MATH_CHAIN, True)
@@ -568,7 +568,7 @@ def test_math_chain_separates_facts_from_steps_that_do_not_chain():
 
 
 def test_math_chain_runs_on_the_shipped_model():
-    from dwise_predict.zoo.tiny_bd.probe import MATH_CHAIN, math_chain
+    from dwise_predict.zoo.tiny_bd.recipe.probe import MATH_CHAIN, math_chain
 
     out = math_chain("tiny-bd", per_ops=4)
     again = math_chain("tiny-bd", per_ops=4)
@@ -591,7 +591,7 @@ def test_math_chain_runs_on_the_shipped_model():
 
 
 def test_step_kind_names_operand_digits_and_operator():
-    from dwise_predict.zoo.tiny_bd.probe import _STEP, step_kind
+    from dwise_predict.zoo.tiny_bd.recipe.probe import _STEP, step_kind
 
     steps = _STEP.findall("8 + 6 = 14. 14 - 5 = 9. 9 * 7 = 63. 63 / 9 = 7.")
     assert [step_kind(s) for s in steps] == ["1-digit +", "2-digit -", "1-digit *", "2-digit /"]
@@ -754,7 +754,7 @@ def test_free_text_category_weights_are_settable_and_checked() -> None:
 
 
 def test_report_plots_the_loss_curves_in_training_order() -> None:
-    from dwise_predict.zoo.tiny_bd.report import _stage_order
+    from dwise_predict.zoo.tiny_bd.recipe.report import _stage_order
 
     names = ["train_log_stage10.csv", "train_log_stage2.csv", "train_log_stage1.csv"]
     ordered = sorted((Path(n) for n in names), key=_stage_order)
@@ -768,7 +768,7 @@ def test_report_plots_the_loss_curves_in_training_order() -> None:
 def test_loss_plot_draws_every_stage_log_and_skips_a_folder_without_one(tmp_path: Path) -> None:
     """Twenty stages do not fit a legend; the plot numbers each span instead. A checkpoint folder
     without logs (a grown or merged checkpoint) gets no plot rather than an empty one."""
-    from dwise_predict.zoo.tiny_bd.report import plot_training_loss
+    from dwise_predict.zoo.tiny_bd.recipe.report import plot_training_loss
 
     weights, img = tmp_path / "w", tmp_path / "img"
     weights.mkdir()
@@ -786,7 +786,7 @@ def test_merge_writes_the_weighted_mean_of_one_chains_checkpoints(tmp_path: Path
     import json
 
     from dwise_predict.zoo.tiny_bd.io import from_pretrained, save_pretrained
-    from dwise_predict.zoo.tiny_bd.merge import MergeInput, merge_checkpoints, parse_input
+    from dwise_predict.zoo.tiny_bd.recipe.merge import MergeInput, merge_checkpoints, parse_input
 
     from dwise_predict.errors import TrainingError
 
@@ -826,7 +826,7 @@ def test_grow_widens_the_mlp_without_changing_what_the_model_computes(tmp_path: 
     a history that names the growth, and refuses to shrink."""
     import json
 
-    from dwise_predict.zoo.tiny_bd.grow import grow_checkpoint
+    from dwise_predict.zoo.tiny_bd.recipe.grow import grow_checkpoint
     from dwise_predict.zoo.tiny_bd.io import from_pretrained, save_pretrained
 
     cfg = tiny_model(0).config

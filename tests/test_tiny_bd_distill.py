@@ -1,4 +1,4 @@
-"""Distilling a skill from earlier tiny-bd checkpoints (zoo/tiny_bd/distill.py)."""
+"""Distilling a skill from earlier tiny-bd checkpoints (zoo/tiny_bd/recipe/distill.py)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import pytest
 import torch
 from _tiny_bd_helpers import BS, CONFIG, examples, quick_config, training_set
 from dwise_predict.zoo.tiny_bd.config import TinyBDConfig
-from dwise_predict.zoo.tiny_bd.data import DataConfig, EncodedExample
-from dwise_predict.zoo.tiny_bd.distill import Teachers, distillation_loss
+from dwise_predict.zoo.tiny_bd.recipe.data import DataConfig, EncodedExample
+from dwise_predict.zoo.tiny_bd.recipe.distill import Teachers, distillation_loss
 from dwise_predict.zoo.tiny_bd.io import save_pretrained
 from dwise_predict.zoo.tiny_bd.model import TinyBDModel
-from dwise_predict.zoo.tiny_bd.train import (
+from dwise_predict.zoo.tiny_bd.recipe.train import (
     BatchListDataset,
     TrainConfig,
     check_distillation,
@@ -20,7 +20,7 @@ from dwise_predict.zoo.tiny_bd.train import (
     parse_distill_categories,
     train,
 )
-from dwise_predict.zoo.tiny_bd.two_stream import TwoStreamBatch, collate
+from dwise_predict.zoo.tiny_bd.recipe.two_stream import TwoStreamBatch, collate
 
 from dwise_predict.errors import TrainingError
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from _tiny_bd_helpers import BS, CONFIG, examples, quick_config, training_set
 from dwise_predict.zoo.tiny_bd.card import model_card
-from dwise_predict.zoo.tiny_bd.data import DataConfig
-from dwise_predict.zoo.tiny_bd.train import train
+from dwise_predict.zoo.tiny_bd.recipe.data import DataConfig
+from dwise_predict.zoo.tiny_bd.recipe.train import train
 
 
 def test_first_ctrl_c_stops_at_a_step_boundary_and_keeps_the_weights(tmp_path: Path) -> None:

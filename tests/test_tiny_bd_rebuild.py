@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from dwise_predict.zoo.tiny_bd import rebuild as rb
-from dwise_predict.zoo.tiny_bd.report import build_parser as report_parser
+from dwise_predict.zoo.tiny_bd.recipe import rebuild as rb
+from dwise_predict.zoo.tiny_bd.recipe.report import build_parser as report_parser
 
 from dwise_predict.cli import build_parser
 from dwise_predict.errors import TrainingError
@@ -131,7 +131,7 @@ def test_dry_run_prints_the_docs_commands(capsys: pytest.CaptureFixture[str]) ->
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 9
     assert lines[1] == (
-        "python -m dwise_predict.zoo.tiny_bd.report --out docs --n 1000 "
+        "python -m dwise_predict.zoo.tiny_bd.recipe.report --out docs --n 1000 "
         "--traces runs/tiny-bd-eval --overwrite"
     )
     assert lines[4] == (

@@ -1,4 +1,6 @@
-"""The zoo registry: the packaged index resolves names; malformed indexes are refused clearly."""
+"""The zoo index: the packaged index resolves names and finds the zoo distribution's copies;
+malformed indexes are refused clearly; a missing zoo distribution is named with its install
+command."""
 
 from __future__ import annotations
 
@@ -6,12 +8,16 @@ import json
 import subprocess
 import sys
 
+from pathlib import Path
+
 import pytest
-from dwise_predict.zoo.registry import INDEX_PATH, find, list_models, load_index, resolve
 
 from dwise_predict.errors import ConfigError
 from dwise_predict.fingerprint import ModelFingerprint
 from dwise_predict.hub import parse_hub_ref
+from dwise_predict.zoo_index import find, list_models, load_index, model_weights, resolve
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_packaged_index_resolves_default_and_tagged_names():
@@ -26,7 +32,10 @@ def test_packaged_index_resolves_default_and_tagged_names():
     assert (fp.model_id, fp.block_size, fp.threshold) == ("tiny-bd", 32, 0.95)
     ref = parse_hub_ref(default.hub_ref)  # the ref pull_bundle takes
     assert ref.repo_id == default.repo_id and ref.revision == default.revision
-    assert default.local_path == INDEX_PATH.parent / "bundles" / "tiny-bd"
+    # the copy the zoo distribution carries (installed editable from ./zoo by make)
+    assert default.local_bundle() == REPO / "zoo" / "bundles" / "tiny-bd"
+    assert default.shipped_in is not None
+    assert default.shipped_in.distribution == "dwise-predict-zoo"
     assert "tiny-bd.tau095" in list_models() and list_models("tiny-*") == ["tiny-bd.tau095"]
     assert list_models("nothing-*") == []
 
@@ -103,9 +112,45 @@ def test_unreadable_index(tmp_path):
         load_index(tmp_path / "bad.json")
 
 
+def test_zoo_model_weights_come_from_the_zoo_distribution(tmp_path):
+    from dwise_predict.zoo.tiny_bd.io import WEIGHTS_DIR
+
+    assert model_weights("tiny-bd") == WEIGHTS_DIR
+    assert model_weights("some/local-model") is None  # not a zoo model: a path, the caller's
+    shipped = {"package": "dwise_predict_no_such_zoo", "path": "w", "distribution": "acme-zoo"}
+    path = _index(tmp_path)
+    data = json.loads(path.read_text())
+    data["models"]["m"]["weights"] = shipped
+    path.write_text(json.dumps(data))
+    idx = load_index(path)
+    with pytest.raises(ConfigError, match=r"acme-zoo distribution, which is not installed: pip"):
+        model_weights("m", index=idx)
+
+
+def test_bundle_of_an_uninstalled_zoo_distribution_names_the_install_command(tmp_path):
+    """Offline and without the distribution that carries it, a zoo name fails with the exact
+    command to get it (the Hub pull is tried first and its error is kept)."""
+    shipped = {"package": "dwise_predict_no_such_zoo", "path": "b", "distribution": "acme-zoo"}
+    index = _index(tmp_path, tag={"local_path": None, "shipped_in": shipped})
+    assert resolve("m", index=load_index(index)).local_bundle() is None
+    code = (
+        "import sys; from pathlib import Path; import dwise_predict.zoo_index as z; "
+        f"z.INDEX_PATH = Path({str(index)!r}); import dwise_predict as d\n"
+        "try:\n    d.load_bundle('m')\nexcept d.errors.BundleError as e:\n    print(e)"
+    )
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    assert "zoo bundle 'm.a' is not installed and could not be pulled from hf://org/m@v1" in (
+        out.stdout
+    )
+    assert "It ships in the acme-zoo distribution: pip install acme-zoo" in out.stdout
+
+
 def test_registry_imports_without_torch():
     code = (
-        "import sys, dwise_predict.zoo.registry as r; "
+        "import sys, dwise_predict.zoo_index as r; "
         "r.resolve('tiny-bd'); print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -116,12 +161,14 @@ def test_shipped_tiny_bd_bundle_prices_requests_with_its_int8_dws_and_no_torch()
     """The zoo bundle carries DWS as its INT8 file alone (the FP32 encoder is 90 MB) and its
     measured cost profile; a scheduler process prices prompts without torch or transformers."""
     entry = resolve("tiny-bd")
-    manifest = json.loads((entry.local_path / "manifest.json").read_text())
+    local = entry.local_bundle()
+    assert local is not None
+    manifest = json.loads((local / "manifest.json").read_text())
     dws = manifest["predictors"]["dws"]
     assert dws["precision"] == "int8" and dws["fp32_shipped"] is False
     assert dws["encoder"].startswith("sentence-transformers/all-MiniLM-L6-v2")  # a name, no path
     assert "dws.int8.onnx" in manifest["files"] and "dws.onnx" not in manifest["files"]
-    assert (entry.local_path / "dws.int8.onnx").stat().st_size < 40e6
+    assert (local / "dws.int8.onnx").stat().st_size < 40e6
     code = (
         "import sys, json, dwise_predict as d; b = d.load_bundle('tiny-bd'); "
         "c = b.predict_cost(['What is 2 + 3?', 'Write a long essay about the history of "

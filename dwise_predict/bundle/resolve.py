@@ -6,9 +6,9 @@
 * a local folder written by ``dwise-predict train`` / ``save_bundle``;
 * ``"hf://ORG/NAME@REVISION"``: a snapshot downloaded (or read from the local Hugging Face
   cache, offline too) through huggingface_hub;
-* a zoo name such as ``"tiny-bd"`` or ``"tiny-bd.tau095"``: looked up in the zoo registry
-  (``dwise_predict.zoo.registry``, a light data module), served from the copy shipped inside
-  the package when there is one, else pulled from its pinned Hub repo and revision.
+* a zoo name such as ``"tiny-bd"`` or ``"tiny-bd.tau095"``: looked up in the zoo index
+  (:mod:`dwise_predict.zoo_index`, a light data module), served from the copy an installed zoo
+  distribution carries when there is one, else pulled from its pinned Hub repo and revision.
 
 Every form returns a local folder, and the caller verifies it the same way.
 """
@@ -21,6 +21,7 @@ from pathlib import Path
 from ..errors import BundleError
 from ..fingerprint import ModelFingerprint
 from ..hub import HF_SCHEME
+from ..zoo_index import ZooEntry, find
 from .format import MANIFEST
 
 
@@ -45,9 +46,7 @@ def resolve_bundle(ref: str | Path) -> ResolvedBundle:
         if entry is not None:
             local = entry.local_bundle()
             if local is None:
-                from ..hub import pull_bundle
-
-                local = pull_bundle(entry.hub_ref)
+                local = _pull_zoo_bundle(entry)
             return ResolvedBundle(
                 _check_folder(Path(local), ref), entry.model_fingerprint(), source="zoo"
             )
@@ -63,13 +62,26 @@ def _looks_like_name(ref: str) -> bool:
     return "/" not in ref and "\\" not in ref and not ref.startswith(".")
 
 
-def _zoo_entry(name: str):  # type: ignore[no-untyped-def]
-    """The zoo registry entry for ``name``, or None. The registry is a light data module."""
+def _zoo_entry(name: str) -> ZooEntry | None:
+    """The zoo index entry for ``name``, or None."""
+    return find(name)
+
+
+def _pull_zoo_bundle(entry: ZooEntry) -> Path:
+    """A zoo bundle no installed distribution carries, from its pinned Hub revision. When that
+    fails too (offline, say), the error names both ways to get it."""
+    from ..hub import HubError, pull_bundle
+
     try:
-        from ..zoo import registry
-    except ImportError:  # pragma: no cover - the zoo is part of every install
-        return None
-    return registry.find(name)
+        return pull_bundle(entry.hub_ref)
+    except HubError as e:
+        if entry.shipped_in is None:
+            raise
+        raise BundleError(
+            f"zoo bundle {entry.name!r} is not installed and could not be pulled from "
+            f"{entry.hub_ref} ({e}). It ships in the {entry.shipped_in.distribution} "
+            f"distribution: {entry.shipped_in.install_hint()}"
+        ) from e
 
 
 def _check_folder(path: Path, ref: str | Path) -> Path:

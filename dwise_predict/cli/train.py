@@ -184,14 +184,13 @@ def _model_featurizer(model: str | None, traces: str) -> PromptFeaturizer | None
 
     from dwise_predict.features import PromptFeaturizer
     from dwise_predict.traces import read_trace_fingerprint
-    from dwise_predict.zoo.tiny_bd.io import NAME as TINY_BD
-    from dwise_predict.zoo.tiny_bd.io import WEIGHTS_DIR
+    from dwise_predict.zoo_index import model_weights
 
     explicit = model is not None
     if not explicit and "://" in str(traces):
         return None  # traces in object storage: name the served model with --model
     name = model if explicit else read_trace_fingerprint(traces).model_id
-    folder = WEIGHTS_DIR if name == TINY_BD else Path(str(name))
+    folder = model_weights(str(name)) or Path(str(name))
     if not (folder / "tokenizer.json").is_file():
         if explicit:
             raise ConfigError(

@@ -631,7 +631,7 @@ def eval_requests(
     ``max_prompt_tokens`` keeps only prompts up to that many tokens (tests use short ones).
     """
     from dwise_predict.tracing.workload import build_workload
-    from dwise_predict.zoo.tiny_bd.data import DataConfig, render_prompt
+    from dwise_predict.zoo.tiny_bd.recipe.data import DataConfig, render_prompt
 
     dc = DataConfig()
     records = build_workload(dc.workload_train_size, dc.workload_eval_size, dc.workload_seed).eval

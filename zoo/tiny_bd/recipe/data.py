@@ -28,7 +28,7 @@ from typing import Any
 from dwise_predict.errors import TrainingError
 from dwise_predict.features import ChatTemplate
 
-from .tokenizer import CHAT_TEMPLATE, EOS, build_tokenizer
+from ..tokenizer import CHAT_TEMPLATE, EOS, build_tokenizer
 
 #: default share of generated examples per task family (the rest of the set is real data)
 DEFAULT_MIX: dict[str, float] = {

@@ -25,8 +25,8 @@ from torch import nn
 
 from dwise_predict.errors import TrainingError
 
-from .config import TinyBDConfig
-from .model import TinyBDModel
+from ..config import TinyBDConfig
+from ..model import TinyBDModel
 from .two_stream import TwoStreamBatch
 
 
@@ -57,7 +57,7 @@ class Teachers(nn.Module):
 
     @classmethod
     def from_checkpoints(cls, paths: Sequence[Path]) -> Teachers:
-        from .io import from_pretrained
+        from ..io import from_pretrained
 
         return cls([from_pretrained(p).model for p in paths])
 

@@ -1,6 +1,6 @@
 """Give a tiny-bd checkpoint more capacity without changing what it computes.
 
-    python -m dwise_predict.zoo.tiny_bd.grow --out runs/tiny-bd-train/grown10 \\
+    python -m dwise_predict.zoo.tiny_bd.recipe.grow --out runs/tiny-bd-train/grown10 \\
         --d-ff 768 zoo/tiny_bd/weights
 
 Why: every stage after stage 5 traded one skill for another (free text for multiple choice and
@@ -27,7 +27,7 @@ import torch
 
 from dwise_predict.errors import TrainingError
 
-from .model import TinyBDModel
+from ..model import TinyBDModel
 
 
 def grow_state(
@@ -57,7 +57,7 @@ def grow_checkpoint(
     source: Path, out: Path, d_ff: int, seed: int = 0, command: str = ""
 ) -> tuple[Path, float]:
     """Write ``source`` widened to ``d_ff``; returns the folder and the largest logit change."""
-    from .io import from_pretrained, save_derived
+    from ..io import from_pretrained, save_derived
 
     tb = from_pretrained(source)
     old = tb.config
@@ -89,7 +89,7 @@ def grow_checkpoint(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m dwise_predict.zoo.tiny_bd.grow",
+        prog="python -m dwise_predict.zoo.tiny_bd.recipe.grow",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--d-ff", type=int, required=True, help="new feed-forward width")
     ap.add_argument("--seed", type=int, default=0, help="seed of the new units' weights")
     args = ap.parse_args(argv)
-    command = "python -m dwise_predict.zoo.tiny_bd.grow " + " ".join(
+    command = "python -m dwise_predict.zoo.tiny_bd.recipe.grow " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
     out, change = grow_checkpoint(args.source, args.out, args.d_ff, args.seed, command)

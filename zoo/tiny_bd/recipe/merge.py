@@ -1,6 +1,6 @@
 """Merge checkpoints of one tiny-bd training chain by a weighted average of their weights.
 
-    python -m dwise_predict.zoo.tiny_bd.merge --out runs/tiny-bd-train/stage13 \\
+    python -m dwise_predict.zoo.tiny_bd.recipe.merge --out runs/tiny-bd-train/stage13 \\
         runs/tiny-bd-train/stage12=0.75 runs/tiny-bd-train/stage5=0.25
 
 Why: each stage continues the one before on new data, and what a stage adds (free text) it pays
@@ -67,8 +67,8 @@ def merge_state(
 
 def merge_checkpoints(inputs: Sequence[MergeInput], out: Path, command: str = "") -> Path:
     """Write the weighted average of ``inputs`` to ``out`` as a checkpoint folder with a card."""
-    from .io import from_pretrained, save_derived
-    from .model import TinyBDModel
+    from ..io import from_pretrained, save_derived
+    from ..model import TinyBDModel
 
     if len(inputs) < 2:
         raise TrainingError("merging needs at least two checkpoints (PATH=WEIGHT ...)")
@@ -101,7 +101,7 @@ def merge_checkpoints(inputs: Sequence[MergeInput], out: Path, command: str = ""
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m dwise_predict.zoo.tiny_bd.merge",
+        prog="python -m dwise_predict.zoo.tiny_bd.recipe.merge",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         "inputs", nargs="+", metavar="PATH=WEIGHT", help="checkpoint folders and their weights"
     )
     args = ap.parse_args(argv)
-    command = "python -m dwise_predict.zoo.tiny_bd.merge " + " ".join(
+    command = "python -m dwise_predict.zoo.tiny_bd.recipe.merge " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
     out = merge_checkpoints([parse_input(s) for s in args.inputs], args.out, command)

@@ -1,7 +1,7 @@
 r"""A one-minute content check of a tiny-bd checkpoint, for watching snapshots during training.
 
-    python -m dwise_predict.zoo.tiny_bd.probe runs/tiny-bd-train/snapshot
-    python -m dwise_predict.zoo.tiny_bd.probe tiny-bd --mcq 300 --math 60
+    python -m dwise_predict.zoo.tiny_bd.recipe.probe runs/tiny-bd-train/snapshot
+    python -m dwise_predict.zoo.tiny_bd.recipe.probe tiny-bd --mcq 300 --math 60
 
 The full report (``report.py``) traces 2,000 requests and takes half an hour; this answers the
 question a long training run raises every ten minutes -- has the model started to read the
@@ -37,7 +37,7 @@ traces about 1,400 validation requests exactly as the report traces its 1,000 an
 report's goals name -- mcq and math exact match, and for chat and instruction the median tokens
 committed per round, the spread of rounds per block and budget hits::
 
-    python -m dwise_predict.zoo.tiny_bd.probe runs/tiny-bd-train/stage12 \
+    python -m dwise_predict.zoo.tiny_bd.recipe.probe runs/tiny-bd-train/stage12 \
         --validate runs/val/stage12 --threads 2
 
 ``--against OTHER_DIR`` adds, request by request, where it and another checkpoint's validation
@@ -48,7 +48,7 @@ few requests either way, and only the disagreements say whether that is more tha
 (``train --teacher A --teacher B``): the letter accuracy of each and of their averaged letter
 distribution on the validation mcq questions::
 
-    python -m dwise_predict.zoo.tiny_bd.probe runs/tiny-bd-train/stage5 \
+    python -m dwise_predict.zoo.tiny_bd.recipe.probe runs/tiny-bd-train/stage5 \
         --ensemble runs/tiny-bd-train/stage23 --mcq 1000
 """
 
@@ -70,8 +70,8 @@ from dwise_predict.errors import ConfigError
 
 from .data import DataConfig, TrainingExample, encode_examples, render_prompt
 from .distill import Teachers
-from .generate import generate
-from .io import from_pretrained
+from ..generate import generate
+from ..io import from_pretrained
 from .toys import letter_accuracy, letter_probabilities, letters_right
 
 
@@ -476,7 +476,7 @@ def compare_validations(dir_a: Path, dir_b: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m dwise_predict.zoo.tiny_bd.probe",
+        prog="python -m dwise_predict.zoo.tiny_bd.recipe.probe",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

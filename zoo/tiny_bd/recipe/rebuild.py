@@ -1,8 +1,8 @@
 """Rebuild every figure the docs quote about tiny-bd from its shipped weights, step by step.
 
-    python -m dwise_predict.zoo.tiny_bd.rebuild                  # all steps, ~11 min on 2 cores
-    python -m dwise_predict.zoo.tiny_bd.rebuild --dry-run        # print the commands only
-    python -m dwise_predict.zoo.tiny_bd.rebuild --install-bundle # then replace zoo/bundles/tiny-bd
+    python -m dwise_predict.zoo.tiny_bd.recipe.rebuild                  # all steps, ~11 min on 2 cores
+    python -m dwise_predict.zoo.tiny_bd.recipe.rebuild --dry-run        # print the commands only
+    python -m dwise_predict.zoo.tiny_bd.recipe.rebuild --install-bundle # then replace zoo/bundles/tiny-bd
 
 Why: shipping new weights (a new training stage) changes every tiny-bd figure in the docs: the
 report, the zoo bundle trained on the weights' own traces, its ONNX exports and evaluation, the
@@ -47,7 +47,7 @@ class Step:
 
     def command(self) -> str:
         head = (
-            "python -m dwise_predict.zoo.tiny_bd.report"
+            "python -m dwise_predict.zoo.tiny_bd.recipe.report"
             if self.program == "report"
             else "dwise-predict"
         )
@@ -216,7 +216,7 @@ def install_bundle(bundle: Path, dest: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m dwise_predict.zoo.tiny_bd.rebuild",
+        prog="python -m dwise_predict.zoo.tiny_bd.recipe.rebuild",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
 
-    from .io import WEIGHTS_DIR, weights_revision
+    from ..io import WEIGHTS_DIR, weights_revision
 
     steps = plan(args.runs, args.docs)
     if args.dry_run:

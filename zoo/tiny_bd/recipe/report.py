@@ -1,6 +1,6 @@
 """Measure tiny-bd's denoising behaviour on the eval split and write docs/reference-model.*.
 
-    python -m dwise_predict.zoo.tiny_bd.report --out docs/ [--n 1000]
+    python -m dwise_predict.zoo.tiny_bd.recipe.report --out docs/ [--n 1000]
 
 Builds the default workload (the one tiny-bd's training excluded), traces its first ``--n``
 eval requests with the tracing engine at each threshold (default τ = 0.95 and 0.8) and a
@@ -36,14 +36,14 @@ from dwise_predict.atomic import write_text
 from dwise_predict.errors import ConfigError
 from dwise_predict.runtime.plots import save_figure
 
-from .card import MEASURED_HEADING
+from ..card import MEASURED_HEADING
 
 DEFAULT_THRESHOLDS = (0.95, 0.8)
 BUDGET = 256
 #: the report measures the first REPORT_REQUESTS eval requests; checkpoints are watched and
 #: chosen on the eval requests after them (``probe.py``), so no figure here picks its own model
 REPORT_REQUESTS = 1000
-FIGURES_BEGIN = "<!-- figures:begin (written by python -m dwise_predict.zoo.tiny_bd.report) -->"
+FIGURES_BEGIN = "<!-- figures:begin (written by python -m dwise_predict.zoo.tiny_bd.recipe.report) -->"
 FIGURES_END = "<!-- figures:end -->"
 CATEGORY_ORDER = ("chat", "instruction", "code", "math", "mcq", "long_context")
 
@@ -518,7 +518,7 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python -m dwise_predict.zoo.tiny_bd.report",
+        prog="python -m dwise_predict.zoo.tiny_bd.recipe.report",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -604,10 +604,10 @@ def main(argv: list[str] | None = None) -> int:
         block_size = int(fingerprint.get("block_size", 32))
         per_tau[str(tau)] = stats
         thresholds_out[str(tau)] = summarize(stats, block_size)
-    command = "python -m dwise_predict.zoo.tiny_bd.report " + " ".join(
+    command = "python -m dwise_predict.zoo.tiny_bd.recipe.report " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
-    from .io import from_pretrained
+    from ..io import from_pretrained
 
     tb = from_pretrained(args.model)
     report = {

@@ -1,8 +1,8 @@
 """Small, fast experiments that explain how tiny-bd learns (docs/reference-model.md, *What
 mattered*).
 
-    python -m dwise_predict.zoo.tiny_bd.toys read-prompt            # ~3 minutes on 2 cores
-    python -m dwise_predict.zoo.tiny_bd.toys mcq-curve --steps 3000  # ~20 minutes on 2 cores
+    python -m dwise_predict.zoo.tiny_bd.recipe.toys read-prompt            # ~3 minutes on 2 cores
+    python -m dwise_predict.zoo.tiny_bd.recipe.toys mcq-curve --steps 3000  # ~20 minutes on 2 cores
 
 ``read-prompt``: can the real Lightning loop learn to read one letter from the prompt
 (``Say: x`` -> ``x``, ten letters) in 300 steps? Run for each (padding weight, learning rate)
@@ -29,7 +29,7 @@ import torch
 
 from dwise_predict.atomic import write_json
 
-from .config import TinyBDConfig
+from ..config import TinyBDConfig
 from .data import (
     DataConfig,
     EncodedExample,
@@ -38,9 +38,9 @@ from .data import (
     encode_examples,
     render_prompt,
 )
-from .generate import generate
-from .model import TinyBDModel
-from .tokenizer import MASK, build_tokenizer
+from ..generate import generate
+from ..model import TinyBDModel
+from ..tokenizer import MASK, build_tokenizer
 from .train import TrainConfig, diffusion_loss, make_optimizer, train
 from .two_stream import collate
 
@@ -198,7 +198,7 @@ def mcq_curve(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m dwise_predict.zoo.tiny_bd.toys",
+        prog="python -m dwise_predict.zoo.tiny_bd.recipe.toys",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,6 +1,6 @@
 """Train tiny-bd with Lightning: masked block-diffusion loss over a two-stream layout.
 
-    python -m dwise_predict.zoo.tiny_bd.train --out zoo/tiny_bd/weights --minutes 60 --seed 0
+    python -m dwise_predict.zoo.tiny_bd.recipe.train --out zoo/tiny_bd/weights --minutes 60 --seed 0
 
 Every output block of every example draws its own mask ratio t ~ U(0, 1] (LLaDA's forward
 process, per block as in BD3-LM); the loss is cross-entropy on the masked positions of the
@@ -44,7 +44,7 @@ from torch.utils.data import DataLoader, Dataset
 from dwise_predict.atomic import write_json
 from dwise_predict.errors import TrainingError
 
-from .config import TinyBDConfig
+from ..config import TinyBDConfig
 from .data import (
     DEFAULT_MIX,
     FAMILIES,
@@ -59,7 +59,7 @@ from .data import (
 )
 from .distill import Teachers, distillation_loss
 from .free_text import STYLES, check_category_weights
-from .model import TinyBDModel
+from ..model import TinyBDModel
 from .two_stream import TwoStreamBatch, collate
 
 
@@ -410,7 +410,7 @@ class TimeBoxAndLog(pl.Callback):
         due = elapsed - self.last_snapshot >= self.snapshot_s
         if self.writes and self.snapshot_dir is not None and due:
             # a loadable checkpoint mid-run, so decoding can be checked while training goes on
-            from .io import save_pretrained
+            from ..io import save_pretrained
 
             self.last_snapshot = elapsed
             save_pretrained(pl_module.model, self.snapshot_dir)  # type: ignore[arg-type]  # Lightning types it as Module
@@ -512,7 +512,7 @@ def train(
     torch.set_num_threads(train_config.threads)
     pl.seed_everything(train_config.seed, workers=True)
     if init_from is not None:
-        from .io import from_pretrained
+        from ..io import from_pretrained
 
         start = from_pretrained(init_from)
         model_config = start.config
@@ -638,7 +638,7 @@ def check_distillation(c: TrainConfig, anchored: bool = False, taught: bool = Fa
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python -m dwise_predict.zoo.tiny_bd.train",
+        prog="python -m dwise_predict.zoo.tiny_bd.recipe.train",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -849,10 +849,10 @@ def main(argv: list[str] | None = None) -> int:
         + (" (stopped by hand; saving as a finished stage)" if result.stopped_by_hand else ""),
         file=sys.stderr,
     )
-    command = "python -m dwise_predict.zoo.tiny_bd.train " + " ".join(
+    command = "python -m dwise_predict.zoo.tiny_bd.recipe.train " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
-    from .card import model_card
+    from ..card import model_card
 
     previous = None
     if args.init_from is not None and (args.init_from / "training.json").exists():
@@ -867,7 +867,7 @@ def main(argv: list[str] | None = None) -> int:
         "result": {k: v for k, v in asdict(result).items() if k != "loss_curve"},
         "wall_seconds_including_data": round(time.monotonic() - t0, 1),
     }
-    from .io import save_pretrained
+    from ..io import save_pretrained
 
     save_pretrained(model, args.out, card=model_card(model_config, training))
     write_json(args.out / "training.json", training, sort_keys=False, default=str)

@@ -31,7 +31,7 @@ import torch
 
 from dwise_predict.errors import TrainingError
 
-from .tokenizer import EOS, MASK, PAD
+from ..tokenizer import EOS, MASK, PAD
 
 #: token kinds inside a two-stream sequence
 PROMPT, CLEAN, NOISY, PADDING = 0, 1, 2, 3
