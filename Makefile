@@ -57,6 +57,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check dwise_predict tracing trainers export zoo tests benchmarks
 	$(VENV)/bin/ruff format --check --exclude zoo/bundles --exclude tests/fixtures dwise_predict tracing trainers export zoo tests benchmarks
 	$(VENV)/bin/mypy dwise_predict tracing trainers export zoo
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_layering.py
+
+# Both wheels (core: no binaries, <= 3 MB; zoo: tiny-bd and its bundles), sizes and contents.
+wheels: $(STAMP)
+	$(PY) benchmarks/wheels.py --no-install --json dist/wheels.json
 
 bench: $(STAMP)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

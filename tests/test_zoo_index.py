@@ -179,3 +179,25 @@ def test_shipped_tiny_bd_bundle_prices_requests_with_its_int8_dws_and_no_torch()
     costs, torch_loaded, transformers_loaded = json.loads(out.stdout.strip().splitlines()[-1])
     assert not torch_loaded and not transformers_loaded
     assert all(c > 0 for c in costs) and costs[1] > costs[0]  # an essay outweighs a sum
+
+
+def test_zoo_release_versions_agree():
+    """Binaries change only at a zoo release, and a release moves three numbers together: the
+    zoo distribution's version, the index's pinned revision and the shipped bundle's bytes
+    (docs/zoo.md, "Releasing the zoo")."""
+    import tomllib
+
+    zoo_version = tomllib.loads((REPO / "zoo" / "pyproject.toml").read_text())["project"][
+        "version"
+    ]
+    entry = resolve("tiny-bd")
+    assert entry.revision == f"v{zoo_version}", (
+        f"zoo/pyproject.toml says {zoo_version} but the index pins {entry.revision}: "
+        "bump both at a release"
+    )
+    local = entry.local_bundle()
+    assert local is not None
+    manifest = json.loads((local / "manifest.json").read_text())
+    assert ModelFingerprint.from_dict(manifest["fingerprint"]).mismatches(
+        entry.model_fingerprint()
+    ) == [], "the shipped bundle is not the one the index describes"

@@ -120,7 +120,7 @@ def _intro(name: str, fp: Mapping[str, Any], manifest: Mapping[str, Any]) -> str
     model = fp.get("model_id", "an unknown dLLM")
     return (
         f"# {_md(name)}: remaining-work predictors for `{_md(model)}`\n\n"
-        f"A [dwise-predict](https://github.com/dwise-predict/dwise-predict) bundle (format "
+        f"A dwise-predict bundle (format "
         f"v{manifest.get('format_version', '?')}, written by dwise-predict "
         f"{lib.get('version', '?')}, readable by dwise-predict{lib.get('requires', '')}). It "
         "estimates how much work each request to a block-diffusion LLM still has, so a scheduler "

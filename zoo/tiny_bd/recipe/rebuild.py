@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rebuild(steps, args.runs, revision)
         if args.install_bundle:
-            dest = Path(__file__).resolve().parents[1] / "bundles" / "tiny-bd"
+            dest = Path(__file__).resolve().parents[2] / "bundles" / "tiny-bd"
             install_bundle(args.runs / "bundle-tiny-bd", dest)
             print(f"installed {args.runs / 'bundle-tiny-bd'} as {dest}")
     except TrainingError as e:
