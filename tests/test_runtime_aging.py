@@ -161,3 +161,47 @@ def test_cli_simulate_takes_the_cap(tmp_path, capsys):
     for metric in ("mean_latency", "p99_latency"):  # the cap is the DWISE family's alone
         assert capped["fcfs-mixed"][metric] == plain["fcfs-mixed"][metric]
     assert capped["dwise"]["p99_latency"] < plain["dwise"]["p99_latency"]
+
+
+def test_the_fcfs_horizon_is_the_work_live_at_arrival_over_b_and_at_least_its_own():
+    from dwise_predict.runtime import RoundResult, Scheduler
+
+    s = Scheduler(DWISE(starvation_slack=1.0), slots=2, k=2)
+
+    def add(rid: str, prompt_blocks: int, est: float) -> int:
+        return s.add_request(
+            rid, prompt_blocks, est, prompt_tokens=64, output_budget=64, block_size=32
+        )
+
+    rows = [add("a", 1, 9.0), add("b", 1, 9.0), add("c", 1, 29.0)]  # work 10 + 10 + 30
+    plan = s.plan_round()
+    # 50 units over B = 2 slots: 25 rounds; "c" alone needs 30 (one block a round)
+    assert s.table.fcfs_rounds[rows].tolist() == [25.0, 25.0, 30.0]
+    s.update(RoundResult(plan.rows, np.zeros(plan.rows.size, dtype=bool)))
+    late = add("d", 0, 3.0)  # 48 units left live (two prompt blocks ran) + its 3
+    s.plan_round()
+    assert s.table.fcfs_rounds[late] == pytest.approx((48 + 3) / 2)
+    assert s.table.fcfs_rounds[rows].tolist() == [25.0, 25.0, 30.0]  # set once, at arrival
+
+
+@pytest.mark.parametrize("slack", [1.0, 2.0, 4.0])
+def test_under_a_stream_of_short_ones_the_slack_bounds_the_wait_by_the_fcfs_horizon(slack):
+    reqs, arrive = _long_under_short_stream()
+    # at round 0: the long one's 21 units + two 1-unit shorts over B = 2 is 11.5 rounds, less
+    # than its own 21 rounds of work, so its horizon is 21
+    horizon = 21
+    capped = _serve(reqs, arrive, DWISE(starvation_slack=slack), slots=2)
+    assert slack * horizon < capped[0] <= slack * horizon + 21 + 1
+    assert capped[0] < _serve(reqs, arrive, DWISE(), slots=2)[0]
+
+
+def test_the_slack_is_checked_and_carried_by_every_face():
+    with pytest.raises(ConfigError, match="starvation_slack=-0.5"):
+        DWISE(starvation_slack=-0.5)
+    with pytest.raises(ConfigError, match="starvation_slack=nan"):
+        DWISE(starvation_slack=float("nan"))
+    assert make_policy("dwise", starvation_slack=1.5).starvation_slack == 1.5
+    cfg = load_config({"DWISE_SGLANG_BUNDLE": "tiny-bd", "DWISE_SGLANG_STARVATION_SLACK": "1.5"})
+    assert cfg is not None and cfg.starvation_slack == 1.5
+    with pytest.raises(ConfigError, match="STARVATION_SLACK"):
+        load_config({"DWISE_SGLANG_BUNDLE": "tiny-bd", "DWISE_SGLANG_STARVATION_SLACK": "-1"})

@@ -32,6 +32,7 @@ POLICIES = [
     DWISE(),
     DWISE(aging=0.5, name="dwise-aging"),
     DWISE(starvation_cap=3, name="dwise-capped"),
+    DWISE(starvation_slack=0.5, name="dwise-slack"),
     DWISE(starvation_cap=2, starvation_clock="waited", aging=0.5, name="dwise-capped-waited"),
     OracleSRPT(),
     MLFQ(),

@@ -74,6 +74,15 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
         help="what --starvation-cap counts: rounds since arrival (age) or rounds spent "
         "without running (waited) (default: %(default)s)",
     )
+    p.add_argument(
+        "--starvation-slack",
+        type=float,
+        default=0.0,
+        metavar="C",
+        help="DWISE family: a request in the system longer than C times the rounds FCFS would "
+        "take to clear the work present at its arrival runs ahead of all others "
+        "(default: 0 = off; docs/runtime.md)",
+    )
     p.add_argument("--slots", type=int, default=128, help="block slots B per round (default: 128)")
     p.add_argument("--k", type=int, default=8, help="resident-set multiplier k (default: 8)")
     p.add_argument(
@@ -159,7 +168,10 @@ def run(args: argparse.Namespace) -> int:
     if not names:
         raise ConfigError("no policies given; pass e.g. --policies fcfs,dwise,oracle")
     policies = [
-        make_policy(n, args.aging, args.starvation_cap, args.starvation_clock) for n in names
+        make_policy(
+            n, args.aging, args.starvation_cap, args.starvation_clock, args.starvation_slack
+        )
+        for n in names
     ]
     workload = _workload(args)
     bar = progress(total=len(names), desc="simulating", unit="policy", quiet=args.quiet)

@@ -89,11 +89,17 @@ class DWISE:
       counts: ``"age"`` (rounds since arrival: the completion time a client sees, so a request
       finishes within about C + its own work) or ``"waited"`` (rounds spent without running,
       the clock ``aging`` reads).
+    * ``starvation_slack`` = c > 0: the same promotion, with a deadline of its own per request:
+      c times the rounds a B-slot FCFS server would take to clear the estimated work live at
+      its arrival (its own included; the scheduler records it, ``RequestTable.fcfs_rounds``).
+      A request is starved once it has been in the system that long. Unlike a cap in rounds,
+      it scales with the load and the workload: c = 1 aims at "no later than FCFS would".
     """
 
     aging: float = 0.0
     starvation_cap: int = 0
     starvation_clock: str = "age"
+    starvation_slack: float = 0.0
     batch_former: str = "mixed"
     name: str = "dwise"
     #: which estimates rank requests: "refined" (admission, then the refined one after the
@@ -120,6 +126,11 @@ class DWISE:
             raise ConfigError(
                 f"starvation_cap={cap!r} must be a whole number of rounds >= 0 (0 turns it off)"
             )
+        if not np.isfinite(self.starvation_slack) or self.starvation_slack < 0:
+            raise ConfigError(
+                f"starvation_slack={self.starvation_slack} must be a finite number >= 0 "
+                "(a multiple of the FCFS horizon; 0 turns it off)"
+            )
         if self.starvation_clock not in STARVATION_CLOCKS:
             raise ConfigError(
                 f"starvation_clock={self.starvation_clock!r} is not one of {STARVATION_CLOCKS} "
@@ -131,11 +142,15 @@ class DWISE:
         if self.aging:
             waited = round_index - table.arrival_round[rows] - table.attained[rows]
             k = k - self.aging * waited
-        if self.starvation_cap:
-            clock = round_index - table.arrival_round[rows]
-            if self.starvation_clock == "waited":
-                clock = clock - table.attained[rows]
-            starved = clock > self.starvation_cap
+        if self.starvation_cap or self.starvation_slack:
+            age = round_index - table.arrival_round[rows]
+            starved = np.zeros(rows.size, dtype=bool)
+            if self.starvation_cap:
+                clock = age - table.attained[rows] if self.starvation_clock == "waited" else age
+                starved |= clock > self.starvation_cap
+            if self.starvation_slack:
+                # NaN (no horizon yet: not planned since it arrived) compares False
+                starved |= age > self.starvation_slack * table.fcfs_rounds[rows]
             if starved.any():
                 # one key for all the starved: the tie-break (arrival order) ranks them, FCFS
                 k = np.where(starved, STARVED_KEY, k)

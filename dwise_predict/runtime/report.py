@@ -65,10 +65,11 @@ def make_policy(
     aging: float = 0.0,
     starvation_cap: int = 0,
     starvation_clock: str = "age",
+    starvation_slack: float = 0.0,
 ) -> Policy:
-    """A policy by its CLI name (see ``POLICY_NAMES``); ``aging``, ``starvation_cap`` and
-    ``starvation_clock`` set the DWISE family's anti-starvation rules (see :class:`DWISE`;
-    other policies ignore them).
+    """A policy by its CLI name (see ``POLICY_NAMES``); ``aging``, ``starvation_cap``,
+    ``starvation_clock`` and ``starvation_slack`` set the DWISE family's anti-starvation rules
+    (see :class:`DWISE`; other policies ignore them).
 
     ``dwise-r0``, ``dwise-admission`` and ``dwise`` are the paper's component ladder: ranked by
     prompt blocks left alone, plus the admission estimate, plus the refined one."""
@@ -89,12 +90,15 @@ def make_policy(
     if key not in table:
         raise ConfigError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
     policy = table[key]()
-    if isinstance(policy, DWISE) and (aging or starvation_cap or starvation_clock != "age"):
+    if isinstance(policy, DWISE) and (
+        aging or starvation_cap or starvation_slack or starvation_clock != "age"
+    ):
         policy = dataclasses.replace(
             policy,
             aging=float(aging),
             starvation_cap=starvation_cap,
             starvation_clock=starvation_clock,
+            starvation_slack=float(starvation_slack),
         )
     return policy  # type: ignore[no-any-return]
 

@@ -96,6 +96,8 @@ class Scheduler:
         #: requests that ended outside the round protocol (:meth:`cancel`)
         self.cancelled = 0
         self._cancel_at_update: set[int] = set()
+        #: the policy reads each request's FCFS horizon (``DWISE.starvation_slack``)
+        self._horizon = bool(getattr(policy, "starvation_slack", 0.0))
 
     # -- arrivals ---------------------------------------------------------------------------
     def add_request(
@@ -178,6 +180,7 @@ class Scheduler:
         t.arrival_round[row] = self.round_index
         t.arrival_time[row] = float(arrival_time)
         t.last_ran[row] = False
+        t.fcfs_rounds[row] = math.nan  # set by the next plan_round when the policy reads it
         t.mark_dirty()
         self._seq += 1
         self._row_of[request_id] = row
@@ -286,6 +289,8 @@ class Scheduler:
         t0 = time.perf_counter()
         t, pol, B, ri = self.table, self.policy, self.slots, self.round_index
         waiting, resident = t.waiting, t.resident
+        if self._horizon and waiting.size:
+            self._set_fcfs_horizon(waiting, resident)
         admitted = _EMPTY
         rows: np.ndarray | None = None
         if waiting.size and resident.size < self.max_residents:
@@ -358,6 +363,22 @@ class Scheduler:
         )
         self._plan = plan
         return plan
+
+    def _set_fcfs_horizon(self, waiting: np.ndarray, resident: np.ndarray) -> None:
+        """Give the requests that arrived since the last plan their FCFS horizon: the rounds a
+        B-slot FCFS server would need to clear the estimated work live now (P + r̂ summed over
+        waiting ∪ resident, theirs included), and at least their own work (one block a round).
+        O(live) once per round with arrivals: the ranking itself is O(live) already."""
+        t = self.table
+        new = waiting[np.isnan(t.fcfs_rounds[waiting])]
+        if not new.size:
+            return
+        work = float(
+            (t.prompt_blocks[waiting] + t.r_hat[waiting]).sum()
+            + (t.prompt_blocks[resident] + t.r_hat[resident]).sum()
+        )
+        own = t.prompt_blocks[new] + t.r_hat[new]
+        t.fcfs_rounds[new] = np.maximum(work / self.slots, own)
 
     _prev_rows: np.ndarray | None = None
 

@@ -23,7 +23,7 @@ _INT_FIELDS = (
     "arrival_round",
     "refined_n",
 )
-_FLOAT_FIELDS = ("r_hat", "r_true", "score", "arrival_time")
+_FLOAT_FIELDS = ("r_hat", "r_true", "score", "arrival_time", "fcfs_rounds")
 
 
 class RequestTable:
@@ -33,7 +33,10 @@ class RequestTable:
     ``r_true`` = true rounds left when a driver knows them (oracle), ``score`` = an SJF score,
     ``seq`` = arrival sequence number (the tie-break everywhere: earlier first),
     ``done_rounds`` = denoising rounds run, ``attained`` = rounds run of either kind (MLFQ),
-    ``refined_n`` = how many times a refined estimate was applied (0 or 1).
+    ``refined_n`` = how many times a refined estimate was applied (0 or 1),
+    ``fcfs_rounds`` = rounds a B-slot FCFS server would take to clear the estimated work live
+    at the request's arrival, its own included (NaN until the scheduler sets it; only for
+    policies that read it, see ``DWISE.starvation_slack``).
     """
 
     prompt_blocks: np.ndarray
@@ -48,6 +51,7 @@ class RequestTable:
     r_true: np.ndarray
     score: np.ndarray
     arrival_time: np.ndarray
+    fcfs_rounds: np.ndarray
 
     def __init__(self, capacity: int = 256) -> None:
         self.capacity = 0

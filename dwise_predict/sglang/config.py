@@ -64,6 +64,9 @@ class PluginConfig:
     #: others, in arrival order (0 = off; see ``runtime.policies.DWISE``)
     starvation_cap: int = 0
     starvation_clock: str = "age"
+    #: DWISE family: a request in the system longer than this multiple of its FCFS horizon
+    #: (the rounds FCFS would take to clear the work present at its arrival) is starved too
+    starvation_slack: float = 0.0
     allow_mismatch: bool = False
     trace_dir: str | None = None
     trace_prompt_text: bool = False
@@ -92,6 +95,11 @@ class PluginConfig:
             raise ConfigError(
                 f"{PREFIX}STARVATION_CAP={self.starvation_cap!r} must be a whole number of "
                 "rounds >= 0 (0 = off)"
+            )
+        if not math.isfinite(self.starvation_slack) or self.starvation_slack < 0:
+            raise ConfigError(
+                f"{PREFIX}STARVATION_SLACK={self.starvation_slack!r} must be a finite number "
+                ">= 0 (a multiple of the FCFS horizon; 0 = off)"
             )
         if self.starvation_clock not in STARVATION_CLOCKS:
             raise ConfigError(
@@ -162,6 +170,7 @@ _KINDS: dict[str, type] = {
     "trace_prompt_text": bool,
     "aging": float,
     "starvation_cap": int,
+    "starvation_slack": float,
     "drift_threshold": float,
     "kv_limit_frac": float,
 }

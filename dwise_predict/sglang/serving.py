@@ -104,7 +104,11 @@ class DwiseServing(PluginState):
             DWSSJF()
             if config.policy == "dws-sjf"
             else make_policy(
-                config.policy, config.aging, config.starvation_cap, config.starvation_clock
+                config.policy,
+                config.aging,
+                config.starvation_cap,
+                config.starvation_clock,
+                config.starvation_slack,
             )
         )
         #: what the core ranks by: estimates (the DWISE family), truth (oracle), or neither
