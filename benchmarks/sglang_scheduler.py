@@ -162,6 +162,7 @@ def serve_both(requests: int, slots: int, k: int, max_new_tokens: int) -> dict[s
         "mix": mix,
         "arrivals": "burst",
         "arrival_order": [r.rid for r in reqs],
+        "categories": {str(r.rid): r.category for r in reqs},
         "runs": {
             "sglang-fcfs": _summary(stock, len(reqs)),
             "dwise-plugin": _summary(dw, len(reqs), state),
@@ -536,6 +537,52 @@ def overhead(
     }
 
 
+def prediction_quality(doc: dict[str, Any]) -> dict[str, Any]:
+    """In-loop rank correlation and calibration per category, beside the bundle's offline eval.
+
+    The monitor gives one figure over the whole window; a ranking that only separates
+    categories (mcq from chat) reads well there and still mis-orders requests within each.
+    Offline figures are the ones ``dwise-predict eval --record`` wrote into the bundle."""
+    import dwise_predict
+    from dwise_predict.ranking import spearman
+
+    cats = doc.get("categories") or {}
+    rows: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    for rid, t in doc["tracks"].items():
+        actual = float(sum(t["rounds_per_block"]))
+        if actual <= 0:
+            continue
+        by = rows.setdefault(cats.get(rid, "unknown"), {"admission": [], "refinement": []})
+        by["admission"].append((float(t["admission"]), actual))
+        if t["refined"] is not None:
+            by["refinement"].append((1.0 + float(t["refined"]), actual))
+
+    def stats(pairs: list[tuple[float, float]]) -> dict[str, Any]:
+        if not pairs:
+            return {"n": 0, "spearman": None, "median_ratio": None}
+        a = np.asarray(pairs, dtype=np.float64)
+        rho = spearman(a[:, 0], a[:, 1])
+        return {
+            "n": len(pairs),
+            "spearman": None if rho is None else round(float(rho), 4),
+            "median_ratio": round(float(np.median(np.maximum(a[:, 0], 1e-9) / a[:, 1])), 4),
+        }
+
+    metrics = dwise_predict.load_bundle("tiny-bd").manifest.get("metrics") or {}
+    out: dict[str, Any] = {}
+    for kind in ("admission", "refinement"):
+        offline = (metrics.get(kind) or {}).get("per_category") or {}
+        out[kind] = {
+            cat: {
+                "in_loop": stats(v[kind]),
+                "offline_spearman": (offline.get(cat) or {}).get("spearman"),
+                "offline_median_ratio": (offline.get(cat) or {}).get("median_ratio"),
+            }
+            for cat, v in sorted(rows.items())
+        }
+    return out
+
+
 def finish(doc: dict[str, Any], path: Path, command: str) -> dict[str, Any]:
     """Add the simulator cross-check and the overhead to a runs document; print and write."""
     from dwise_predict.atomic import write_json
@@ -568,6 +615,7 @@ def finish(doc: dict[str, Any], path: Path, command: str) -> dict[str, Any]:
         "overhead": ov,
         "core_same_run": core_ref,
         "monitor": doc["monitor"],
+        "quality_by_category": prediction_quality(doc),
         "runs_file": str(path.with_suffix(".runs.json")),
         "command": command,
         "recomputed_with": doc.get("recomputed_with"),
@@ -594,6 +642,22 @@ def finish(doc: dict[str, Any], path: Path, command: str) -> dict[str, Any]:
             f"observe mode (no bundle): {ob['traces_written']}/{ob['requests']} requests traced, "
             f"outputs equal stock's: {ob['outputs_equal']}, rounds equal stock's: "
             f"{ob['completion_rounds_equal_stock']}, {ob['plugin_us_per_round']} us a round"
+        )
+    mon = doc["monitor"]
+    print(
+        f"\nestimates in the loop: admission median ratio {mon['admission']['median_ratio']}, "
+        f"rho {mon['admission']['spearman']}; refined {mon['refinement']['median_ratio']}, "
+        f"rho {mon['refinement']['spearman']}"
+    )
+    print(f"{'category':14s}{'n':>5s}{'adm rho':>9s}{'offline':>9s}{'ref rho':>9s}{'offline':>9s}")
+    q = out["quality_by_category"]
+    for cat in q["admission"]:
+        a, r = q["admission"][cat], q["refinement"][cat]
+        print(
+            f"{cat:14s}{a['in_loop']['n']:>5d}{a['in_loop']['spearman']!s:>9s}"
+            f"{a['offline_spearman'] and round(a['offline_spearman'], 3)!s:>9s}"
+            f"{r['in_loop']['spearman']!s:>9s}"
+            f"{r['offline_spearman'] and round(r['offline_spearman'], 3)!s:>9s}"
         )
     print(f"\nsimulator vs SGLang's real loop (B={doc['slots']}, k={doc['k']}):")
     print(
@@ -629,7 +693,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return ladder(args_in)
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--requests", type=int, default=128)
     ap.add_argument("--slots", type=int, default=16)
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=256)
