@@ -15,8 +15,25 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import ConfigError
+
+#: Block layouts. ``absolute``: output blocks sit at absolute positions (multiples of the
+#: block size); the prompt fills floor(L / block) blocks and its tail shares the first output
+#: block, which then holds ``block - L mod block`` masks (SGLang's LLaDA2-style dLLM loop).
+#: ``response``: the prompt fills ceil(L / block) blocks and every output block starts at a
+#: block boundary counted from the prompt's end (a model that encodes its context apart).
+ABSOLUTE = "absolute"
+RESPONSE = "response"
+BLOCK_ALIGNMENTS: tuple[str, ...] = (ABSOLUTE, RESPONSE)
+#: what a fingerprint written before ``block_alignment`` was recorded means: every trace and
+#: bundle made then was traced with the response-aligned layout
+LEGACY_BLOCK_ALIGNMENT = RESPONSE
+
 #: Fields that change what the predictors learn. A difference in any of them makes a
 #: bundle invalid for a server. (dtype and revision are recorded but not compared.)
+#: ``block_alignment`` is compared only where both sides record it: a fingerprint from before
+#: the field (None) is not refused, and :meth:`ModelFingerprint.legacy_alignment_note` says
+#: what the pairing means instead.
 CRITICAL_FIELDS: tuple[str, ...] = (
     "model_id",
     "block_size",
@@ -25,7 +42,17 @@ CRITICAL_FIELDS: tuple[str, ...] = (
     "max_steps_per_block",
     "mask_token_id",
     "hidden_size",
+    "block_alignment",
 )
+
+
+def check_block_alignment(value: str) -> str:
+    """``value`` if it names a known block layout; :class:`ConfigError` naming both otherwise."""
+    if value not in BLOCK_ALIGNMENTS:
+        raise ConfigError(
+            f"unknown block alignment {value!r}; choose one of {', '.join(BLOCK_ALIGNMENTS)}"
+        )
+    return value
 
 
 @dataclass(frozen=True)
@@ -48,6 +75,37 @@ class ModelFingerprint:
     tokenizer_hash: str | None = None
     chat_template_hash: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the block layout the traces were made in (or the server runs): ``absolute`` or
+    #: ``response`` (see :data:`BLOCK_ALIGNMENTS`). None in fingerprints written before it was
+    #: recorded; those were all traced response-aligned (:attr:`alignment`).
+    block_alignment: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.block_alignment is not None:
+            check_block_alignment(self.block_alignment)
+
+    @property
+    def alignment(self) -> str:
+        """The block layout, with a fingerprint that predates the field read as ``response``."""
+        return self.block_alignment or LEGACY_BLOCK_ALIGNMENT
+
+    def legacy_alignment_note(self, other: ModelFingerprint) -> str | None:
+        """A sentence when exactly one side predates ``block_alignment`` and the other side
+        records a layout other than the legacy one (the pairing is accepted, not refused, so
+        bundles made before the field keep working; the caller logs this warning)."""
+        mine, theirs = self.block_alignment, other.block_alignment
+        if (mine is None) == (theirs is None):
+            return None
+        known = mine if mine is not None else theirs
+        if known == LEGACY_BLOCK_ALIGNMENT:
+            return None
+        return (
+            f"one fingerprint predates block_alignment (read as {LEGACY_BLOCK_ALIGNMENT!r}, the "
+            f"layout every trace of that time was made in) and the other records {known!r}: "
+            f"estimates made in the {LEGACY_BLOCK_ALIGNMENT} layout drift in the {known} one; "
+            f"retrain on traces made with `dwise-predict trace --block-alignment {known}` "
+            "or on serving traces"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -70,9 +128,10 @@ class ModelFingerprint:
         rev = f"@{self.revision[:12]}" if self.revision else ""
         steps = self.max_steps_per_block
         most = f", up to {steps} steps per block" if steps and steps != self.block_size else ""
+        layout = f", {self.block_alignment} blocks" if self.block_alignment else ""
         return (
             f"{self.model_id}{rev} (block {self.block_size}, {self.decoding} "
-            f"threshold {self.threshold:g}{most})"
+            f"threshold {self.threshold:g}{most}{layout})"
         )
 
     def mismatches(

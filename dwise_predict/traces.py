@@ -26,6 +26,7 @@ import logging
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import overload
 
 import numpy as np
 import pyarrow as pa
@@ -33,7 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .errors import TraceError
-from .fingerprint import ModelFingerprint
+from .fingerprint import ABSOLUTE, RESPONSE, ModelFingerprint, check_block_alignment
 
 TRACE_SCHEMA_VERSION = 2
 
@@ -389,7 +390,42 @@ def hidden_matrix(table: pa.Table) -> np.ndarray:
     return flat.reshape(len(lengths), int(lengths[0]))
 
 
-def prompt_blocks(prompt_tokens: int, block_size: int) -> int:
-    """Blocks a prompt of ``prompt_tokens`` tokens occupies (prefill rounds when run block by
-    block)."""
+@overload
+def prompt_blocks(prompt_tokens: int, block_size: int, alignment: str = ...) -> int: ...
+@overload
+def prompt_blocks(
+    prompt_tokens: np.ndarray, block_size: int, alignment: str = ...
+) -> np.ndarray: ...
+def prompt_blocks(
+    prompt_tokens: int | np.ndarray, block_size: int, alignment: str = RESPONSE
+) -> int | np.ndarray:
+    """Prompt blocks a prompt of ``prompt_tokens`` tokens is prefilled in (prefill rounds when
+    run block by block), in a block layout (:data:`~dwise_predict.fingerprint.BLOCK_ALIGNMENTS`).
+
+    ``response`` (the layout of every trace written before ``block_alignment`` was recorded):
+    ``max(1, ceil(L / block))``, the prompt's last block may be short. ``absolute`` (SGLang's
+    dLLM loop): ``floor(L / block)``, possibly 0; the prompt's tail of ``L mod block`` tokens
+    rides in the first output block (:func:`first_block_masks`), so it is no prefill round.
+    Works on a scalar or elementwise on an integer array.
+    """
+    check_block_alignment(alignment)
+    if isinstance(prompt_tokens, np.ndarray):
+        t = prompt_tokens.astype(np.int64)
+        if alignment == ABSOLUTE:
+            return t // block_size
+        return np.maximum(1, -(-t // block_size))
+    if alignment == ABSOLUTE:
+        return int(prompt_tokens) // block_size
     return max(1, math.ceil(prompt_tokens / block_size))
+
+
+def first_block_masks(prompt_tokens: int, block_size: int, alignment: str = RESPONSE) -> int:
+    """Masked positions of a request's first output block before the budget cuts it.
+
+    ``response``: a whole block. ``absolute``: ``block - (L mod block)``, the rest of the block
+    holds the prompt's tail (a whole block when ``L`` is a multiple of the block size).
+    """
+    check_block_alignment(alignment)
+    if alignment == ABSOLUTE:
+        return block_size - int(prompt_tokens) % block_size
+    return block_size

@@ -2,18 +2,26 @@
 
 This is the decoding a DWISE server runs (docs/concepts.md), made exact and observable:
 
-* **Prefill.** The chat-templated prompt is split into blocks of ``block_size`` tokens from
-  position 0 (the last may be shorter); block ``c`` attends the blocks before it and itself
+* **Layout** (``DecodeConfig.block_alignment``, docs/tracing.md). ``absolute`` is how SGLang's
+  dLLM loop (and LLaDA2's reference generation) runs: blocks sit at absolute positions, the
+  prompt's ``floor(L / block_size)`` whole blocks are prefilled, and the prompt's tail of
+  ``L mod block_size`` tokens shares the first output block, which holds
+  ``block_size - L mod block_size`` masks; every later output block starts at a multiple of
+  ``block_size``. ``response`` prefills ``ceil(L / block_size)`` prompt blocks (the last may be
+  short) and starts the first output block, fully masked, at position ``L``.
+* **Prefill.** The prefilled part of the chat-templated prompt is split into blocks of
+  ``block_size`` tokens from position 0; block ``c`` attends the blocks before it and itself
   bidirectionally, and its keys/values join the cache. A server runs one prompt block per
   round; the tracer computes up to ``prefill_chunk_tokens`` of them in one forward with the
   same block-causal mask — identical keys/values, 16x fewer forwards on a long prompt — and
   attributes that forward's time evenly to the prompt blocks it carried.
-* **Denoising.** Output blocks start at position ``len(prompt)`` (not aligned to a multiple of
-  ``block_size``). Each starts fully masked and attends the whole clean cache plus itself
-  bidirectionally. Every round, per request, the decoder (:mod:`.decoders`) changes the block:
-  LowConfidence unmasks the masked positions whose top-1 probability is at least
-  ``threshold`` with their argmax token, and at least the single most confident one, so a
-  block takes between 1 and its length rounds (``threshold <= 0``: everything in one round,
+* **Denoising.** Each output block starts with its masks (after the prompt's tail, in the
+  absolute layout's first block) and attends the whole clean cache plus itself
+  bidirectionally; the prompt's tail is clean input the decoder never changes. Every round,
+  per request, the decoder (:mod:`.decoders`) changes the block's masked part: LowConfidence
+  unmasks the masked positions whose top-1 probability is at least ``threshold`` with their
+  argmax token, and at least the single most confident one, so a block takes between 1 and
+  its length rounds (``threshold <= 0``: everything in one round,
   ``threshold > 1``: one position per round). JointThreshold also re-writes decoded tokens
   and finishes a block on a step that changes nothing, so a block takes up to
   ``block_size + max_post_edit_steps + 1`` rounds (``DecodeConfig.max_steps_per_block``).
@@ -32,9 +40,10 @@ denoising round. In each round every seated request advances its block by one de
 never see each other (the adapter masks per row), so a request's rounds, tokens and hidden vector do
 not depend on the batch it ran in.
 
-The **first-round hidden state** of a request is the mean, over the rows of its first output
-block, of the model's final-layer hidden state in the first denoising round of that block,
-taken from the very forward that produced that round's logits (no second pass).
+The **first-round hidden state** of a request is the mean, over the masked rows of its first
+output block (the prompt's tail left out, as the SGLang plugin pools it), of the model's
+final-layer hidden state in the first denoising round of that block, taken from the very
+forward that produced that round's logits (no second pass).
 """
 
 from __future__ import annotations
@@ -49,6 +58,7 @@ import numpy as np
 import torch
 
 from dwise_predict.errors import ConfigError, ModelError, WorkloadError
+from dwise_predict.fingerprint import ABSOLUTE, RESPONSE, check_block_alignment
 from dwise_predict.rounds import RoundsPerBlock
 from dwise_predict.traces import prompt_blocks
 
@@ -79,10 +89,11 @@ _LOST_SEAT = "decode engine bug: an active slot has no request or block; please 
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """How to decode: block size, decoder and its threshold(s), output budget (tokens).
+    """How to decode: block size, decoder and its threshold(s), output budget (tokens), layout.
 
     ``threshold`` is LowConfidence's τ, or JointThreshold's mask-to-token threshold;
     ``edit_threshold`` and ``max_post_edit_steps`` are read by JointThreshold only.
+    ``block_alignment`` is the block layout (module docstring): ``absolute`` or ``response``.
     """
 
     block_size: int
@@ -91,8 +102,10 @@ class DecodeConfig:
     decoding: str = LOW_CONFIDENCE
     edit_threshold: float = DEFAULT_EDIT_THRESHOLD
     max_post_edit_steps: int = DEFAULT_MAX_POST_EDIT_STEPS
+    block_alignment: str = RESPONSE
 
     def __post_init__(self) -> None:
+        check_block_alignment(self.block_alignment)
         if self.block_size < 1:
             raise ConfigError(f"block_size must be >= 1, got {self.block_size}")
         if self.max_new_tokens < 1:
@@ -106,6 +119,13 @@ class DecodeConfig:
     @property
     def decoder(self) -> Decoder:
         return Decoder(self.decoding, self.threshold, self.edit_threshold, self.max_post_edit_steps)
+
+    def prefill_tokens(self, prompt_tokens: int) -> int:
+        """How many leading prompt tokens are prefilled as whole blocks before denoising; the
+        rest (absolute layout only) is the tail that shares the first output block."""
+        if self.block_alignment == ABSOLUTE:
+            return prompt_tokens // self.block_size * self.block_size
+        return prompt_tokens
 
     @property
     def max_steps_per_block(self) -> int:
@@ -155,10 +175,13 @@ class _Seat:
     """Decoding state of one request in one slot."""
 
     req: DecodeRequest
+    #: prompt tokens prefilled as whole blocks (the rest is the first output block's tail)
+    prefill_end: int = 0
     prefilled: int = 0
     output: list[int] = field(default_factory=list)
     block: torch.Tensor | None = None  # current output block (mask where undecided)
-    block_start: int = 0
+    block_start: int = 0  # position of the block's first token (its prompt tail, if any)
+    tail: list[int] = field(default_factory=list)  # prompt tokens in front of the block
     rounds: list[int] = field(default_factory=list)
     hidden: np.ndarray | None = None
     wall: list[float] = field(default_factory=list)
@@ -172,7 +195,7 @@ class _Seat:
 
     @property
     def in_prefill(self) -> bool:
-        return self.prefilled < len(self.req.prompt_ids)
+        return self.prefilled < self.prefill_end
 
 
 def validate_requests(
@@ -242,7 +265,10 @@ def decode(
             for slot in range(n_slots):
                 if seats[slot] is None and queue:
                     adapter.reset_slot(slot)
-                    seats[slot] = _Seat(req=queue.popleft())
+                    req = queue.popleft()
+                    seats[slot] = _Seat(
+                        req=req, prefill_end=config.prefill_tokens(len(req.prompt_ids))
+                    )
             active = [i for i, s in enumerate(seats) if s is not None]
             prefilling = [i for i in active if seats[i].in_prefill]  # type: ignore[union-attr]
             while prefilling:
@@ -266,7 +292,8 @@ def decode(
                 elif len(seat.output) >= config.max_new_tokens:
                     finished.append(slot)
                 if slot not in finished or split_commit:
-                    seat.pending, seat.pending_start = tokens, seat.block_start
+                    seat.pending, seat.pending_start = seat.tail + tokens, seat.block_start
+                seat.tail = []
             wall = clock() - t0
             for slot in active:
                 seats[slot].wall.append(wall * 1e3)  # type: ignore[union-attr]
@@ -298,7 +325,7 @@ def _prefill(
         if seat is None:
             raise ModelError(_LOST_SEAT)
         start = seat.prefilled
-        part = seat.req.prompt_ids[start : start + chunk]
+        part = seat.req.prompt_ids[start : min(start + chunk, seat.prefill_end)]
         ids.append(part)
         pos.append(list(range(start, start + len(part))))
         segs.append([(start + j) // bs - start // bs for j in range(len(part))])
@@ -345,7 +372,9 @@ def _round(
     """One denoising step on one block per active seat; returns the slots whose block just finished.
 
     A seat whose previous block finished last round carries that block's clean tokens in front
-    of its new block (segment 0, committed to the cache); the new block is segment 1.
+    of its new block (segment 0, committed to the cache); the new block is segment 1. In the
+    absolute layout the first output block starts with the prompt's tail: clean tokens of the
+    block's own segment, which the decoder never sees or changes.
     """
     bs = config.block_size
     rows_ids: list[list[int]] = []
@@ -356,14 +385,18 @@ def _round(
         seat = seats[slot]
         if seat is None:
             raise ModelError(_LOST_SEAT)
-        if seat.block is None:  # start a new output block, fully masked, cut to the budget
-            length = min(bs, config.max_new_tokens - len(seat.output))
+        if seat.block is None:  # start a new output block: its masks, cut to the budget
+            if not seat.output:  # the first: after the prompt's tail (absolute layout)
+                seat.tail = list(seat.req.prompt_ids[seat.prefill_end :])
+                seat.block_start = seat.prefill_end
+            else:
+                seat.block_start = len(seat.req.prompt_ids) + len(seat.output)
+            length = min(bs - len(seat.tail), config.max_new_tokens - len(seat.output))
             seat.block = torch.full((length,), mask_id, dtype=torch.long)
-            seat.block_start = len(seat.req.prompt_ids) + len(seat.output)
             seat.rounds.append(0)
             seat.post_edit_steps = 0
-        c, n = len(seat.pending), len(seat.block)
-        rows_ids.append(seat.pending + seat.block.tolist())
+        c, n = len(seat.pending), len(seat.tail) + len(seat.block)
+        rows_ids.append(seat.pending + seat.tail + seat.block.tolist())
         rows_pos.append(
             list(range(seat.pending_start, seat.pending_start + c))
             + list(range(seat.block_start, seat.block_start + n))
@@ -380,7 +413,8 @@ def _round(
         seat = seats[slot]
         if seat is None or seat.block is None:
             raise ModelError(_LOST_SEAT)
-        c, n = commit[row], len(seat.block)
+        c = commit[row] + len(seat.tail)  # the block's masked positions start here
+        n = len(seat.block)
         seat.pending = []
         if seat.hidden is None and len(seat.rounds) == 1 and seat.rounds[0] == 0:
             seat.hidden = (
@@ -426,7 +460,9 @@ def _result(seat: _Seat, config: DecodeConfig) -> RequestResult:
     return RequestResult(
         request_id=seat.req.request_id,
         prompt_tokens=len(seat.req.prompt_ids),
-        prompt_blocks=prompt_blocks(len(seat.req.prompt_ids), config.block_size),
+        prompt_blocks=prompt_blocks(
+            len(seat.req.prompt_ids), config.block_size, config.block_alignment
+        ),
         output_ids=list(seat.output),
         rounds_per_block=list(seat.rounds),
         finished_eos=seat.finished_eos,

@@ -131,6 +131,7 @@ def trace_workload(
     decoding: str | None = None,
     edit_threshold: float = DEFAULT_EDIT_THRESHOLD,
     max_post_edit_steps: int = DEFAULT_MAX_POST_EDIT_STEPS,
+    block_alignment: str | None = None,
 ) -> TraceSummary:
     """Decode ``records`` with ``adapter`` and write one trace row per request under ``out_dir``.
 
@@ -140,6 +141,10 @@ def trace_workload(
     (``low_confidence``, the default, or ``joint_threshold`` with ``edit_threshold`` and
     ``max_post_edit_steps``); ``threshold`` defaults to that decoder's SGLang default. A
     native-loop model (DiffusionGemma) always decodes with its own sampler.
+    ``block_alignment`` is the block layout (``absolute`` or ``response``, docs/tracing.md);
+    None takes the adapter's default, how its model is served. It is recorded in the
+    fingerprint, so a bundle trained on these traces is refused by a server of the other
+    layout.
     Shards are written every ``shard_size`` requests and at least every
     ``flush_interval_s`` seconds (see :class:`TraceWriter`). While it runs, SIGTERM stops it
     like Ctrl-C: the finished requests are written and
@@ -152,6 +157,7 @@ def trace_workload(
         recs = recs[:limit]
     native = bool(getattr(adapter, "native_loop", False))
     bs = adapter.resolve_block_size(block_size)
+    alignment = adapter.resolve_block_alignment(block_alignment)
     own_sampler = native and decoding in (None, adapter.info.decoding)
     if native and not own_sampler and not hasattr(adapter, "generate_decoded"):
         raise ConfigError(
@@ -160,12 +166,18 @@ def trace_workload(
         )
     if own_sampler:
         thr = float(adapter.decoding_threshold(threshold))
-        config = DecodeConfig(block_size=bs, threshold=thr, max_new_tokens=max_new_tokens)
+        config = DecodeConfig(
+            block_size=bs,
+            threshold=thr,
+            max_new_tokens=max_new_tokens,
+            block_alignment=alignment,
+        )
         fingerprint = adapter.fingerprint(
             block_size=bs,
             threshold=thr,
             max_new_tokens=max_new_tokens,
             max_steps_per_block=adapter.max_steps_per_block(),
+            block_alignment=alignment,
         )
     else:
         name = decoding or LOW_CONFIDENCE
@@ -181,6 +193,7 @@ def trace_workload(
             decoding=name,
             edit_threshold=edit_threshold,
             max_post_edit_steps=max_post_edit_steps,
+            block_alignment=alignment,
         )
         extra = dict(config.decoder.params())
         if native:  # a native-loop model driven by an engine decoder starts canvases from its mask
@@ -192,6 +205,7 @@ def trace_workload(
             decoding=name,
             extra=extra,
             max_steps_per_block=config.max_steps_per_block,
+            block_alignment=alignment,
         )
 
     # 1. every prompt checked and tokenized before anything is written

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from ..errors import BundleError, BundleIntegrityError, FingerprintMismatchError
 from ..fingerprint import ModelFingerprint
 from ..predictors import AdmissionModel, RefinementEnsemble
 from ..predictors.dws import DWSPredictor, check_prompts
+from ..traces import prompt_blocks
 from .card import CARD_FILE, render_card
 from .format import (
     FORMAT_NAME,
@@ -32,6 +34,8 @@ from .format import (
 )
 from .modules import BundleFolder, BundleModule, M, declared, module_class, registered
 from .resolve import resolve_bundle, resolve_bundle_path
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -129,7 +133,9 @@ class Bundle:
 
     def prompt_blocks(self, prompts: str | Sequence[str], prompt_tokens: Any = None) -> np.ndarray:
         """m per prompt: the served model's prompt blocks (chat template + tokenizer of the
-        admission featurizer, or the given ``prompt_tokens``)."""
+        admission featurizer, or the given ``prompt_tokens``), counted in the bundle's block
+        layout (absolute: floor(L / block), response: ceil, see
+        :func:`dwise_predict.traces.prompt_blocks`)."""
         texts = check_prompts(prompts)
         if prompt_tokens is None:
             featurizer = self.admission.featurizer if self.admission is not None else None
@@ -143,7 +149,7 @@ class Bundle:
             tokens = np.asarray(prompt_tokens, dtype=np.float64).reshape(-1)
             if tokens.size != len(texts) or not np.all(np.isfinite(tokens)) or np.any(tokens < 0):
                 raise BundleError(f"prompt_tokens must hold {len(texts)} finite counts >= 0")
-        return np.maximum(1, np.ceil(tokens / self.fingerprint.block_size)).astype(np.int64)
+        return prompt_blocks(tokens, self.fingerprint.block_size, self.fingerprint.alignment)
 
     def predict_cost(self, prompts: str | Sequence[str], prompt_tokens: Any = None) -> np.ndarray:
         """Expected cost (ms) per prompt under the bundle's cost profile: the DWS surface priced
@@ -164,7 +170,15 @@ class Bundle:
 
         Returns the mismatching fields (empty when all agree); with ``allow_mismatch=True`` a
         mismatch only warns (for experts who know the difference is harmless).
+
+        ``block_alignment`` is refused like any critical field when both sides record it (a
+        bundle traced response-aligned on a server running absolute-position blocks). A bundle
+        whose fingerprint predates the field was traced response-aligned; it is accepted with a
+        logged warning naming both layouts, so bundles saved before the field keep serving.
         """
+        note = self.fingerprint.legacy_alignment_note(fingerprint)
+        if note is not None:
+            log.warning("bundle '%s' on %s: %s", self.name, fingerprint.short(), note)
         diff = self.fingerprint.mismatches(fingerprint)
         if not diff:
             return []

@@ -80,6 +80,15 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
         "--block-size", type=int, default=None, help="block size (default: the model's own)"
     )
     p.add_argument(
+        "--block-alignment",
+        default=None,
+        choices=("absolute", "response"),
+        help="block layout: absolute = blocks at absolute positions, the prompt's tail in the "
+        "first output block (SGLang's dLLM loop); response = output blocks start at the "
+        "prompt's end (default: how the model is served: absolute for tiny-bd and "
+        "hf-mask-predict, response for DiffusionGemma)",
+    )
+    p.add_argument(
         "--decoding",
         default=None,
         choices=("low_confidence", "joint_threshold"),
@@ -241,6 +250,7 @@ def run(args: argparse.Namespace) -> int:
             decoding=args.decoding,
             edit_threshold=args.edit_threshold,
             max_post_edit_steps=args.max_post_edit_steps,
+            block_alignment=args.block_alignment,
         )
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from a job scheduler
         print(

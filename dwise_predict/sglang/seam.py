@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from ..fingerprint import ModelFingerprint
+from ..fingerprint import ABSOLUTE, RESPONSE, ModelFingerprint
 
 #: the SGLang release the plugin was written and tested against
 SUPPORTED_SGLANG = "0.5.23"
@@ -464,7 +464,10 @@ def server_fingerprint(sched: Any) -> ModelFingerprint:
 
     model id = ``--served-model-name`` if given, else ``--model-path``; revision; block size,
     mask id, algorithm and its threshold from the dLLM config; hidden size from the model's
-    config (None when the config states none: the check then skips that field).
+    config (None when the config states none: the check then skips that field). Block
+    alignment: SGLang's dLLM loop places blocks at absolute positions (floor(L / block) prompt
+    blocks, the prompt's tail in the first output block) unless the algorithm encodes the
+    context in a separate pass, which starts the first block at the prompt's end (response).
     """
     dc = sched.dllm_config
     sa = sched.server_args
@@ -486,4 +489,5 @@ def server_fingerprint(sched: Any) -> ModelFingerprint:
         hidden_size=int(hidden) if hidden is not None else None,
         revision=sa.revision,
         extra={"sglang_algorithm_config": extra},
+        block_alignment=RESPONSE if separate_context_encoding(sched) else ABSOLUTE,
     )

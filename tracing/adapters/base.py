@@ -23,7 +23,13 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from dwise_predict.errors import ConfigError
 from dwise_predict.features import PromptFeaturizer
-from dwise_predict.fingerprint import ModelFingerprint, text_hash
+from dwise_predict.fingerprint import (
+    ABSOLUTE,
+    BLOCK_ALIGNMENTS,
+    ModelFingerprint,
+    check_block_alignment,
+    text_hash,
+)
 
 if TYPE_CHECKING:  # torch is only needed by the implementations
     import torch
@@ -50,6 +56,11 @@ class AdapterInfo:
     tokenizer_hash: str | None = None
     chat_template_hash: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the block layouts this adapter can trace (docs/tracing.md), the first being how the
+    #: model is served and so the default: engine-driven mask-predict models can run either
+    #: and are served by SGLang's dLLM loop at absolute positions; a model that encodes its
+    #: context in a separate pass runs its blocks response-aligned only
+    block_alignments: tuple[str, ...] = (ABSOLUTE, *(a for a in BLOCK_ALIGNMENTS if a != ABSOLUTE))
 
 
 @dataclass
@@ -113,8 +124,10 @@ class BaseAdapter:
         extra: dict[str, Any] | None = None,
         decoding: str | None = None,
         max_steps_per_block: int | None = None,
+        block_alignment: str | None = None,
     ) -> ModelFingerprint:
-        """The fingerprint of traces this adapter makes (``decoding`` defaults to the model's)."""
+        """The fingerprint of traces this adapter makes (``decoding`` defaults to the model's,
+        ``block_alignment`` to how the model is served)."""
         i = self.info
         return ModelFingerprint(
             model_id=i.model_id,
@@ -130,7 +143,23 @@ class BaseAdapter:
             tokenizer_hash=i.tokenizer_hash or text_hash(self.featurizer.tokenizer.to_str()),
             chat_template_hash=i.chat_template_hash or self.featurizer.chat_template_hash,
             extra={**i.extra, **(extra or {})},
+            block_alignment=self.resolve_block_alignment(block_alignment),
         )
+
+    def resolve_block_alignment(self, block_alignment: str | None) -> str:
+        """The block layout to trace in: how the model is served unless overridden (and the
+        model can run the other one)."""
+        allowed = self.info.block_alignments
+        if block_alignment is None:
+            return allowed[0]
+        check_block_alignment(block_alignment)
+        if block_alignment not in allowed:
+            raise ConfigError(
+                f"{self.info.model_id} runs its blocks {' or '.join(allowed)}-aligned only (it "
+                f"is served that way), so it cannot be traced with --block-alignment "
+                f"{block_alignment}; drop the flag"
+            )
+        return block_alignment
 
     def resolve_block_size(self, block_size: int | None) -> int:
         """The block size to decode with: the model's own unless overridden (and allowed)."""
@@ -170,9 +199,12 @@ class StepAdapter(Protocol):
         extra: dict[str, Any] | None = None,
         decoding: str | None = None,
         max_steps_per_block: int | None = None,
+        block_alignment: str | None = None,
     ) -> ModelFingerprint: ...
 
     def resolve_block_size(self, block_size: int | None) -> int: ...
+
+    def resolve_block_alignment(self, block_alignment: str | None) -> str: ...
 
     def open_slots(self, n_slots: int, capacity: int) -> None:
         """Allocate caches for ``n_slots`` requests of at most ``capacity`` tokens each."""
@@ -203,9 +235,12 @@ class NativeLoopAdapter(Protocol):
         extra: dict[str, Any] | None = None,
         decoding: str | None = None,
         max_steps_per_block: int | None = None,
+        block_alignment: str | None = None,
     ) -> ModelFingerprint: ...
 
     def resolve_block_size(self, block_size: int | None) -> int: ...
+
+    def resolve_block_alignment(self, block_alignment: str | None) -> str: ...
 
     def decoding_threshold(self, threshold: float | None) -> float:
         """The threshold recorded in traces (the model's own acceptance parameter)."""

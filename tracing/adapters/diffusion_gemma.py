@@ -17,6 +17,11 @@ observes it:
 Sampling is random, so each request runs alone (batch 1) under its own seed derived from the
 run seed and the request id, in a forked RNG: results do not depend on batch composition,
 order or resume, and the caller's RNG is untouched.
+
+Layout: the context is encoded in a separate pass and each canvas starts right after it, so
+its traces are response-aligned (``block_alignment = response``), which is also how SGLang
+serves it (its Gemma4Renoise algorithm encodes the context apart and places the first canvas
+at the prompt's length). The absolute layout does not apply and is refused.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import torch
 
 from dwise_predict.errors import ConfigError, MissingDependencyError, ModelError
 from dwise_predict.features import PromptFeaturizer
-from dwise_predict.fingerprint import text_hash
+from dwise_predict.fingerprint import RESPONSE, text_hash
 
 from ..decoders import Decoder
 from ..engine import RequestResult
@@ -124,6 +129,10 @@ class DiffusionGemmaAdapter(BaseAdapter):
             tokenizer_hash=text_hash(tokenizer.backend_tokenizer.to_str()),
             chat_template_hash=text_hash(template) if template else None,
             extra={"max_denoising_steps": self.max_denoising_steps, **self.gen_params},
+            # the encoder reads the whole context in its own pass and every canvas starts right
+            # after it, offline and in SGLang alike (Gemma4Renoise sets
+            # requires_separate_context_encoding: its block offset is the prompt's length)
+            block_alignments=(RESPONSE,),
         )
 
     def resolve_block_size(self, block_size: int | None) -> int:
