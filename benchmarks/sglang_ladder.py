@@ -26,6 +26,17 @@ and KV pool, each request's work as SGLang spent it, and the estimates the plugi
     .venv-sglang/bin/python benchmarks/sglang_scheduler.py --ladder --requests 256 \\
         --out benchmarks/results/sglang_ladder.json
 
+Tails under overload (docs/runtime.md): ``--policies fcfs-mixed,dwise`` serves a subset, and
+``--cap-fractions F,..`` / ``--slacks C,..`` add ``dwise`` under DWISE's starvation cap (F times
+fcfs-mixed's rounds in the same regime) or slack; with either, the simulator also replays a
+grid of both beside the served runs (``simulator_cap_sweep``). Write such partial runs to their
+own JSON, never over the full ladder's:
+
+    .venv-sglang/bin/python benchmarks/sglang_scheduler.py --ladder --requests 256 \
+        --regimes burst,poisson-overload --policies fcfs-mixed,dwise \
+        --cap-fractions 0.2,0.3,0.4,0.5 --slacks 0.8,1 \
+        --out benchmarks/results/sglang_aging_check.json
+
 The model runner computes each request's block forward once and reuses it in later runs (its
 output is a function of the request and the block's tokens only), so the first run costs the
 model's forwards and the others mostly SGLang's own loop. Prints a table, writes the JSON.
@@ -111,6 +122,7 @@ def serve_policy(
     slots: int,
     k: int,
     oracle_file: Path | None,
+    extra: dict[str, Any] | None = None,
 ) -> tuple[Any, Any]:
     from harness import environ, plugin_env, remove_hooks, serve
     from sglang.srt.plugins import load_plugins
@@ -132,7 +144,7 @@ def serve_policy(
             raise RuntimeError(f"the plugin is not configured for {policy}")
         attach(sch, config).keep_finished = True
 
-    settings: dict[str, Any] = {"slots": slots, "k": k, "policy": policy}
+    settings: dict[str, Any] = {"slots": slots, "k": k, "policy": policy, **(extra or {})}
     if policy == "oracle":
         settings["oracle"] = oracle_file
     with environ({**plugin_env("tiny-bd", **settings), "SGLANG_PLUGINS": "dwise"}):
@@ -162,8 +174,12 @@ def simulate_regime(
     slots: int,
     k: int,
     kv_pool: int,
+    policies: list[str] | None = None,
+    caps: dict[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Every policy in the simulator, with the real runs' arrival rounds and work."""
+    """Every policy in the simulator, with the real runs' arrival rounds and work
+    (``caps``: the starvation cap of each ``dwise@capF`` label, the slack of each
+    ``dwise@slackC``)."""
     from dwise_predict.runtime import (
         FCFS,
         Arrivals,
@@ -194,8 +210,15 @@ def simulate_regime(
     arrivals = Arrivals(np.arange(wl.n, dtype=np.int64), np.asarray(arrive, dtype=np.float64) / 1e3)
     rt = RoundTimeModel(overhead_ms=1.0, per_slot_ms=0.0, per_slot_per_1k_context_ms=0.0)
     out = {}
-    for name in POLICIES:
-        pol = FCFS() if name == "stock" else make_policy(name)
+    for name in policies or POLICIES:
+        if name == "stock":
+            pol = FCFS()
+        elif "@slack" in name:
+            pol = make_policy(name.split("@")[0], starvation_slack=(caps or {})[name])
+        elif "@" in name:
+            pol = make_policy(name.split("@")[0], starvation_cap=(caps or {})[name])
+        else:
+            pol = make_policy(name)
         run = simulate(
             wl, pol, arrivals=arrivals, slots=slots, k=k, round_time=rt, kv_pool_tokens=kv_pool
         )
@@ -221,6 +244,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--load-below", type=float, default=0.7, help="x stock's capacity")
     ap.add_argument("--load-above", type=float, default=1.5, help="x stock's capacity")
     ap.add_argument("--regimes", default=",".join(REGIMES))
+    ap.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        help="a subset to serve (fcfs-mixed always runs: the overload regime's rate is set "
+        "from it; write the result elsewhere than the full ladder's JSON)",
+    )
+    ap.add_argument(
+        "--cap-fractions",
+        default="",
+        help="also serve dwise with starvation_cap = F x fcfs-mixed's rounds in the same "
+        "regime, per F listed (labelled dwise@capF; benchmarks/aging.py sweeps F)",
+    )
+    ap.add_argument(
+        "--slacks",
+        default="",
+        help="also serve dwise with starvation_slack = C, per C listed (labelled dwise@slackC)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results/sglang_ladder.json")
     ap.add_argument("--plot", default="docs/img/sglang-ladder.png", help="the gain-per-rung plot")
@@ -261,22 +301,52 @@ def main(argv: list[str] | None = None) -> int:
         "regimes": {},
     }
     oracle_file = out_path.with_suffix(".oracle.json")
+    wanted = [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = sorted(set(wanted) - set(POLICIES))
+    if unknown:
+        raise SystemExit(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
+    if "oracle" in wanted and "dwise" not in wanted:
+        raise SystemExit("oracle reads the burst dwise run's record: list dwise too")
+    fractions = [float(f) for f in args.cap_fractions.split(",") if f.strip()]
+    variants = [f"dwise@cap{f:g}" for f in fractions]
+    variants += [f"dwise@slack{float(c):g}" for c in args.slacks.split(",") if c.strip()]
+    # fcfs-mixed first: the capped dwise runs are sized from its rounds in the same regime
+    served = ["fcfs-mixed", *[p for p in POLICIES if p in wanted and p != "fcfs-mixed"]]
+    doc["policies"] = served + variants
     capacity: float | None = None  # stock's requests per round in the burst
     capacity_mixed: float | None = None  # fcfs-mixed's
     for regime in args.regimes.split(","):
         rate = None
         if regime != "burst":
-            if capacity is None or capacity_mixed is None:
-                raise SystemExit("the Poisson regimes are set from the burst run: run it first")
+            if capacity_mixed is None or (capacity is None and regime != "poisson-overload"):
+                raise SystemExit(
+                    "the Poisson regimes are set from the burst run (stock's capacity, or "
+                    "fcfs-mixed's for poisson-overload): run it first, with stock for the others"
+                )
             load = args.load_below if regime == "poisson-below" else args.load_above
             rate = load * (capacity_mixed if regime == "poisson-overload" else capacity)
         arrive = arrival_rounds(regime, len(reqs), rate, args.seed)
         runs: dict[str, Any] = {}
         states: dict[str, Any] = {}
-        for policy in POLICIES:
+        caps: dict[str, Any] = {}
+        for policy in served + variants:
             t0 = time.perf_counter()
-            res, state = serve_policy(policy, reqs, arrive, runner, args.slots, args.k, oracle_file)
+            extra: dict[str, Any] = {}
+            if policy.startswith("dwise@slack"):
+                caps[policy] = float(policy[len("dwise@slack") :])
+                extra = {"starvation_slack": caps[policy]}
+            elif policy.startswith("dwise@cap"):
+                caps[policy] = round(
+                    float(policy[len("dwise@cap") :]) * runs["fcfs-mixed"]["rounds"]
+                )
+                extra = {"starvation_cap": caps[policy]}
+            res, state = serve_policy(
+                policy.split("@")[0], reqs, arrive, runner, args.slots, args.k, oracle_file, extra
+            )
             runs[policy] = summarize(res, reqs)
+            if policy in caps:
+                key = "starvation_slack" if "@slack" in policy else "starvation_cap"
+                runs[policy][key] = caps[policy]
             states[policy] = state
             if policy == "stock" and regime == "burst":
                 capacity = len(reqs) / res.rounds
@@ -292,27 +362,51 @@ def main(argv: list[str] | None = None) -> int:
                 f"({time.perf_counter() - t0:.0f} s)",
                 flush=True,
             )
-        tracks = tracks_of(states["dwise"])
-        costs = {r: t["cost_ms"] for r, t in tracks_of(states["dws-sjf"]).items() if t["cost_ms"]}
-        kv_pool = int(runs["stock"]["kv_free_before"])
-        sim = simulate_regime(tracks, costs, reqs, arrive, args.slots, args.k, kv_pool)
-        for policy in POLICIES:
+        tracks = tracks_of(states["dwise" if "dwise" in states else "fcfs-mixed"])
+        costs = (
+            {r: t["cost_ms"] for r, t in tracks_of(states["dws-sjf"]).items() if t["cost_ms"]}
+            if "dws-sjf" in states
+            else {}
+        )
+        kv_pool = int(runs["stock" if "stock" in runs else "fcfs-mixed"]["kv_free_before"])
+        sim = simulate_regime(
+            tracks, costs, reqs, arrive, args.slots, args.k, kv_pool, list(runs), caps
+        )
+        for policy in runs:
             real = runs[policy]["mean_completion_rounds"]
             sim[policy]["mean_rel_diff"] = round(
                 sim[policy]["mean_completion_rounds"] / real - 1, 4
             )
+        sweep = {}
+        if variants and "dwise" in runs:
+            # the same requests and arrivals in the simulator, at more settings than served
+            grid = [round(0.05 * i, 2) for i in range(2, 15)]
+            labels: dict[str, Any] = {
+                f"dwise@cap{f:g}": round(f * runs["fcfs-mixed"]["rounds"]) for f in grid
+            }
+            labels.update({f"dwise@slack{c:g}": c for c in (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25)})
+            sweep = simulate_regime(
+                tracks, costs, reqs, arrive, args.slots, args.k, kv_pool, list(labels), labels
+            )
+            for label, v in labels.items():
+                sweep[label]["starvation_slack" if "@slack" in label else "starvation_cap"] = v
         doc["regimes"][regime] = {
             "arrival": "burst" if rate is None else f"poisson: {rate:.5f} requests/round",
             "rate_per_round": rate,
             "runs": runs,
             "simulator": sim,
         }
+        if sweep:
+            doc["regimes"][regime]["simulator_cap_sweep"] = sweep
         write_json(out_path, doc)  # after every regime: a long run loses little
     doc["stock_capacity_requests_per_round"] = capacity
     doc["fcfs_mixed_capacity_requests_per_round"] = capacity_mixed
     write_json(out_path, doc)
     print_table(doc)
-    print(f"wrote {out_path} and {plot(doc, Path(args.plot))}")
+    if all(p in served for p in RUNGS):
+        print(f"wrote {out_path} and {plot(doc, Path(args.plot))}")
+    else:
+        print(f"wrote {out_path} (no ladder plot: not every rung was served)")
     return 0
 
 
@@ -356,7 +450,7 @@ def print_table(doc: dict[str, Any]) -> None:
     for regime in [r for r in REGIMES if r in doc["regimes"]]:
         r = doc["regimes"][regime]
         base = r["runs"]["fcfs-mixed"]["mean_completion_rounds"]
-        for policy in POLICIES:
+        for policy in r["runs"]:
             run = r["runs"][policy]
             sim = r["simulator"][policy]
             print(
