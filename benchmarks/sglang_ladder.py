@@ -273,7 +273,9 @@ def main(argv: list[str] | None = None) -> int:
 
         doc = json.loads(Path(args.from_json).read_text())
         print_table(doc)
-        print(f"wrote {plot(doc, Path(args.plot))}")
+        first = next(iter(doc["regimes"].values()))
+        if all(p in first["runs"] for p in RUNGS):
+            print(f"wrote {plot(doc, Path(args.plot))}")
         return 0
     command = ".venv-sglang/bin/python benchmarks/sglang_scheduler.py " + " ".join(
         sys.argv[1:] if argv is None else argv
