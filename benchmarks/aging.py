@@ -26,7 +26,7 @@ fcfs-mixed. The goal (issue 42): p99 ratio <= 1 while keeping >= 90% of the gain
 
 Prints a table per size, writes benchmarks/results/aging.json (with the command) and the plot
 (gain kept against p99 ratio, one point per setting, the goal region shaded). Wall time on a
-busy 2-core machine: about 1 minute at 4,096 requests, 20 at 100,000.
+busy 2-core machine: about 1 minute at 4,096 requests, 15 at 100,000.
 """
 
 from __future__ import annotations
