@@ -21,6 +21,7 @@ from dwise_predict.bundle import load_bundle
 from dwise_predict.cli import main
 from dwise_predict.errors import ConfigError, FingerprintMismatchError
 from dwise_predict.fingerprint import ModelFingerprint
+from dwise_predict.runtime import FCFS, Workload, requests_from_traces, simulate
 from dwise_predict.traces import (
     activity_matrix,
     first_block_masks,
@@ -143,6 +144,17 @@ def test_trace_workload_records_the_layout_and_defaults_to_how_tiny_bd_is_served
             assert r["prompt_blocks"] == prompt_blocks(r["prompt_tokens"], BS, alignment)
             assert len(r["round_wall_ms"]) == r["prompt_blocks"] + r["total_rounds"]
             assert activity_matrix(r["rounds_per_block"], 8).sum() == r["total_rounds"]
+    # the simulator replays either layout: prompt_blocks prefill rounds (0 allowed), then rounds
+    for folder in (tmp_path / "abs", tmp_path / "resp"):
+        table = read_traces(folder)
+        run = simulate(Workload.from_requests(requests_from_traces(table)), FCFS(), slots=4, k=2)
+        blocks = np.array(table.column("prompt_blocks").to_pylist())
+        assert run.finish_time.size == table.num_rows and np.all(np.isfinite(run.finish_time))
+        assert run.round_prompt.sum() == blocks.sum()
+        assert run.round_filled.sum() == blocks.sum() + sum(
+            table.column("total_rounds").to_pylist()
+        )
+    assert 0 in read_traces(tmp_path / "abs").column("prompt_blocks").to_pylist()
     # a layout the engine does not know is refused before anything is traced
     with pytest.raises(ConfigError, match="unknown block alignment 'aligned'"):
         trace_workload(adapter, recs, tmp_path / "bad", block_alignment="aligned", **kw)

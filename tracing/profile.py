@@ -75,13 +75,18 @@ def profile_workload(
             raise WorkloadError(f"request {r.id!r} has an empty prompt; drop it from the workload")
     bs = adapter.resolve_block_size(block_size)
     thr = DEFAULT_THRESHOLDS[LOW_CONFIDENCE] if threshold is None else float(threshold)
-    config = DecodeConfig(block_size=bs, threshold=thr, max_new_tokens=max_new_tokens)
+    # the layout the model is served in, so m (prompt blocks) means what a server's m means
+    alignment = adapter.resolve_block_alignment(None)
+    config = DecodeConfig(
+        block_size=bs, threshold=thr, max_new_tokens=max_new_tokens, block_alignment=alignment
+    )
     fingerprint = adapter.fingerprint(
         block_size=bs,
         threshold=thr,
         max_new_tokens=max_new_tokens,
         decoding=LOW_CONFIDENCE,
         max_steps_per_block=config.max_steps_per_block,
+        block_alignment=alignment,
     ).to_dict()
     requests = [DecodeRequest(r.id, adapter.encode_prompt(r.prompt)) for r in recs]
     validate_requests(requests, config, adapter.info.max_context)
