@@ -216,3 +216,19 @@ def test_bundle_check_refuses_the_other_layout_and_warns_on_a_legacy_bundle(capl
     assert traced.prompt_blocks(["x", "y"], prompt_tokens=[40, 64]).tolist() == [2, 2]
     absolute = dataclasses.replace(traced, fingerprint=server)
     assert absolute.prompt_blocks(["x", "y"], prompt_tokens=[40, 64]).tolist() == [1, 2]
+
+
+def test_diffusion_gemma_is_response_aligned_only(tmp_path):
+    """Its encoder reads the context in a pass of its own and each canvas starts right after
+    the prompt (as in SGLang's Gemma4Renoise), so the absolute layout does not exist for it."""
+    from _tracing_helpers import make_diffusion_gemma
+    from dwise_predict.tracing.adapters import load_adapter
+
+    dg = load_adapter(make_diffusion_gemma(tmp_path / "dg"))
+    assert dg.resolve_block_alignment(None) == "response"
+    fp = dg.fingerprint(block_size=8, threshold=0.5, max_new_tokens=8)
+    assert fp.block_alignment == "response"
+    with pytest.raises(ConfigError, match="response-aligned only.*--block-alignment absolute"):
+        trace_workload(
+            dg, workload_records(PROMPTS[:2]), tmp_path / "t", block_alignment="absolute"
+        )
