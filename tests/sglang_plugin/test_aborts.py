@@ -323,3 +323,53 @@ def test_every_ladder_rung_serves_in_sglangs_loop(policy, tmp_path):
         assert st.oracle == {k: float(v) for k, v in truth.items()} and st.oracle_missing == 0
     if policy == "fcfs-mixed":
         assert st.stats.max_residents <= B  # arrival order, B residents, mixed rounds
+
+
+def _long_behind_a_stream(settings: dict, stream_rounds: int = 120) -> tuple[int, int]:
+    """A long request (9 prompt blocks) first, then two short ones before each of
+    ``stream_rounds`` rounds, served with the plugin's ``settings``: (the round the long one
+    finished in, counted from its arrival; the rounds it ran)."""
+    from harness import remove_hooks
+    from sglang.srt.plugins import load_plugins
+
+    lengths = {"long": 60, **{f"s{j}": 3 for j in range(2 * stream_rounds)}}
+    remove_hooks()
+    with environ({**plugin_env("tiny-bd", slots=B, k=K, **settings), "SGLANG_PLUGINS": None}):
+        load_plugins()
+        with _server(ScriptedRunner(lengths)) as srv:
+            w = Watch(srv)
+            w.submit(_spec("long", 300, 64))
+            done_at = None
+            for r in range(3000):
+                if r < stream_rounds:
+                    w.submit(_spec(f"s{2 * r}", 12, 8))
+                    w.submit(_spec(f"s{2 * r + 1}", 12, 8))
+                batch = w.step()
+                if "long" in w.finished_last:
+                    done_at = r + 1
+                s = srv.scheduler
+                queued = s.waiting_queue or s.dllm_manager.waiting_queue
+                if batch is None and r >= stream_rounds and not queued:
+                    break
+            w.finish()  # every request finished, every KV token and request slot back
+    assert done_at is not None
+    return done_at, w.seen["long"]
+
+
+@pytest.mark.parametrize("clock", ["age", "waited"])
+def test_the_starvation_cap_bounds_a_long_request_in_sglangs_loop(clock):
+    """DWISE_SGLANG_STARVATION_CAP through SGLang's real scheduler: SRPT leaves the long
+    request behind the stream of short ones; the cap brings it in within C + its own rounds,
+    plus the round SGLang registers an arrival in and the few rounds a short resident needs to
+    leave when all k·B resident places are taken (a promoted request waits for a place)."""
+    plain, _ = _long_behind_a_stream({})
+    cap = 30
+    capped, ran = _long_behind_a_stream({"starvation_cap": cap, "starvation_clock": clock})
+    assert plain > 120  # starved until the stream ended
+    assert cap < capped <= cap + ran + 5 < plain
+
+
+def test_the_starvation_slack_serves_in_sglangs_loop():
+    plain, _ = _long_behind_a_stream({})
+    slack, _ = _long_behind_a_stream({"starvation_slack": 1.0})
+    assert slack < plain / 4  # 145 rounds against 844 on this script
