@@ -303,10 +303,17 @@ def traced_requests(shards: list[Path], fingerprint: ModelFingerprint) -> dict[s
         have = json.loads(raw)
         diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
         if diff:
+            legacy = (
+                " (its shards predate block_alignment: they were traced response-aligned, and "
+                "new shards cannot share their folder)"
+                if "block_alignment" in diff and have.get("block_alignment") is None
+                else ""
+            )
             raise TraceError(
                 f"cannot resume into {shard.parent}: its shards were traced with a different "
-                f"setting (differs in {', '.join(diff)}); use the same --model/--block-size/"
-                "--threshold/--max-new-tokens, or another --out folder"
+                f"setting (differs in {', '.join(diff)}){legacy}; use the same --model/"
+                "--block-size/--threshold/--max-new-tokens/--block-alignment, or another "
+                "--out folder"
             )
         done.update(
             zip(cols.column("request_id").to_pylist(), cols.column("prompt_sha256").to_pylist())

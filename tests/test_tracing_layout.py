@@ -19,9 +19,10 @@ from dwise_predict.tracing.runner import trace_workload
 
 from dwise_predict.bundle import load_bundle
 from dwise_predict.cli import main
-from dwise_predict.errors import ConfigError, FingerprintMismatchError
+from dwise_predict.errors import ConfigError, FingerprintMismatchError, TraceError
 from dwise_predict.fingerprint import ModelFingerprint
 from dwise_predict.runtime import FCFS, Workload, requests_from_traces, simulate
+from dwise_predict.trace_writer import TraceWriter
 from dwise_predict.traces import (
     activity_matrix,
     first_block_masks,
@@ -155,6 +156,20 @@ def test_trace_workload_records_the_layout_and_defaults_to_how_tiny_bd_is_served
             table.column("total_rounds").to_pylist()
         )
     assert 0 in read_traces(tmp_path / "abs").column("prompt_blocks").to_pylist()
+    # resume keeps one layout per folder; a folder traced before the field says so
+    with pytest.raises(TraceError, match=r"differs in block_alignment\)"):
+        trace_workload(
+            adapter, recs, tmp_path / "abs", block_alignment="response", resume=True, **kw
+        )
+    legacy_fp = dataclasses.replace(response.fingerprint, block_alignment=None)
+    with TraceWriter(tmp_path / "legacy", legacy_fp, flush_interval_s=None) as w:
+        for row in read_traces(tmp_path / "resp").to_pylist():
+            w.add(row)
+    assert read_trace_fingerprint(tmp_path / "legacy").alignment == "response"
+    with pytest.raises(TraceError, match="predate block_alignment"):
+        trace_workload(
+            adapter, recs, tmp_path / "legacy", block_alignment="response", resume=True, **kw
+        )
     # a layout the engine does not know is refused before anything is traced
     with pytest.raises(ConfigError, match="unknown block alignment 'aligned'"):
         trace_workload(adapter, recs, tmp_path / "bad", block_alignment="aligned", **kw)
