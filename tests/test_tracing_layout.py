@@ -247,3 +247,39 @@ def test_diffusion_gemma_is_response_aligned_only(tmp_path):
         trace_workload(
             dg, workload_records(PROMPTS[:2]), tmp_path / "t", block_alignment="absolute"
         )
+
+
+def test_hf_mask_predict_absolute_layout_matches_an_independent_forward(tmp_path):
+    """The generic adapter (prefix recomputed every round) runs the absolute layout too: batch
+    independent, its default, and its first round equals a cacheless forward of [whole prompt
+    blocks | prompt tail + masks]."""
+    from _tracing_helpers import make_bert_mask_predict
+    from dwise_predict.tracing.adapters import load_adapter
+
+    bs = 4
+    ad = load_adapter(f"hf-mask-predict:{make_bert_mask_predict(tmp_path / 'bert')}", block_size=bs)
+    assert ad.resolve_block_alignment(None) == "absolute"
+    reqs = [DecodeRequest(f"r{i}", ad.encode_prompt(p)) for i, p in enumerate(PROMPTS[:8])]
+    assert len({len(q.prompt_ids) % bs for q in reqs}) >= 3
+    cfg = DecodeConfig(block_size=bs, threshold=0.6, max_new_tokens=12, block_alignment="absolute")
+    one = {r.request_id: r for r in decode(ad, reqs, cfg, batch_size=1)}
+    eight = {r.request_id: r for r in decode(ad, reqs, cfg, batch_size=8)}
+    for q in reqs:
+        a, b = one[q.request_id], eight[q.request_id]
+        assert a.rounds_per_block == b.rounds_per_block and a.output_ids == b.output_ids
+        L = len(q.prompt_ids)
+        full, masks = L // bs * bs, bs - L % bs
+        assert a.prompt_blocks == L // bs and a.rounds_per_block[0] <= masks
+        ids = torch.tensor([q.prompt_ids + [ad.info.mask_token_id] * masks])
+        seg = torch.cat([torch.arange(full) // bs, torch.full((L - full + masks,), 10**6)])
+        mask = (seg[None, :] <= seg[:, None])[None, None]
+        with torch.no_grad():
+            out = ad.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=torch.arange(L + masks)[None],
+                output_hidden_states=True,
+            )
+        np.testing.assert_allclose(
+            a.first_round_hidden, out.hidden_states[-1][0, L:].mean(0).numpy(), rtol=1e-4, atol=1e-5
+        )
