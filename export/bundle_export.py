@@ -22,11 +22,11 @@ reason travels with the bundle.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from dwise_predict.bundle.modules import hook
 from dwise_predict.errors import BundleError
 
 from .parity import ExportCheck, OnnxExporter, gate_int8
@@ -45,13 +45,19 @@ class ExportReport:
     bundle: Path
     checks: list[ExportCheck] = field(default_factory=list)
     not_applicable: dict[str, str] = field(default_factory=dict)
+    #: files a kind exported when it was trained (ONNX is its only runtime form, e.g. DWS):
+    #: their gates, as recorded in the module's manifest entry; the files stay as they are
+    carried: list[ExportCheck] = field(default_factory=list)
+
+    def all_checks(self) -> list[ExportCheck]:
+        return [*self.checks, *self.carried]
 
     def kept_files(self) -> list[str]:
-        return [c.file for c in self.checks if c.kept]
+        return [c.file for c in self.all_checks() if c.kept]
 
     def rows(self) -> list[list[Any]]:
         out = []
-        for c in self.checks:
+        for c in self.all_checks():
             lat = c.latency_us
             b1, b128 = lat.get("1", {}), lat.get("128", {})
             out.append(
@@ -74,24 +80,42 @@ class ExportReport:
             "bundle": str(self.bundle),
             "checks": [c.to_dict() for c in self.checks],
             "not_applicable": dict(self.not_applicable),
+            "carried": [c.to_dict() for c in self.carried],
         }
 
 
-def exporter_for(cls: Any) -> OnnxExporter | None:
-    """The exporter a module class names in ``onnx_exporter`` (``"module:ATTRIBUTE"``), or None."""
-    ref = getattr(cls, "onnx_exporter", None)
-    if not ref:
+@runtime_checkable
+class BundleExporter(Protocol):
+    """An exporter that decides itself what a bundled predictor's export is (the kinds whose
+    files cannot be re-exported from the bundle, e.g. DWS: see ``export/onnx_dws.py``).
+
+    ``export_into`` adds the predictor's checks to ``report`` (``checks`` for files it writes
+    into ``draft``, ``carried`` for files already there)."""
+
+    def export_into(
+        self,
+        draft: BundleDraft,
+        predictor: Any,
+        report: ExportReport,
+        *,
+        int8: bool,
+        repeats: int,
+        min_speedup: float,
+        threads: int,
+    ) -> None: ...
+
+
+def exporter_for(cls: Any) -> OnnxExporter | BundleExporter | None:
+    """The exporter a module class names in ``onnx_exporter`` (``"module:ATTRIBUTE"``,
+    resolved by the kind registry), or None."""
+    exporter = hook(cls, "onnx_exporter")
+    if exporter is None:
         return None
-    module_name, _, attr = str(ref).partition(":")
-    try:
-        exporter = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
+    if not isinstance(exporter, (OnnxExporter, BundleExporter)):
         raise BundleError(
-            f"the {cls.kind} predictor names the exporter {ref!r}, which cannot be "
-            f"imported ({e}); fix its onnx_exporter"
-        ) from e
-    if not isinstance(exporter, OnnxExporter):
-        raise BundleError(f"{ref} is a {type(exporter).__name__}, not an OnnxExporter")
+            f"{cls.onnx_exporter} is a {type(exporter).__name__}, not an OnnxExporter or a "
+            "BundleExporter; fix the kind's onnx_exporter"
+        )
     return exporter
 
 
@@ -122,6 +146,17 @@ def export_bundle(
             exporter = exporter_for(type(predictor))
             if exporter is None:
                 report.not_applicable[kind] = "this predictor kind has no ONNX exporter"
+                continue
+            if not isinstance(exporter, OnnxExporter):
+                exporter.export_into(
+                    draft,
+                    predictor,
+                    report,
+                    int8=int8,
+                    repeats=repeats,
+                    min_speedup=min_speedup,
+                    threads=threads,
+                )
                 continue
             _export_one(
                 draft,

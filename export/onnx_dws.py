@@ -20,7 +20,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,8 +35,13 @@ from dwise_predict.predictors.dws import (
 from ._onnx_files import save_model_atomic, set_metadata
 from .onnx_refinement import DEFAULT_OPSET, _quiet_exporter
 from .outliers import split_activation_outliers
-from .parity import Tolerance, compare
+from .parity import ExportCheck, ParityReport, Tolerance, compare
 from .quantize import embeddings_int8_per_row, int8_name, quantize_int8
+
+if TYPE_CHECKING:
+    from dwise_predict.bundle import BundleDraft
+
+    from .bundle_export import ExportReport
 
 #: surface cells are probabilities: FP32 graph vs torch differ by float rounding only
 SURFACE_FP32 = Tolerance(1e-4, 0.0, "surface cells (probabilities); float32 in both, op order only")
@@ -145,7 +150,7 @@ def dws_to_onnx(trained: Any, path: str | Path, *, opset: int = DEFAULT_OPSET) -
     set_metadata(
         onx,
         {
-            "dwise.predictor": "dws",
+            "dwise.predictor": DWSPredictor.kind,
             "dwise.precision": "fp32",
             "dwise.n_blocks": str(cfg.n_blocks),
             "dwise.max_steps": str(cfg.max_steps),
@@ -290,3 +295,76 @@ def export_dws(
         q_path.unlink(missing_ok=True)
         return fp32, None, checks
     return fp32, q_path, checks
+
+
+def carried_check(record: dict[str, Any]) -> ExportCheck:
+    """One train-time gate record (:class:`DWSExportCheck`'s JSON) as an export check.
+
+    The parity is the surface's against the torch model; the latency is per request on the
+    probe prompts (``latency_us["probes"]``), not at batch 1 and 128 as for the other kinds."""
+    precision = str(record["precision"])
+    tol = SURFACE_INT8 if precision == "int8" else SURFACE_FP32
+    err = float(record["surface_max_abs_error"])
+    kept = "kept" if record["kept"] else "dropped"
+    parts = [f"written and gated by `train` ({kept}): {record['reason']}"]
+    if record.get("cost_mae_ms") is not None:
+        parts.append(f"probe cost MAE {record['cost_mae_ms']:.2f} ms")
+    if record.get("cost_mae_rel_change") is not None:
+        parts.append(f"{100 * record['cost_mae_rel_change']:+.2f}% vs FP32")
+    if record.get("cost_deviation_rel") is not None:
+        parts.append(f"cost moved {100 * record['cost_deviation_rel']:.2f}% of FP32's")
+    parts.append(f"{float(record['latency_ms_per_request']):.2f} ms/request")
+    return ExportCheck(
+        predictor=DWSPredictor.kind,
+        precision=precision,
+        file=str(record["file"]),
+        parity=ParityReport(
+            n=0,
+            max_abs_error=err,
+            max_rel_error=float("nan"),
+            worst_violation=err - tol.abs,
+            tolerance=tol,
+            passed=err <= tol.abs,
+        ),
+        latency_us={"probes": {"exported": 1e3 * float(record["latency_ms_per_request"])}},
+        kept=bool(record["kept"]),
+        reason="; ".join(parts),
+    )
+
+
+class DWSExporter:
+    """The DWS kind's exporter (``DWSPredictor.onnx_exporter``).
+
+    Why two entry points: ONNX is the DWS predictor's only runtime form (the light core has no
+    torch), so its files are written and gated when it is trained, from the torch model, the
+    one moment that model exists (:meth:`export_trained`, called by the DWS trainer through
+    the registry). ``dwise-predict export`` (:func:`~.bundle_export.export_bundle`) then
+    reports those gates like every other kind's (:meth:`export_into`) and leaves the files as
+    they are: a bundle holds no torch model to export them again from.
+    """
+
+    file = "dws.onnx"
+
+    def export_trained(
+        self, trained: Any, folder: str | Path, probes: list[str], **kwargs: Any
+    ) -> tuple[DWSPredictor, Path | None, list[DWSExportCheck]]:
+        """:func:`export_dws`: FP32 (+ gated INT8) files of a freshly trained model."""
+        return export_dws(trained, folder, probes, **kwargs)
+
+    def export_into(
+        self,
+        draft: BundleDraft,
+        predictor: Any,
+        report: ExportReport,
+        *,
+        int8: bool,
+        repeats: int,
+        min_speedup: float,
+        threads: int,
+    ) -> None:
+        """Add the bundled predictor's train-time gate records to ``report.carried``."""
+        report.carried.extend(carried_check(dict(r)) for r in predictor.exports)
+
+
+#: named by ``DWSPredictor.onnx_exporter``
+EXPORTER = DWSExporter()

@@ -65,14 +65,14 @@ def test_monitor_tracks_calibration_and_rank_and_warns_on_drift(tmp_path, caplog
     m = QualityMonitor(window=50, drift_threshold=1.5)
     actual = rng.integers(5, 200, size=50).astype(float)
     for a in actual:  # admission: right scale, noisy order; refinement: exact
-        m.record(a, a * float(rng.uniform(0.8, 1.25)), a)
+        m.record(a, {"admission": a * float(rng.uniform(0.8, 1.25)), "refinement": a})
     snap = m.publish(tmp_path / "monitor.json")
     assert 0.9 < snap["admission"]["median_ratio"] < 1.1
     assert snap["refinement"]["median_ratio"] == 1.0 and snap["refinement"]["spearman"] == 1.0
     assert snap["drifted"] == []
     assert json.loads((tmp_path / "monitor.json").read_text()) == snap
     for a in actual:  # the admission estimate now doubles: past the 1.5 threshold
-        m.record(a, 2.0 * a, a)
+        m.record(a, {"admission": 2.0 * a, "refinement": a})
     with caplog.at_level(logging.WARNING):
         snap = m.publish(None)
     assert snap["drifted"] == ["admission"] and snap["admission"]["n"] == 50

@@ -7,9 +7,9 @@ fixed thread count and seed, so the same traces and seed give the same model tex
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -18,7 +18,11 @@ from dwise_predict.errors import ConfigError, TrainingError
 from dwise_predict.features import FEATURE_NAMES, PromptFeaturizer
 from dwise_predict.predictors import AdmissionModel
 
-from .dataset import trace_arrays
+from .dataset import TraceArrays, trace_arrays
+from .kind import KindTrainer, TrainedPart, TrainSettings
+
+if TYPE_CHECKING:
+    from dwise_predict.bundle import Bundle
 
 
 @dataclass(frozen=True)
@@ -101,3 +105,26 @@ def train_admission(
     return AdmissionModel(
         booster.model_to_string(), FEATURE_NAMES, featurizer=featurizer, info=info
     )
+
+
+def _train(arrays: TraceArrays, s: TrainSettings) -> TrainedPart:
+    cfg = replace(s.config(AdmissionModel.kind) or AdmissionConfig(), seed=s.seed)
+    model = train_admission((arrays.features, arrays.total_rounds), cfg, featurizer=s.featurizer)
+    return TrainedPart(model)
+
+
+#: the admission kind's trainer (named by ``AdmissionModel.trainer``)
+TRAINER = KindTrainer(train=_train)
+
+
+def evaluate_estimates(
+    bundle: Bundle, arrays: TraceArrays
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The admission estimate against total denoising rounds (``AdmissionModel.evaluator``)."""
+    (name,) = AdmissionModel.estimates
+    return {
+        name: (
+            bundle.predict_admission_features(arrays.features),
+            arrays.total_rounds.astype(float),
+        )
+    }

@@ -42,11 +42,12 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from dwise_predict.errors import ConfigError, MissingDependencyError, TrainingError
 from dwise_predict.predictors.dws import DWSConfig, DWSTokenizer, Truncation
 
+from .devices import DeviceConfig
 from .dws_data import DWSArrays
 from .refinement import _quiet_lightning
 
@@ -353,6 +354,41 @@ def _collate(pad: int) -> Any:
     return collate
 
 
+class _RankShare(Sampler):
+    """This process's part of every batch of ``inner``: rows ``rank::world`` of each.
+
+    Why split each batch rather than deal whole batches out: the processes then take the same
+    optimizer steps on the same global batches as one process would (DDP averages their
+    gradients), and every process gets as many batches as the others, which DDP needs (it
+    all-reduces once per batch). ``inner`` must yield the same batches in every process (it
+    is seeded alike). A batch smaller than ``world`` goes whole to every process.
+    """
+
+    def __init__(self, inner: Any, rank: int, world: int) -> None:
+        self.inner, self.rank, self.world = inner, rank, world
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __iter__(self) -> Any:
+        for batch in self.inner:
+            rows = list(batch)
+            yield rows if len(rows) < self.world else rows[self.rank :: self.world]
+
+
+class _Shared(pl.LightningDataModule):
+    """A loader built once the trainer knows this process's rank and the world size."""
+
+    def __init__(self, make: Any) -> None:
+        super().__init__()
+        self.make = make
+
+    def train_dataloader(self) -> DataLoader:
+        t = self.trainer
+        rank, world = (t.global_rank, t.world_size) if t is not None else (0, 1)
+        return cast(DataLoader, self.make(rank, world))
+
+
 class StageA(pl.LightningModule):
     """Encoder + an auxiliary head: multi-horizon block/step activity, or log total steps."""
 
@@ -401,7 +437,7 @@ class StageA(pl.LightningModule):
 
 
 # -- stage B and the baselines: small heads on cached embeddings -----------------------------
-def _rows_loader(batch_size: int, *arrays: np.ndarray) -> DataLoader:
+def _rows_loader(batch_size: int, *arrays: np.ndarray, rank: int = 0, world: int = 1) -> DataLoader:
     from torch.utils.data import BatchSampler, RandomSampler
 
     tensors = tuple(torch.as_tensor(a, dtype=torch.float32) for a in arrays)
@@ -409,7 +445,12 @@ def _rows_loader(batch_size: int, *arrays: np.ndarray) -> DataLoader:
     sampler = BatchSampler(
         RandomSampler(range(len(tensors[0])), generator=g), batch_size, drop_last=False
     )
-    return DataLoader(_BatchDataset(*tensors), sampler=sampler, batch_size=None, num_workers=0)
+    return DataLoader(
+        _BatchDataset(*tensors),
+        sampler=_RankShare(sampler, rank, world),
+        batch_size=None,
+        num_workers=0,
+    )
 
 
 class HeadFit(pl.LightningModule):
@@ -434,11 +475,14 @@ class HeadFit(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
 
 
-def _trainer(epochs: int) -> pl.Trainer:
+def _trainer(epochs: int, devices: DeviceConfig | None = None) -> pl.Trainer:
+    """Lightning's trainer on ``devices`` (default: one CPU process, fp32). Each process's
+    share of the batches comes from :class:`_RankShare`, so Lightning's own distributed
+    sampler is off (it cannot split the length-bucketed batches)."""
     return pl.Trainer(
         max_epochs=epochs,
-        accelerator="cpu",
-        devices=1,
+        **(devices or DeviceConfig()).trainer_kwargs(),
+        use_distributed_sampler=False,
         deterministic=True,
         enable_checkpointing=False,
         logger=False,
@@ -459,15 +503,16 @@ def fit_head(
     lr: float,
     weight_decay: float,
     seed: int,
+    devices: DeviceConfig | None = None,
 ) -> nn.Module:
-    """Train ``head`` on cached embeddings; returns it in eval mode."""
+    """Train ``head`` on cached embeddings; returns it in eval mode (on the CPU)."""
     pl.seed_everything(seed, workers=True, verbose=False)
+    data = _Shared(
+        lambda rank, world: _rows_loader(batch_size, emb, target, rank=rank, world=world)
+    )
     with _quiet_lightning():
-        _trainer(epochs).fit(
-            HeadFit(head, loss, lr, weight_decay),
-            train_dataloaders=_rows_loader(batch_size, emb, target),
-        )
-    return head.eval()
+        _trainer(epochs, devices).fit(HeadFit(head, loss, lr, weight_decay), datamodule=data)
+    return head.cpu().eval()
 
 
 # -- the whole run --------------------------------------------------------------------------
@@ -493,16 +538,28 @@ class DWSTrained:
 
 @torch.no_grad()
 def embed(
-    encoder: PooledEncoder, tokenizer: DWSTokenizer, prompts: list[str], batch_size: int = 64
+    encoder: PooledEncoder,
+    tokenizer: DWSTokenizer,
+    prompts: list[str],
+    batch_size: int = 64,
+    *,
+    device: str = "cpu",
 ) -> np.ndarray:
-    """Pooled embeddings ``(n, d)`` float32, in prompt order (batches sorted by length)."""
-    encoder.eval()
+    """Pooled embeddings ``(n, d)`` float32, in prompt order (batches sorted by length); the
+    encoder runs on ``device`` and is back on the CPU afterwards."""
+    encoder.eval().to(device)
     out = np.zeros((len(prompts), encoder.dim), dtype=np.float32)
     order = np.argsort([len(p) for p in prompts], kind="stable")
-    for lo in range(0, len(prompts), batch_size):
-        idx = order[lo : lo + batch_size]
-        ids, mask = tokenizer.encode([prompts[i] for i in idx])
-        out[idx] = encoder(torch.as_tensor(ids), torch.as_tensor(mask)).numpy()
+    try:
+        for lo in range(0, len(prompts), batch_size):
+            idx = order[lo : lo + batch_size]
+            ids, mask = (
+                torch.as_tensor(a, device=device)
+                for a in tokenizer.encode([prompts[i] for i in idx])
+            )
+            out[idx] = encoder(ids, mask).float().cpu().numpy()
+    finally:
+        encoder.cpu()
     return out
 
 
@@ -535,13 +592,18 @@ def train_dws(
     config: DWSTrainConfig | None = None,
     *,
     profiles: dict[str, Any] | None = None,
+    devices: DeviceConfig | None = None,
 ) -> DWSTrained:
     """Stage A (unless ``stage_a="none"``), stage B, then the baselines on the same encoder.
 
     ``profile`` is the bundle's cost profile (needed for the baselines); ``profiles`` names
     further profiles whose baseline constants are recorded for evaluation (e.g. the paper's).
+    ``devices`` is where every stage trains (``--accelerator/--devices/--strategy/--precision``,
+    as for the other trainers); under several processes each takes its share of every batch
+    and all of them return the same model.
     """
     config = config or DWSTrainConfig()
+    devices = devices or DeviceConfig()
     if arrays.n < config.min_samples:
         raise TrainingError(
             f"{arrays.n} requests are too few to train the DWS predictor (need >= "
@@ -575,12 +637,12 @@ def train_dws(
         seconds: dict[str, float] = {}
         if config.stage_a != "none":
             t = time.perf_counter()
-            _stage_a(encoder, tokenizer, arrays, config)
+            _stage_a(encoder, tokenizer, arrays, config, devices)
             seconds["stage_a"] = time.perf_counter() - t
         for p in encoder.parameters():
             p.requires_grad_(False)
         t = time.perf_counter()
-        emb = embed(encoder, tokenizer, arrays.prompts)
+        emb = embed(encoder, tokenizer, arrays.prompts, device=_embed_device(devices))
         seconds["embed"] = time.perf_counter() - t
         t = time.perf_counter()
         heads = fit_head(
@@ -593,6 +655,7 @@ def train_dws(
             lr=config.head_lr,
             weight_decay=config.weight_decay,
             seed=config.seed,
+            devices=devices,
         )
         seconds["stage_b"] = time.perf_counter() - t
         baseline_heads = None
@@ -605,7 +668,8 @@ def train_dws(
                 "direct_cost": true_costs(arrays, profile),
             }
             baseline_heads = [
-                train_scalar_head(emb, targets[name], config, i) for i, name in enumerate(targets)
+                train_scalar_head(emb, targets[name], config, i, devices)
+                for i, name in enumerate(targets)
             ]
             seconds["baselines"] = time.perf_counter() - t
             constants = {
@@ -627,6 +691,8 @@ def train_dws(
         "train_seconds": round(time.perf_counter() - t0, 2),
         "torch": torch.__version__,
         "pytorch_lightning": pl.__version__,
+        "devices": asdict(devices),
+        "processes": _processes(),
     }
     dws_config = replace(dws_config, baselines=constants, info=info)
     tokenizer = DWSTokenizer(tok, dws_config)
@@ -634,7 +700,11 @@ def train_dws(
 
 
 def train_scalar_head(
-    emb: np.ndarray, target: np.ndarray, config: DWSTrainConfig, index: int = 0
+    emb: np.ndarray,
+    target: np.ndarray,
+    config: DWSTrainConfig,
+    index: int = 0,
+    devices: DeviceConfig | None = None,
 ) -> ScalarHead:
     """One scalar baseline on cached embeddings (L1, scaled by the target's mean)."""
     scale = float(max(np.mean(target), 1e-6))
@@ -652,13 +722,19 @@ def train_scalar_head(
         lr=config.head_lr,
         weight_decay=config.weight_decay,
         seed=config.seed + 101 + index,
+        devices=devices,
     )
     return head
 
 
 def _stage_a(
-    encoder: PooledEncoder, tokenizer: DWSTokenizer, arrays: DWSArrays, config: DWSTrainConfig
+    encoder: PooledEncoder,
+    tokenizer: DWSTokenizer,
+    arrays: DWSArrays,
+    config: DWSTrainConfig,
+    devices: DeviceConfig,
 ) -> None:
+    """Adapt the encoder in place (it is back on the CPU afterwards)."""
     N, S = arrays.shape  # noqa: N806
     if config.stage_a == "multi_horizon":
         target = horizon_targets(arrays.activity)
@@ -676,13 +752,34 @@ def _stage_a(
         config.head_lr,
         config.weight_decay,
     )
-    loader = DataLoader(
-        _Tokens(ids, target),
-        batch_sampler=_LengthBuckets([len(r) for r in ids], config.stage_a_batch_size, config.seed),
-        collate_fn=_collate(tokenizer.config.pad_token_id),
-        num_workers=0,
+    # the pooled output of a BERT is never used: without this DDP waits for its gradients
+    pooler = getattr(encoder.encoder, "pooler", None)
+    for p in pooler.parameters() if isinstance(pooler, nn.Module) else ():
+        p.requires_grad_(False)
+    buckets = _LengthBuckets([len(r) for r in ids], config.stage_a_batch_size, config.seed)
+    data = _Shared(
+        lambda rank, world: DataLoader(
+            _Tokens(ids, target),
+            batch_sampler=_RankShare(buckets, rank, world),
+            collate_fn=_collate(tokenizer.config.pad_token_id),
+            num_workers=0,
+        )
     )
     encoder.train()
     with _quiet_lightning():
-        _trainer(config.stage_a_epochs).fit(module, train_dataloaders=loader)
-    encoder.eval()
+        _trainer(config.stage_a_epochs, devices).fit(module, datamodule=data)
+    encoder.cpu().eval()
+
+
+def _processes() -> int:
+    """How many processes trained (the DDP world once Lightning has set it up, else one)."""
+    import torch.distributed as dist
+
+    return int(dist.get_world_size()) if dist.is_available() and dist.is_initialized() else 1
+
+
+def _embed_device(devices: DeviceConfig) -> str:
+    """Where the frozen encoder embeds the training prompts: the GPU when training runs on
+    one (the encoder is the costly part), else the CPU."""
+    on_gpu = devices.accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available()
+    return "cuda" if on_gpu else "cpu"

@@ -1,8 +1,9 @@
 """Evaluate a bundle on traces: Spearman ρ overall and per category, median predicted/actual.
 
-Targets (stated once here; metrics in docs/concepts.md): ``admission`` is compared with TOTAL
-denoising rounds; ``refined_raw`` and ``refined`` with rounds still to go after the first denoising
-round (``total_rounds - 1``). ``median_ratio`` is the median of predicted / actual over requests
+Targets (each kind's ``estimates`` in the kind registry, its evaluator beside its trainer;
+metrics in docs/concepts.md): ``admission`` is compared with TOTAL denoising rounds;
+``refined_raw`` and ``refined`` with rounds still to go after the first denoising round
+(``total_rounds - 1``). ``median_ratio`` is the median of predicted / actual over requests
 whose actual is > 0 (a request done in its first round has nothing left; it is counted in ρ only).
 Held-out mode (DWISE Table 7) retrains both predictors without category C and evaluates on C.
 """
@@ -17,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from dwise_predict.bundle import Bundle
+from dwise_predict.bundle.modules import all_estimates, hook
 from dwise_predict.errors import ConfigError, TrainingError
 from dwise_predict.ranking import spearman
 from dwise_predict.runtime.plots import save_figure
@@ -25,8 +27,6 @@ from .admission import AdmissionConfig
 from .dataset import TraceArrays, category_counts, trace_arrays
 from .refinement import RefinementConfig
 from .streaming import ArraySource, RowSource, chunks
-
-ESTIMATES = ("admission", "refined_raw", "refined")
 
 
 def median_ratio(pred: np.ndarray, actual: np.ndarray) -> float | None:
@@ -56,23 +56,14 @@ def estimate_metrics(
 
 
 def predictions(bundle: Bundle, arrays: TraceArrays) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """estimate name -> (predicted, actual) for what the bundle holds."""
+    """estimate name -> (predicted, actual) for what the bundle holds: each module's kind
+    names its evaluator in the kind registry (kinds without one are evaluated elsewhere, e.g.
+    DWS by :mod:`.dws_eval`)."""
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    if bundle.admission is not None:
-        out["admission"] = (
-            bundle.predict_admission_features(arrays.features),
-            arrays.total_rounds.astype(float),
-        )
-    if bundle.refinement is not None:
-        if arrays.hidden is None:
-            raise TrainingError(
-                "the evaluation traces have no first_round_hidden; the refinement predictor "
-                "cannot be evaluated (re-trace with hidden-state capture)"
-            )
-        args = (arrays.hidden, arrays.prompt_tokens, arrays.output_budget)
-        remaining = arrays.remaining.astype(float)
-        out["refined_raw"] = (bundle.predict_refined(*args, raw=True), remaining)
-        out["refined"] = (bundle.predict_refined(*args), remaining)
+    for kind in bundle.modules:
+        evaluator = hook(kind, "evaluator")
+        if evaluator is not None:
+            out.update(evaluator(bundle, arrays))
     return out
 
 
@@ -148,7 +139,8 @@ def holdout_evaluation(
 
     from dwise_predict.bundle import load_bundle
 
-    from .pipeline import TRAINERS, train_bundle
+    from .kind import trainable
+    from .pipeline import train_bundle
 
     train = trace_arrays(train_traces, need_hidden=bundle.refinement is not None)
     evals = trace_arrays(eval_traces, need_hidden=bundle.refinement is not None)
@@ -167,7 +159,11 @@ def holdout_evaluation(
         raise ConfigError(
             f"category {category!r} is not in the evaluation traces; pass traces that contain it"
         )
-    only = [kind for kind in bundle.modules if kind in TRAINERS]
+    only = [
+        kind
+        for kind in bundle.modules
+        if kind in trainable() and hook(kind, "evaluator") is not None
+    ]
     cfg_r = refinement_config
     if cfg_r is None and bundle.refinement is not None:
         saved = dict(bundle.refinement.info.get("config", {}))
@@ -195,7 +191,7 @@ def holdout_evaluation(
         "n_train_without": int(keep.sum()),
         "n_eval": int(in_cat.sum()),
     }
-    for name in ESTIMATES:
+    for name in all_estimates():
         if name in in_training:
             result[name] = {
                 "in_training": in_training[name]["spearman"],
@@ -227,7 +223,7 @@ def write_plots(
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    names = [n for n in ESTIMATES if n in preds]
+    names = [n for n in all_estimates() if n in preds]
     paths = []
     fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 4), squeeze=False)
     for ax, n in zip(axes[0], names):

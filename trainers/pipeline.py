@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,69 +19,35 @@ from dwise_predict.errors import ConfigError, TrainingError
 from dwise_predict.features import PromptFeaturizer
 from dwise_predict.fingerprint import ModelFingerprint
 from dwise_predict.predictors import AdmissionModel, RefinementEnsemble
+from dwise_predict.predictors.dws import DWSPredictor
 from dwise_predict.traces import META_FINGERPRINT, TRACE_SCHEMA_VERSION
 
-from .admission import AdmissionConfig, train_admission
+from .admission import AdmissionConfig
 from .dataset import TraceArrays, as_table, category_counts, trace_arrays
 from .devices import DeviceConfig, is_global_zero
-from .refinement import RefinementConfig, train_refinement
-from .streaming import ARRAY_COLUMNS, ParquetSource, RowSource
+from .kind import TrainSettings, trainable, trainer_for
+from .refinement import RefinementConfig
+from .streaming import ARRAY_COLUMNS, ParquetSource
+
+__all__ = ["TrainSettings", "parse_only", "train_bundle", "train_models"]
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class TrainSettings:
-    """What every kind's trainer may use: the seed, the featurizer and per-kind configs."""
-
-    seed: int = 0
-    featurizer: PromptFeaturizer | None = None
-    admission_config: AdmissionConfig | None = None
-    refinement_config: RefinementConfig | None = None
-    #: streamed traces feed the refinement predictor instead of the in-memory arrays
-    source: RowSource | None = None
-    devices: DeviceConfig | None = None
-
-
-def _train_admission(arrays: TraceArrays, s: TrainSettings) -> AdmissionModel:
-    cfg = replace(s.admission_config or AdmissionConfig(), seed=s.seed)
-    return train_admission((arrays.features, arrays.total_rounds), cfg, featurizer=s.featurizer)
-
-
-def _train_refinement(arrays: TraceArrays, s: TrainSettings) -> RefinementEnsemble:
-    if arrays.hidden is None and s.source is None:
-        raise TrainingError(
-            "the traces have no first_round_hidden; re-trace with hidden-state "
-            f"capture, or train with --only {AdmissionModel.kind}"
-        )
-    rows = s.source if s.source is not None else arrays
-    cfg = replace(s.refinement_config or RefinementConfig(), seed=s.seed)
-    return train_refinement(rows, cfg, devices=s.devices)
-
-
-#: bundle module kind -> its trainer; a new kind adds one line here to be trainable
-TRAINERS: dict[str, Callable[[TraceArrays, TrainSettings], BundleModule]] = {
-    AdmissionModel.kind: _train_admission,
-    RefinementEnsemble.kind: _train_refinement,
-}
-#: kinds whose trainer reads the first-round hidden state
-NEEDS_HIDDEN = frozenset({RefinementEnsemble.kind})
-
-
-#: trained from prompt text with a cost profile, outside TRAINERS (see trainers/dws_bundle.py)
-DWS = "dws"
-
-
-def parse_only(only: str | Sequence[str] | None) -> tuple[str, ...]:
-    """The kinds to train: all trainable kinds by default, else the comma list given."""
+def parse_only(only: str | Sequence[str] | None, *, cost_profile: bool = False) -> tuple[str, ...]:
+    """The kinds to train: the comma list given, else every trainable kind (those priced in
+    ms only when a cost profile is given)."""
     if only is None:
-        return tuple(TRAINERS)
+        return tuple(
+            k for k in trainable() if cost_profile or not trainer_for(k).needs_cost_profile
+        )
     names = tuple(
         s.strip() for s in (only.split(",") if isinstance(only, str) else only) if s.strip()
     )
-    bad = [n for n in names if n not in TRAINERS and n != DWS]
+    known = trainable()
+    bad = [n for n in names if n not in known]
     if bad or not names:
-        raise ConfigError(f"--only takes a comma list of {[*TRAINERS, DWS]}, got {only!r}")
+        raise ConfigError(f"--only takes a comma list of {known}, got {only!r}")
     return names
 
 
@@ -99,15 +65,22 @@ def check_training_data(arrays: TraceArrays, *, allow_single_category: bool = Fa
 
 def train_models(
     arrays: TraceArrays, only: Sequence[str], settings: TrainSettings
-) -> tuple[list[BundleModule], dict[str, float]]:
-    """Train the selected kinds on ``arrays``; returns the modules and seconds per kind."""
+) -> tuple[list[BundleModule], dict[str, float], dict[str, Any]]:
+    """Train the selected kinds on ``arrays`` with the trainers the registry names; returns
+    the modules (none in a process that does not write), seconds per kind, and each kind's
+    training facts for the manifest."""
     modules: list[BundleModule] = []
     seconds: dict[str, float] = {}
+    facts: dict[str, Any] = {}
     for kind in only:
         t0 = time.perf_counter()
-        modules.append(TRAINERS[kind](arrays, settings))
+        part = trainer_for(kind).train(arrays, settings)
         seconds[kind] = time.perf_counter() - t0
-    return modules, seconds
+        if part.module is not None:
+            modules.append(part.module)
+        if part.info:
+            facts[kind] = part.info
+    return modules, seconds, facts
 
 
 def train_bundle(
@@ -127,20 +100,24 @@ def train_bundle(
     devices: DeviceConfig | None = None,
     streaming: bool = False,
     filesystem: Any = None,
+    configs: Mapping[str, Any] | None = None,
 ) -> Path:
     """Train the selected predictors on ``traces`` and write a bundle folder at ``out``.
 
-    ``cost_profile`` (a ``CostProfile``, a file or a shipped name) prices the DWS predictor's
-    baselines and evaluation and is stored in the bundle; with one and ``only=None``, DWS is
-    trained too.
+    ``cost_profile`` (a ``CostProfile``, a file or a shipped name) prices the kinds that work
+    in ms (DWS: its baselines and evaluation) and is stored in the bundle; with one and
+    ``only=None``, those kinds are trained too.
 
     ``streaming`` reads the traces (a path or URI; ``filesystem`` a ``pyarrow.fs`` one) in
     record batches: the refinement predictor never holds more than a shuffle window of hidden
     states, while the admission model (and DWS) load their small columns whole (a few bytes
     per request). Under several processes (``devices``) every process trains and only global
     rank 0 writes the bundle; the others return ``out`` unwritten.
+
+    Each kind is trained by the trainer its class names in the kind registry
+    (:mod:`dwise_predict.bundle.modules`); ``configs`` maps a kind to its training config
+    (the shipped kinds' also come as ``admission_config`` and the rest).
     """
-    names = parse_only(only)
     profile = None
     if cost_profile is not None:
         from dwise_predict.cost import CostProfile, load_cost_profile
@@ -150,13 +127,16 @@ def train_bundle(
             if isinstance(cost_profile, CostProfile)
             else load_cost_profile(cost_profile)
         )
-        if only is None:
-            names = (*names, DWS)
-    if DWS in names and profile is None:
+    names = parse_only(only, cost_profile=profile is not None)
+    trainers = {k: trainer_for(k) for k in names}
+    priced = [k for k, t in trainers.items() if t.needs_cost_profile]
+    if priced and profile is None:
         raise TrainingError(
-            "training DWS needs a cost profile (its baselines and evaluation are "
-            "in ms): pass --cost-profile FILE (from `dwise-predict profile`)"
+            f"training {', '.join(priced)} needs a cost profile (its baselines and evaluation "
+            "are in ms): pass --cost-profile FILE (from `dwise-predict profile`)"
         )
+    needs_hidden = any(t.needs_hidden for t in trainers.values())
+    reads_text = any(t.reads_text for t in trainers.values())
     source: ParquetSource | None = None
     if streaming:
         if isinstance(traces, pa.Table):
@@ -165,59 +145,57 @@ def train_bundle(
             )
         source = ParquetSource(traces, filesystem=filesystem)
         small = [c for c in ARRAY_COLUMNS if c != "first_round_hidden"]
-        if DWS in names:  # DWS reads the prompt text and rounds per block, never hidden states
+        if reads_text:  # prompt text and rounds per block, never hidden states
             small = [c for c in source.head(1).column_names if c != "first_round_hidden"]
         table = source.read_columns(small)
         arrays = trace_arrays(table)
         head = source.head(64)
     else:
         table = as_table(traces)
-        arrays = trace_arrays(table, need_hidden=bool(NEEDS_HIDDEN & set(names)))
+        arrays = trace_arrays(table, need_hidden=needs_hidden)
         head = table
     check_training_data(arrays, allow_single_category=allow_single_category)
     fingerprint = trace_fingerprint(head, featurizer)
     if featurizer is not None:
         check_featurizer(head, featurizer)
-    settings = TrainSettings(
-        seed=seed,
-        featurizer=featurizer,
-        admission_config=admission_config,
-        refinement_config=refinement_config,
-        source=source,
-        devices=devices,
-    )
-    modules, seconds = train_models(arrays, tuple(n for n in names if n != DWS), settings)
-    if not is_global_zero():
-        return Path(out)  # the other processes of a multi-process run: rank 0 writes
-    training: dict[str, Any] = {
-        "n_requests": arrays.n,
-        "categories": category_counts(arrays.category),
-        "trace_schema_version": TRACE_SCHEMA_VERSION,
-        "seed": seed,
-        "predictors": list(names),
-        "seconds": {k: round(v, 3) for k, v in seconds.items()},
-        "total_rounds": {
-            "min": int(arrays.total_rounds.min()),
-            "median": float(np.median(arrays.total_rounds)),
-            "max": int(arrays.total_rounds.max()),
-        },
-        "hit_budget_fraction": float(arrays.hit_budget.mean()),
+    if profile is not None:
+        profile.check_compatible(fingerprint)
+    shipped = {
+        AdmissionModel.kind: admission_config,
+        RefinementEnsemble.kind: refinement_config,
+        DWSPredictor.kind: dws_config,
     }
-    if profile is None:
-        return save_bundle(
-            out, modules, fingerprint=fingerprint, training=training, overwrite=overwrite, name=name
+    given = {k: c for k, c in shipped.items() if c is not None}
+    with tempfile.TemporaryDirectory(prefix="dwise-train-") as tmp:
+        settings = TrainSettings(
+            seed=seed,
+            featurizer=featurizer,
+            configs={**given, **dict(configs or {})},
+            source=source,
+            devices=devices,
+            cost_profile=profile,
+            table=table,
+            workdir=Path(tmp),
         )
-    profile.check_compatible(fingerprint)
-    with tempfile.TemporaryDirectory(prefix="dwise-dws-") as tmp:
-        parts = [*modules, profile]
-        if DWS in names:
-            from .dws_bundle import train_dws_module
-
-            t0 = time.perf_counter()
-            dws, trained = train_dws_module(table, profile, tmp, config=dws_config, seed=seed)
-            training["seconds"][DWS] = round(time.perf_counter() - t0, 3)
-            training[DWS] = trained.info
-            parts.append(dws)
+        modules, seconds, facts = train_models(arrays, names, settings)
+        if not is_global_zero():
+            return Path(out)  # the other processes of a multi-process run: rank 0 writes
+        training: dict[str, Any] = {
+            "n_requests": arrays.n,
+            "categories": category_counts(arrays.category),
+            "trace_schema_version": TRACE_SCHEMA_VERSION,
+            "seed": seed,
+            "predictors": list(names),
+            "seconds": {k: round(v, 3) for k, v in seconds.items()},
+            "total_rounds": {
+                "min": int(arrays.total_rounds.min()),
+                "median": float(np.median(arrays.total_rounds)),
+                "max": int(arrays.total_rounds.max()),
+            },
+            "hit_budget_fraction": float(arrays.hit_budget.mean()),
+            **facts,
+        }
+        parts = [*modules, *([profile] if profile is not None else [])]
         return save_bundle(
             out, parts, fingerprint=fingerprint, training=training, overwrite=overwrite, name=name
         )

@@ -29,9 +29,9 @@ import logging
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import pyarrow as pa
@@ -47,8 +47,12 @@ from dwise_predict.predictors.refinement import normalized_inputs
 
 from .dataset import TraceArrays, trace_arrays
 from .devices import DeviceConfig, is_global_zero
+from .kind import KindTrainer, TrainedPart, TrainSettings, trainable, trainer_for
 from .loader import ShufflePlan, TraceBatches
 from .streaming import ArraySource, RowSource, TraceStats, chunks, scan_stats
+
+if TYPE_CHECKING:
+    from dwise_predict.bundle import Bundle
 
 
 @dataclass(frozen=True)
@@ -559,3 +563,37 @@ def ensemble_to_torch(
 ) -> TorchRefinement:
     """The torch inference path (e.g. ``ensemble_to_torch(bundle.refinement, "cuda")``)."""
     return TorchRefinement(ensemble).to(device).eval()
+
+
+def _train(arrays: TraceArrays, s: TrainSettings) -> TrainedPart:
+    if arrays.hidden is None and s.source is None:
+        others = [k for k in trainable() if not trainer_for(k).needs_hidden]
+        raise TrainingError(
+            "the traces have no first_round_hidden; re-trace with hidden-state capture, "
+            f"or train only kinds that do not read it (--only {','.join(others)})"
+        )
+    rows = s.source if s.source is not None else arrays
+    cfg = replace(s.config(RefinementEnsemble.kind) or RefinementConfig(), seed=s.seed)
+    return TrainedPart(train_refinement(rows, cfg, devices=s.devices))
+
+
+#: the refinement kind's trainer (named by ``RefinementEnsemble.trainer``)
+TRAINER = KindTrainer(train=_train, needs_hidden=True)
+
+
+def evaluate_estimates(
+    bundle: Bundle, arrays: TraceArrays
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The raw and calibrated refined estimates against the rounds still to go after the
+    first denoising round (``RefinementEnsemble.evaluator``)."""
+    if arrays.hidden is None:
+        raise TrainingError(
+            "the evaluation traces have no first_round_hidden; the refinement predictor "
+            "cannot be evaluated (re-trace with hidden-state capture)"
+        )
+    args = (arrays.hidden, arrays.prompt_tokens, arrays.output_budget)
+    remaining = arrays.remaining.astype(float)
+    return {
+        "refined_raw": (bundle.predict_refined(*args, raw=True), remaining),
+        "refined": (bundle.predict_refined(*args), remaining),
+    }

@@ -15,21 +15,33 @@ A module class provides (see :class:`BundleModule`):
 * ``save(folder) -> files`` and ``entry()`` (the JSON facts the manifest keeps about it);
 * ``load(folder, entry)``, reading only the files the manifest lists (:class:`BundleFolder`);
 * ``card_summary(entry, manifest)``: the "model" cell of the card's predictor table;
-* optionally ``onnx_exporter``: ``"module:ATTRIBUTE"`` of its exporter in
-  :mod:`dwise_predict.export` (imported only when exporting, so the core stays light);
 * optionally ``check_fingerprint(fingerprint, where)``: refuse a part inconsistent with the
   bundle's dLLM fingerprint.
+
+The heavy parts of a kind are named, never imported, by ``"module:ATTRIBUTE"`` strings on the
+class (:data:`HOOKS`; each optional, ``None`` or absent when the kind has none), so the core
+depends on nothing heavy while training, export and evaluation find everything a kind needs
+through this registry (:func:`hook`):
+
+* ``trainer``: a ``dwise_predict.trainers.kind.KindTrainer`` (``dwise-predict train``);
+* ``onnx_exporter``: an exporter in :mod:`dwise_predict.export` (``dwise-predict export``);
+* ``evaluator``: ``(bundle, arrays) -> {estimate: (predicted, actual)}`` over trace arrays
+  (``dwise-predict eval``; one pair per name in ``estimates``).
+
+And one plain name: ``monitor_label``, the ``estimate`` label under which the SGLang plugin's
+quality monitor (and its Prometheus gauges) tracks this kind's total-rounds estimate.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
-from ..errors import BundleIntegrityError, BundleVersionError, ConfigError
+from ..errors import BundleIntegrityError, BundleVersionError, ConfigError, MissingDependencyError
 from ..fingerprint import ModelFingerprint
 
 M = TypeVar("M", bound="BundleModule")
@@ -114,6 +126,9 @@ class BundleModule(Protocol):
 
 _REGISTRY: dict[str, type[BundleModule]] = {}
 
+#: the class attributes that name a kind's heavy parts as ``"module:ATTRIBUTE"``
+HOOKS = ("trainer", "onnx_exporter", "evaluator")
+
 
 def register(cls: type[M]) -> type[M]:
     """Make ``cls`` known by its ``kind`` (usable as a class decorator). Re-registering the same
@@ -182,3 +197,58 @@ def declared(manifest: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, An
                 f"the manifest entry of {kind!r} is not a table; the bundle is corrupt"
             )
         yield kind, entry
+
+
+def hook(cls: type[BundleModule] | str, name: str) -> Any | None:
+    """The object a kind names in its hook attribute ``name`` (one of :data:`HOOKS`), imported
+    now; ``None`` when the kind names none. ``cls`` is the module class or its kind.
+
+    A name whose module needs a package that is not installed is refused with
+    :class:`MissingDependencyError` (training and export need the ``train`` extra); a name that
+    does not resolve at all is the kind's own mistake (:class:`ConfigError`).
+    """
+    if name not in HOOKS:
+        raise ConfigError(f"{name!r} is not a bundle module hook; use one of {HOOKS}")
+    if isinstance(cls, str):
+        cls = module_class(cls)
+    ref = getattr(cls, name, None)
+    if not ref:
+        return None
+    module_name, sep, attr = str(ref).partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(
+            f"{cls.__name__}.{name} is {ref!r}; write it as 'package.module:ATTRIBUTE'"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        missing = getattr(e, "name", None) or ""
+        if missing and missing != module_name:  # a package the named module needs
+            raise MissingDependencyError(
+                f"the {cls.kind} predictor's {name} ({ref}) needs {missing!r}, which is not "
+                f"installed ({e}); pip install 'dwise-predict[train]'"
+            ) from e
+        raise ConfigError(
+            f"the {cls.kind} predictor names its {name} {ref!r}, which cannot be imported "
+            f"({e}); fix {cls.__name__}.{name}"
+        ) from e
+    try:
+        return getattr(module, attr)
+    except AttributeError as e:
+        raise ConfigError(
+            f"{module_name} has no {attr!r}, which {cls.__name__}.{name} names; fix the name"
+        ) from e
+
+
+def with_hook(name: str) -> list[str]:
+    """The known kinds that name a ``name`` hook (e.g. every trainable kind), in card order."""
+    return [kind for kind, cls in registered().items() if getattr(cls, name, None)]
+
+
+def monitored() -> dict[str, str]:
+    """Monitor label -> kind, for every known kind the quality monitor tracks."""
+    return {
+        cls.monitor_label: kind  # type: ignore[attr-defined]
+        for kind, cls in registered().items()
+        if getattr(cls, "monitor_label", None)
+    }

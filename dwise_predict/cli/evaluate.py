@@ -57,10 +57,10 @@ def _fmt(v: Any) -> Any:
 def run(args: argparse.Namespace) -> int:
     from dwise_predict.atomic import write_json
     from dwise_predict.bundle import load_bundle, record_evaluation
+    from dwise_predict.bundle.modules import all_estimates
     from dwise_predict.bundle.record import json_safe
     from dwise_predict.trainers.dataset import trace_arrays
     from dwise_predict.trainers.evaluate import (
-        ESTIMATES,
         evaluate_arrays,
         evaluate_source,
         holdout_evaluation,
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     metrics["traces"] = Path(args.traces).resolve().name
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    names = [n for n in ESTIMATES if n in metrics]
+    names = [n for n in all_estimates() if n in metrics]
     if names:  # a DWS-only bundle (`train --only dws`) has no round estimates
         _print_round_tables(metrics, names)
     if args.holdout_category:
@@ -128,14 +128,15 @@ def run(args: argparse.Namespace) -> int:
 def _evaluate_dws(
     bundle: Any, args: argparse.Namespace, metrics: dict[str, Any], out: Path
 ) -> list[Path]:
-    """metrics["dws"] under each profile, a table of it, and the surface heatmaps."""
+    """metrics[DWS kind] under each profile, a table of it, and the surface heatmaps."""
+    from dwise_predict.predictors.dws import DWSPredictor
     from dwise_predict.trainers.dws_data import dws_arrays
     from dwise_predict.trainers.dws_eval import evaluate_dws, write_surface_plot
 
     cfg = bundle.dws.config
     arrays = dws_arrays(args.traces, n_blocks=cfg.n_blocks, max_steps=cfg.max_steps)
     dws, surface = evaluate_dws(bundle, arrays)
-    metrics["dws"] = dws
+    metrics[DWSPredictor.kind] = dws
     rows = []
     for name, m in dws["profiles"].items():
         base = m.get("baselines") or {}

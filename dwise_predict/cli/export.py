@@ -1,7 +1,9 @@
 """`dwise-predict export`: add ONNX (and INT8) predictors to a bundle, each gated on parity.
 
 Composes :func:`dwise_predict.export.bundle_export.export_bundle` (which needs the ``train``
-extra: torch, onnx, onnxmltools) and prints the parity/latency table it measured.
+extra: torch, onnx, onnxmltools) and prints the parity/latency table it measured. Every kind
+goes through it alike; a kind whose files are written at training (DWS) shows the gates
+recorded then.
 """
 
 from __future__ import annotations
@@ -73,38 +75,11 @@ def run(args: argparse.Namespace) -> int:
             report.rows(),
         )
     )
-    for c in report.checks:
+    for c in report.all_checks():
         print(f"{c.file}: {c.reason}")
-    dws = _dws_exports(report.bundle)
     for name, why in report.not_applicable.items():
-        if name == "dws" and dws is not None:
-            continue  # ONNX from the start: its gate's records are printed below
         print(f"{name}: not applicable ({why})")
-    for rec in dws or []:
-        mae = rec.get("cost_mae_ms")
-        rel = rec.get("cost_mae_rel_change")
-        print(
-            f"dws: {rec['file']} ({rec['precision']}, written and gated by `train`): "
-            f"{'kept' if rec['kept'] else 'dropped'}, {rec['reason']}; surface max abs err "
-            f"{rec['surface_max_abs_error']:.2g}"
-            + (f", probe cost MAE {mae:.2f} ms" if mae is not None else "")
-            + (f" ({100 * rel:+.2f}% vs FP32)" if rel is not None else "")
-            + (
-                f", cost moved {100 * rec['cost_deviation_rel']:.2f}% of FP32's"
-                if rec.get("cost_deviation_rel") is not None
-                else ""
-            )
-            + f", {rec['latency_ms_per_request']:.2f} ms/request"
-        )
     if args.report:
         write_json(args.report, report.to_dict(), sort_keys=False)
     print(f"exported into {report.bundle}: {', '.join(report.kept_files()) or 'no file kept'}")
     return 0
-
-
-def _dws_exports(bundle: Any) -> list[dict[str, Any]] | None:
-    """The DWS module's export records (its ONNX files are written by `train`), if any."""
-    from ..bundle import load_bundle
-
-    b = load_bundle(bundle)
-    return None if b.dws is None else list(b.dws.exports)

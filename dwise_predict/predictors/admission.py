@@ -120,6 +120,10 @@ class AdmissionModel:
     kind: ClassVar[str] = "admission"
     estimates: ClassVar[Mapping[str, str]] = {"admission": "total denoising rounds"}
     onnx_exporter: ClassVar[str | None] = "dwise_predict.export.onnx_admission:EXPORTER"
+    trainer: ClassVar[str | None] = "dwise_predict.trainers.admission:TRAINER"
+    evaluator: ClassVar[str | None] = "dwise_predict.trainers.admission:evaluate_estimates"
+    #: the quality monitor's ``estimate`` label for the total-rounds estimate at arrival
+    monitor_label: ClassVar[str | None] = "admission"
 
     def save(self, folder: str | Path) -> list[str]:
         """Write the LightGBM text and the featurizer's tokenizer/template; returns the names."""

@@ -220,7 +220,12 @@ class DWSPredictor:
 
     kind: ClassVar[str] = "dws"
     estimates: ClassVar[Mapping[str, str]] = {}
-    onnx_exporter: ClassVar[str | None] = None
+    #: its ONNX files are written at training; `export` reports their gates
+    onnx_exporter: ClassVar[str | None] = "dwise_predict.export.onnx_dws:EXPORTER"
+    trainer: ClassVar[str | None] = "dwise_predict.trainers.dws_bundle:TRAINER"
+    #: evaluated on its surface and costs (``trainers/dws_eval.py``), not on rounds estimates
+    evaluator: ClassVar[str | None] = None
+    monitor_label: ClassVar[str | None] = None
 
     def __init__(
         self,
@@ -237,7 +242,7 @@ class DWSPredictor:
         from .onnx_runtime import open_session
 
         self.path = Path(onnx_path)
-        self.session, self.meta = open_session(self.path, "dws", threads=threads)
+        self.session, self.meta = open_session(self.path, self.kind, threads=threads)
         self.tokenizer = tokenizer
         self.config = config
         self.batch_size = max(1, int(batch_size))

@@ -173,6 +173,10 @@ class RefinementEnsemble:
         "refined": "rounds still to go after the first denoising round (isotonic-calibrated)",
     }
     onnx_exporter: ClassVar[str | None] = "dwise_predict.export.onnx_refinement:EXPORTER"
+    trainer: ClassVar[str | None] = "dwise_predict.trainers.refinement:TRAINER"
+    evaluator: ClassVar[str | None] = "dwise_predict.trainers.refinement:evaluate_estimates"
+    #: the quality monitor's ``estimate`` label for the refined total (first round + rest)
+    monitor_label: ClassVar[str | None] = "refinement"
 
     def entry(self) -> dict[str, Any]:
         """The ensemble's description and input normalization: the one place they are stored."""

@@ -78,7 +78,7 @@ class ProfileRoundTime:
     def to_dict(self) -> dict[str, Any]:
         p = self.profile
         return {
-            "kind": "cost_profile",
+            "kind": CostProfile.kind,
             "profile": self.name,
             "batch_share": self.batch_share,
             "alpha_ms": p.alpha_ms,

@@ -211,7 +211,7 @@ def as_workload(requests: Workload | Sequence[SimRequest]) -> Workload:
 def costs_from_bundle(bundle: Any, table: pa.Table) -> np.ndarray:
     """DWS-SJF's score for every trace row: the bundle's DWS surface of the prompt priced by
     the bundle's cost profile (ms), with the traced prompt blocks as ``m``."""
-    if getattr(bundle, "dws", None) is None or getattr(bundle, "cost_profile", None) is None:
+    if bundle.dws is None or bundle.cost_profile is None:
         raise TraceError(
             "policy 'dws-sjf' needs a bundle with a DWS predictor and a cost profile "
             "(`dwise-predict train --cost-profile ...`)"

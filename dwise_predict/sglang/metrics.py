@@ -14,7 +14,8 @@ scrapes SGLang sees the monitor next to the queue lengths:
 ``dwise:estimate_drifted``        1 when the median ratio left ``[1/t, t]`` (retrain), else 0
 ================================  ==========================================================
 
-``estimate`` is ``admission`` or ``refinement``. A figure that is undefined (an empty window,
+``estimate`` is a kind's ``monitor_label`` in the kind registry (``admission`` or
+``refinement`` for the shipped kinds). A figure that is undefined (an empty window,
 a ρ over tied values) is exported as NaN, which Prometheus shows as a gap, not as a zero.
 Without ``--enable-metrics`` (or without ``prometheus_client``) the plugin only logs and
 writes the monitor's JSON file, as before.
@@ -25,11 +26,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ..bundle.modules import monitored
 from . import seam
 
 log = logging.getLogger(__name__)
-
-ESTIMATES = ("admission", "refinement")
 
 
 class MonitorGauges:
@@ -66,8 +66,10 @@ class MonitorGauges:
     def set(self, snapshot: dict[str, Any]) -> None:
         """Export one snapshot (the dict :meth:`QualityMonitor.snapshot` returns)."""
         self.finished.labels(**self.labels).set(snapshot["finished"])
-        for name in ESTIMATES:
-            fig = snapshot[name]
+        for name in monitored():
+            fig = snapshot.get(name)
+            if fig is None:  # a snapshot of a monitor that does not track this label
+                continue
             lab = {**self.labels, "estimate": name}
             self.median_ratio.labels(**lab).set(_value(fig["median_ratio"]))
             self.spearman.labels(**lab).set(_value(fig["spearman"]))

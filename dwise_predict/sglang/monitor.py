@@ -1,8 +1,9 @@
 """Online quality monitor: are the bundle's estimates still calibrated on live traffic?
 
-Over a sliding window of finished requests it tracks, for the admission estimate (total
-denoising rounds, known at arrival) and the refined one (rounds still to go after the first
-denoising round, plus that round), the median predicted/actual ratio and the Spearman rank
+Over a sliding window of finished requests it tracks, for each kind the kind registry names a
+``monitor_label`` (the shipped ones: the admission estimate, total denoising rounds known at
+arrival, as ``admission``; the refined one, rounds still to go after the first denoising round
+plus that round, as ``refinement``), the median predicted/actual ratio and the Spearman rank
 correlation with the actual rounds. A bundle trained on other traffic drifts in scale first
 (the ratio leaves 1) and then in order (ρ falls): the first is what ranking tolerates least
 across admission and refinement, because the two estimates must share one scale.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..atomic import write_json
+from ..bundle.modules import monitored
 from ..runtime.synthetic import spearman
 
 log = logging.getLogger(__name__)
@@ -33,27 +36,38 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class QualityMonitor:
-    """Sliding-window calibration and rank correlation of admission and refined estimates."""
+    """Sliding-window calibration and rank correlation of each monitored estimate.
+
+    Which estimates: every kind in the kind registry with a ``monitor_label`` (the admission
+    estimate and the refined total for the shipped kinds), under that label.
+    """
 
     window: int = 256
     drift_threshold: float = 1.5
-    _adm: deque = field(default_factory=deque, repr=False)
-    _ref: deque = field(default_factory=deque, repr=False)
+    #: monitor label -> kind (default: every monitored kind in the registry)
+    labels: dict[str, str] = field(default_factory=monitored)
+    _windows: dict[str, deque] = field(default_factory=dict, repr=False)
     finished: int = 0
     warned: bool = False
 
-    def record(
-        self, actual_rounds: float, admission: float | None, refined_total: float | None
-    ) -> None:
-        """One finished request: its actual denoising rounds and what was predicted."""
+    def __post_init__(self) -> None:
+        self._windows = {label: deque() for label in self.labels}
+        self._label_of = {kind: label for label, kind in self.labels.items()}
+
+    def record(self, actual_rounds: float, predicted: Mapping[str, float | None]) -> None:
+        """One finished request: its actual denoising rounds and, per kind, the total rounds
+        that kind predicted (None when it made no estimate); unmonitored kinds are ignored."""
         self.finished += 1
         if actual_rounds <= 0 or not math.isfinite(actual_rounds):
             return
-        for q, pred in ((self._adm, admission), (self._ref, refined_total)):
-            if pred is not None and math.isfinite(pred):
-                q.append((float(pred), float(actual_rounds)))
-                while len(q) > self.window:
-                    q.popleft()
+        for kind, pred in predicted.items():
+            label = self._label_of.get(kind)
+            if label is None or pred is None or not math.isfinite(pred):
+                continue
+            q = self._windows[label]
+            q.append((float(pred), float(actual_rounds)))
+            while len(q) > self.window:
+                q.popleft()
 
     @staticmethod
     def _stats(q: deque) -> dict[str, Any]:
@@ -69,12 +83,13 @@ class QualityMonitor:
         }
 
     def snapshot(self) -> dict[str, Any]:
-        """The monitor's figures now, and whether they drifted past the threshold."""
-        adm, ref = self._stats(self._adm), self._stats(self._ref)
+        """The monitor's figures now (one entry per label), and which drifted past the
+        threshold."""
+        stats = {label: self._stats(q) for label, q in self._windows.items()}
         t = self.drift_threshold
         drifted = [
             name
-            for name, s in (("admission", adm), ("refinement", ref))
+            for name, s in stats.items()
             if s["n"] >= self.window
             and s["median_ratio"] is not None
             and not 1.0 / t <= s["median_ratio"] <= t
@@ -83,8 +98,7 @@ class QualityMonitor:
             "finished": self.finished,
             "window": self.window,
             "drift_threshold": t,
-            "admission": adm,
-            "refinement": ref,
+            **stats,
             "drifted": drifted,
         }
 
@@ -97,7 +111,8 @@ class QualityMonitor:
         publishes it from a background one); by default, the figures now."""
         snap = self.snapshot() if snapshot is None else snapshot
         log.info(
-            "dwise monitor: admission %s, refinement %s", snap["admission"], snap["refinement"]
+            "dwise monitor: %s",
+            ", ".join(f"{label} {snap[label]}" for label in self.labels if label in snap),
         )
         if snap["drifted"] and not self.warned:
             self.warned = True

@@ -63,7 +63,7 @@ class ObserveServing(PluginState):
         super().__init__(config, bundle, block_size=block_size)
         self.featurizer = featurizer
         self.pool_hidden = pool_hidden
-        self.refine = bundle is not None and getattr(bundle, "refinement", None) is not None
+        self.refine = bundle is not None and bundle.refinement is not None
         self._round = 0
 
     # -- a round's result -------------------------------------------------------------------------

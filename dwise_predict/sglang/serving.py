@@ -96,7 +96,7 @@ class DwiseServing(PluginState):
                 f"--max-running-requests {config.max_residents} (or lower DWISE_SGLANG_K)"
             )
         super().__init__(config, bundle, block_size=block_size)
-        admission = getattr(bundle, "admission", None)
+        admission = None if bundle is None else bundle.admission
         #: unwraps served prompts from the chat template the bundle was traced with
         self.featurizer = getattr(admission, "featurizer", None)
         # the same policy the simulator runs under this name (dws-sjf: priced by DWS)

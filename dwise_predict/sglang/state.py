@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..predictors import AdmissionModel, RefinementEnsemble
 from . import seam
 from .background import Background
 from .config import PluginConfig
@@ -134,7 +135,9 @@ class PluginState:
         if self.bundle is not None:
             actual = float(sum(tr.rounds_per_block))
             refined_total = None if tr.refined is None else 1.0 + tr.refined
-            self.monitor.record(actual, tr.admission, refined_total)
+            self.monitor.record(
+                actual, {AdmissionModel.kind: tr.admission, RefinementEnsemble.kind: refined_total}
+            )
         else:  # observe mode without a bundle: nothing to compare, only the count
             self.monitor.finished += 1
         rid = seam.rid(req)

@@ -34,8 +34,8 @@ def _value(registry, name, estimate=None):
 def test_gauges_carry_the_snapshot_and_flag_drift():
     monitor = QualityMonitor(window=8, drift_threshold=1.5)
     for actual in range(10, 20):  # admission twice the truth: drifted; refinement spot on
-        monitor.record(float(actual), 2.0 * actual, float(actual))
-    monitor.record(5.0, 10.0, None)
+        monitor.record(float(actual), {"admission": 2.0 * actual, "refinement": float(actual)})
+    monitor.record(5.0, {"admission": 10.0, "refinement": None})
     registry = CollectorRegistry()
     MonitorGauges(LABELS, registry).set(monitor.snapshot())
     assert _value(registry, "dwise:monitor_finished") == 11
