@@ -369,3 +369,80 @@ def test_embedding_tables_go_int8_one_scale_per_row(trained: dict, tmp_path: Pat
     fp32 = DWSPredictor(fp32_file, src.tokenizer, src.config)
     assert np.abs(rows.predict_surface(prompts) - fp32.predict_surface(prompts)).max() < 0.02
     assert dst.stat().st_size < 0.5 * fp32_file.stat().st_size
+
+
+#: run under torchrun by the DDP test: `train_bundle` as `dwise-predict train` calls it with
+#: --accelerator cpu --devices 2 --strategy ddp (fewer head epochs than the CLI's defaults, to
+#: keep the test short)
+DDP_CONFIG = {
+    "stage_a_epochs": 2,
+    "stage_b_epochs": 30,
+    "baseline_epochs": 10,
+    "window": 48,
+    "head_tokens": 16,
+}
+DDP_DRIVER = f"""
+import sys
+from dwise_predict.trainers.devices import DeviceConfig
+from dwise_predict.trainers.dws import DWSTrainConfig
+from dwise_predict.trainers.pipeline import train_bundle
+
+traces, out, profile, encoder = sys.argv[1:5]
+train_bundle(
+    traces,
+    out,
+    only="dws",
+    cost_profile=profile,
+    dws_config=DWSTrainConfig(encoder_path=encoder, **{DDP_CONFIG!r}),
+    devices=DeviceConfig(accelerator="cpu", devices=2, strategy="ddp"),
+)
+"""
+
+
+@pytest.mark.slow
+def test_dws_trains_with_ddp_on_two_cpu_processes(tiny_encoder: Path, tmp_path: Path) -> None:
+    """torchrun, 2 processes, DDP over gloo: the DWS trainer on the multi-GPU / multi-node code
+    path, as the other trainers. Both processes take their half of every batch, rank 0 alone
+    exports and writes, and the model is as good as one process's on the same traces (the
+    same global batches; they differ in dropout draws and float summation order)."""
+    import pyarrow.parquet as pq
+    from dwise_predict.trainers.dws import DWSTrainConfig
+    from dwise_predict.trainers.dws_eval import evaluate_dws
+    from dwise_predict.trainers.pipeline import train_bundle
+
+    pq.write_table(labelled_traces(96, seed=6), tmp_path / "train.parquet")
+    planted_profile().save(tmp_path / "profile.json")
+    (tmp_path / "driver.py").write_text(DDP_DRIVER)
+    args = [str(tmp_path / n) for n in ("train.parquet", "ddp", "profile.json")]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    done = subprocess.run(
+        [
+            *torchrun,
+            "--nproc-per-node",
+            "2",
+            str(tmp_path / "driver.py"),
+            *args,
+            str(tiny_encoder),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    train_bundle(  # the single-process peer, in this process, as `train` without device flags
+        args[0],
+        tmp_path / "one",
+        only="dws",
+        cost_profile=args[2],
+        dws_config=DWSTrainConfig(encoder_path=str(tiny_encoder), **DDP_CONFIG),
+    )
+    one, ddp = (dwise_predict.load_bundle(tmp_path / n) for n in ("one", "ddp"))
+    info = ddp.manifest["training"]["dws"]
+    assert info["processes"] == 2 and info["devices"]["strategy"] == "ddp"
+    assert one.manifest["training"]["dws"]["processes"] == 1
+    ev = labelled_traces(64, seed=7)
+    m_one, _ = evaluate_dws(one, ev)
+    m_ddp, s_ddp = evaluate_dws(ddp, ev)
+    assert np.all(s_ddp >= 0) and np.all(s_ddp <= 1 + 1e-6)
+    ratio = m_ddp["cost_mae"] / m_one["cost_mae"]
+    assert 0.8 <= ratio <= 1.25, (m_ddp["cost_mae"], m_one["cost_mae"])
