@@ -321,7 +321,7 @@ def carried_check(record: dict[str, Any]) -> ExportCheck:
         parity=ParityReport(
             n=0,
             max_abs_error=err,
-            max_rel_error=float("nan"),
+            max_rel_error=None,
             worst_violation=err - tol.abs,
             tolerance=tol,
             passed=err <= tol.abs,

@@ -45,7 +45,8 @@ class Tolerance:
 class ParityReport:
     n: int
     max_abs_error: float
-    max_rel_error: float
+    #: None where the gate did not measure it (DWS's train-time gate, see ``onnx_dws``)
+    max_rel_error: float | None
     worst_violation: float  # max of |err| - bound; <= 0 means every element is within the tolerance
     tolerance: Tolerance
     passed: bool

@@ -187,6 +187,35 @@ def test_manifest_records_the_module_and_the_gate(trained: dict) -> None:
     assert "cost_profile" in manifest["predictors"]
 
 
+def test_export_reports_the_train_time_gates_through_export_bundle(
+    trained: dict, tmp_path: Path
+) -> None:
+    """`dwise-predict export` treats DWS as every kind: its exporter (named by the kind)
+    reports the gates `train` recorded, and the ONNX files it cannot re-export stay as they
+    are, hashed."""
+    from dwise_predict.cli import main
+
+    copy = tmp_path / "b"
+    shutil.copytree(trained["path"], copy)
+    before = (copy / "dws.onnx").read_bytes()
+    argv = ["export", str(copy), "--repeats", "2", "--report", str(tmp_path / "r.json")]
+    assert main(argv) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    entry = json.loads((copy / "manifest.json").read_text())["predictors"]["dws"]
+    carried = {c["file"]: c for c in report["carried"]}
+    assert set(carried) == {e["file"] for e in entry["exports"]}
+    for rec in entry["exports"]:
+        c = carried[rec["file"]]
+        assert c["predictor"] == "dws" and c["kept"] == rec["kept"]
+        assert c["parity"]["max_abs_error"] == rec["surface_max_abs_error"]
+        assert c["latency_us"]["probes"]["exported"] == 1e3 * rec["latency_ms_per_request"]
+    assert "dws" not in report["not_applicable"]
+    assert "admission.onnx" in {c["file"] for c in report["checks"]}
+    after = dwise_predict.load_bundle(copy)  # every hash verifies
+    assert (copy / "dws.onnx").read_bytes() == before and after.dws is not None
+    assert not any(name.startswith("dws") for name in after.manifest["exports"])
+
+
 def test_tampered_dws_file_is_refused(trained: dict, tmp_path: Path) -> None:
     copy = tmp_path / "b"
     shutil.copytree(trained["path"], copy)
