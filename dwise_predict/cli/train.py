@@ -34,10 +34,12 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
         help="trace file or folder of shards (`dwise-predict trace --out`)",
     )
     p.add_argument("--out", required=True, help="bundle folder to write")
+    from ..bundle.modules import with_hook  # the kind registry: names only, nothing heavy
+
     p.add_argument(
         "--only",
-        help="comma list of predictor kinds: admission,refinement,dws "
-        "(default: admission,refinement, plus dws with --cost-profile)",
+        help=f"comma list of predictor kinds: {','.join(with_hook('trainer'))} (default: all; "
+        "the kinds priced in ms, DWS, only with --cost-profile)",
     )
     p.add_argument(
         "--cost-profile",
