@@ -13,6 +13,9 @@ import pytest
 import torch
 from dwise_predict.tracing.workload import WorkloadRecord, make_math, make_mcq
 from dwise_predict.zoo.tiny_bd.config import TinyBDConfig
+from dwise_predict.zoo.tiny_bd.generate import _extend, generate, prefill
+from dwise_predict.zoo.tiny_bd.io import WEIGHTS_DIR, from_pretrained, save_pretrained
+from dwise_predict.zoo.tiny_bd.model import TinyBDModel
 from dwise_predict.zoo.tiny_bd.recipe.data import (
     DataConfig,
     TrainingExample,
@@ -33,10 +36,6 @@ from dwise_predict.zoo.tiny_bd.recipe.free_text import (
     free_text_examples,
     free_text_sources,
 )
-from dwise_predict.zoo.tiny_bd.generate import _extend, generate, prefill
-from dwise_predict.zoo.tiny_bd.io import WEIGHTS_DIR, from_pretrained, save_pretrained
-from dwise_predict.zoo.tiny_bd.model import TinyBDModel
-from dwise_predict.zoo.tiny_bd.tokenizer import EOS, MASK, build_tokenizer
 from dwise_predict.zoo.tiny_bd.recipe.train import (
     diffusion_loss,
     lr_factor,
@@ -46,6 +45,7 @@ from dwise_predict.zoo.tiny_bd.recipe.train import (
     parse_mix,
 )
 from dwise_predict.zoo.tiny_bd.recipe.two_stream import CLEAN, NOISY, PROMPT, collate
+from dwise_predict.zoo.tiny_bd.tokenizer import EOS, MASK, build_tokenizer
 
 from dwise_predict.errors import ModelError, TrainingError
 
@@ -826,8 +826,8 @@ def test_grow_widens_the_mlp_without_changing_what_the_model_computes(tmp_path: 
     a history that names the growth, and refuses to shrink."""
     import json
 
-    from dwise_predict.zoo.tiny_bd.recipe.grow import grow_checkpoint
     from dwise_predict.zoo.tiny_bd.io import from_pretrained, save_pretrained
+    from dwise_predict.zoo.tiny_bd.recipe.grow import grow_checkpoint
 
     cfg = tiny_model(0).config
     src = save_pretrained(tiny_model(0), tmp_path / "src")

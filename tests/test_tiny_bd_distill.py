@@ -8,10 +8,10 @@ import pytest
 import torch
 from _tiny_bd_helpers import BS, CONFIG, examples, quick_config, training_set
 from dwise_predict.zoo.tiny_bd.config import TinyBDConfig
-from dwise_predict.zoo.tiny_bd.recipe.data import DataConfig, EncodedExample
-from dwise_predict.zoo.tiny_bd.recipe.distill import Teachers, distillation_loss
 from dwise_predict.zoo.tiny_bd.io import save_pretrained
 from dwise_predict.zoo.tiny_bd.model import TinyBDModel
+from dwise_predict.zoo.tiny_bd.recipe.data import DataConfig, EncodedExample
+from dwise_predict.zoo.tiny_bd.recipe.distill import Teachers, distillation_loss
 from dwise_predict.zoo.tiny_bd.recipe.train import (
     BatchListDataset,
     TrainConfig,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-
 from pathlib import Path
 
 import pytest
@@ -187,9 +186,7 @@ def test_zoo_release_versions_agree():
     (docs/zoo.md, "Releasing the zoo")."""
     import tomllib
 
-    zoo_version = tomllib.loads((REPO / "zoo" / "pyproject.toml").read_text())["project"][
-        "version"
-    ]
+    zoo_version = tomllib.loads((REPO / "zoo" / "pyproject.toml").read_text())["project"]["version"]
     entry = resolve("tiny-bd")
     assert entry.revision == f"v{zoo_version}", (
         f"zoo/pyproject.toml says {zoo_version} but the index pins {entry.revision}: "
@@ -198,6 +195,7 @@ def test_zoo_release_versions_agree():
     local = entry.local_bundle()
     assert local is not None
     manifest = json.loads((local / "manifest.json").read_text())
-    assert ModelFingerprint.from_dict(manifest["fingerprint"]).mismatches(
-        entry.model_fingerprint()
-    ) == [], "the shipped bundle is not the one the index describes"
+    assert (
+        ModelFingerprint.from_dict(manifest["fingerprint"]).mismatches(entry.model_fingerprint())
+        == []
+    ), "the shipped bundle is not the one the index describes"

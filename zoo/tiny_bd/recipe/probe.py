@@ -68,10 +68,10 @@ import torch
 
 from dwise_predict.errors import ConfigError
 
-from .data import DataConfig, TrainingExample, encode_examples, render_prompt
-from .distill import Teachers
 from ..generate import generate
 from ..io import from_pretrained
+from .data import DataConfig, TrainingExample, encode_examples, render_prompt
+from .distill import Teachers
 from .toys import letter_accuracy, letter_probabilities, letters_right
 
 

@@ -1,8 +1,9 @@
 """Rebuild every figure the docs quote about tiny-bd from its shipped weights, step by step.
 
-    python -m dwise_predict.zoo.tiny_bd.recipe.rebuild                  # all steps, ~11 min on 2 cores
-    python -m dwise_predict.zoo.tiny_bd.recipe.rebuild --dry-run        # print the commands only
-    python -m dwise_predict.zoo.tiny_bd.recipe.rebuild --install-bundle # then replace zoo/bundles/tiny-bd
+    python -m dwise_predict.zoo.tiny_bd.recipe.rebuild            # all steps, ~11 min on 2 cores
+    python -m dwise_predict.zoo.tiny_bd.recipe.rebuild --dry-run  # print the commands only
+    # then replace zoo/bundles/tiny-bd with the rebuilt bundle (a zoo release, docs/zoo.md):
+    python -m dwise_predict.zoo.tiny_bd.recipe.rebuild --install-bundle
 
 Why: shipping new weights (a new training stage) changes every tiny-bd figure in the docs: the
 report, the zoo bundle trained on the weights' own traces, its ONNX exports and evaluation, the

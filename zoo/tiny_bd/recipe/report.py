@@ -43,7 +43,9 @@ BUDGET = 256
 #: the report measures the first REPORT_REQUESTS eval requests; checkpoints are watched and
 #: chosen on the eval requests after them (``probe.py``), so no figure here picks its own model
 REPORT_REQUESTS = 1000
-FIGURES_BEGIN = "<!-- figures:begin (written by python -m dwise_predict.zoo.tiny_bd.recipe.report) -->"
+FIGURES_BEGIN = (
+    "<!-- figures:begin (written by python -m dwise_predict.zoo.tiny_bd.recipe.report) -->"
+)
 FIGURES_END = "<!-- figures:end -->"
 CATEGORY_ORDER = ("chat", "instruction", "code", "math", "mcq", "long_context")
 

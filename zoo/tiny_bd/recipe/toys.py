@@ -30,6 +30,9 @@ import torch
 from dwise_predict.atomic import write_json
 
 from ..config import TinyBDConfig
+from ..generate import generate
+from ..model import TinyBDModel
+from ..tokenizer import MASK, build_tokenizer
 from .data import (
     DataConfig,
     EncodedExample,
@@ -38,9 +41,6 @@ from .data import (
     encode_examples,
     render_prompt,
 )
-from ..generate import generate
-from ..model import TinyBDModel
-from ..tokenizer import MASK, build_tokenizer
 from .train import TrainConfig, diffusion_loss, make_optimizer, train
 from .two_stream import collate
 

@@ -45,6 +45,7 @@ from dwise_predict.atomic import write_json
 from dwise_predict.errors import TrainingError
 
 from ..config import TinyBDConfig
+from ..model import TinyBDModel
 from .data import (
     DEFAULT_MIX,
     FAMILIES,
@@ -59,7 +60,6 @@ from .data import (
 )
 from .distill import Teachers, distillation_loss
 from .free_text import STYLES, check_category_weights
-from ..model import TinyBDModel
 from .two_stream import TwoStreamBatch, collate
 
 
