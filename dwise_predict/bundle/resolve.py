@@ -42,7 +42,7 @@ def resolve_bundle(ref: str | Path) -> ResolvedBundle:
         return ResolvedBundle(_check_folder(pull_bundle(ref), ref), source="hub")
     path = Path(ref).expanduser()
     if not path.exists() and isinstance(ref, str) and _looks_like_name(ref):
-        entry = _zoo_entry(ref)
+        entry = find(ref)
         if entry is not None:
             local = entry.local_bundle()
             if local is None:
@@ -60,11 +60,6 @@ def resolve_bundle_path(ref: str | Path) -> Path:
 
 def _looks_like_name(ref: str) -> bool:
     return "/" not in ref and "\\" not in ref and not ref.startswith(".")
-
-
-def _zoo_entry(name: str) -> ZooEntry | None:
-    """The zoo index entry for ``name``, or None."""
-    return find(name)
 
 
 def _pull_zoo_bundle(entry: ZooEntry) -> Path:
