@@ -22,8 +22,9 @@ _LAZY = {
     "DecodeRequest": ".engine",
     "RequestResult": ".engine",
     "decode": ".engine",
-    "TraceWriter": ".writer",
+    "TraceWriter": "dwise_predict.trace_writer",
     "compact_traces": ".compact",
+    "plan_decoding": ".plans",
 }
 
 __all__ = sorted(_LAZY)

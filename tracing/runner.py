@@ -32,13 +32,10 @@ from dwise_predict.trace_writer import (
 )
 from dwise_predict.traces import TRACE_SCHEMA_VERSION
 
-from .decoders import (
-    DEFAULT_EDIT_THRESHOLD,
-    DEFAULT_MAX_POST_EDIT_STEPS,
-    DEFAULT_THRESHOLDS,
-    LOW_CONFIDENCE,
-)
-from .engine import DecodeConfig, DecodeRequest, RequestResult, decode, validate_requests
+from .decoders import DEFAULT_EDIT_THRESHOLD, DEFAULT_MAX_POST_EDIT_STEPS
+from .engine import DecodeConfig, DecodeRequest, RequestResult, validate_requests
+from .plans import Adapter, DecodePlan, DecodeSettings, plan_decoding
+from .plans import close as close_results
 
 DEFAULT_MAX_NEW_TOKENS = 256
 
@@ -93,12 +90,6 @@ def as_trace_record(obj: Any, where: str = "record") -> TraceRecord:
     return TraceRecord(**vals)  # type: ignore[arg-type]
 
 
-def request_seed(seed: int, request_id: str) -> int:
-    """Per-request seed for sampling models: independent of batch, order and resume."""
-    digest = hashlib.sha256(f"{seed}:{request_id}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
-
-
 def check_output(out_dir: str | Path, resume: bool) -> None:
     """Refuse early (before loading a model) an output folder holding shards without ``resume``."""
     out = Path(out_dir)
@@ -113,7 +104,7 @@ def check_output(out_dir: str | Path, resume: bool) -> None:
 
 
 def trace_workload(
-    adapter: Any,
+    adapter: Adapter,
     records: Iterable[Any],
     out_dir: str | Path,
     *,
@@ -140,7 +131,8 @@ def trace_workload(
     (``update``, ``set_postfix``) or None. ``decoding`` picks the engine's decoder
     (``low_confidence``, the default, or ``joint_threshold`` with ``edit_threshold`` and
     ``max_post_edit_steps``); ``threshold`` defaults to that decoder's SGLang default. A
-    native-loop model (DiffusionGemma) always decodes with its own sampler.
+    native-loop model (DiffusionGemma) decodes with its own sampler unless ``decoding`` names
+    an engine decoder (:mod:`.plans` has one function per adapter kind).
     ``block_alignment`` is the block layout (``absolute`` or ``response``, docs/tracing.md);
     None takes the adapter's default, how its model is served. It is recorded in the
     fingerprint, so a bundle trained on these traces is refused by a server of the other
@@ -155,76 +147,39 @@ def trace_workload(
     recs = [as_trace_record(r, f"workload record #{i}") for i, r in enumerate(records)]
     if limit is not None:
         recs = recs[:limit]
-    native = bool(getattr(adapter, "native_loop", False))
-    bs = adapter.resolve_block_size(block_size)
-    alignment = adapter.resolve_block_alignment(block_alignment)
-    own_sampler = native and decoding in (None, adapter.info.decoding)
-    if native and not own_sampler and not hasattr(adapter, "generate_decoded"):
-        raise ConfigError(
-            f"{adapter.info.model_id} decodes with its own sampler "
-            f"({adapter.info.decoding}); drop --decoding {decoding}"
-        )
-    if own_sampler:
-        thr = float(adapter.decoding_threshold(threshold))
-        config = DecodeConfig(
-            block_size=bs,
-            threshold=thr,
+    plan = plan_decoding(
+        adapter,
+        DecodeSettings(
             max_new_tokens=max_new_tokens,
-            block_alignment=alignment,
-        )
-        fingerprint = adapter.fingerprint(
-            block_size=bs,
-            threshold=thr,
-            max_new_tokens=max_new_tokens,
-            max_steps_per_block=adapter.max_steps_per_block(),
-            block_alignment=alignment,
-        )
-    else:
-        name = decoding or LOW_CONFIDENCE
-        if name not in DEFAULT_THRESHOLDS:
-            raise ConfigError(
-                f"unknown decoding {name!r}; choose one of {', '.join(DEFAULT_THRESHOLDS)}"
-            )
-        thr = DEFAULT_THRESHOLDS[name] if threshold is None else float(threshold)
-        config = DecodeConfig(
-            block_size=bs,
-            threshold=thr,
-            max_new_tokens=max_new_tokens,
-            decoding=name,
+            threshold=threshold,
+            block_size=block_size,
+            block_alignment=block_alignment,
+            decoding=decoding,
             edit_threshold=edit_threshold,
             max_post_edit_steps=max_post_edit_steps,
-            block_alignment=alignment,
-        )
-        extra = dict(config.decoder.params())
-        if native:  # a native-loop model driven by an engine decoder starts canvases from its mask
-            extra["decoder_mask_token_id"] = adapter.decoder_mask_id()
-        fingerprint = adapter.fingerprint(
-            block_size=bs,
-            threshold=thr,
-            max_new_tokens=max_new_tokens,
-            decoding=name,
-            extra=extra,
-            max_steps_per_block=config.max_steps_per_block,
-            block_alignment=alignment,
-        )
+            batch_size=batch_size,
+            seed=seed,
+        ),
+    )
 
     # 1. every prompt checked and tokenized before anything is written
     for r in recs:
         if not r.prompt.strip():
             raise WorkloadError(f"request {r.id!r} has an empty prompt; drop it from the workload")
     requests = [DecodeRequest(r.id, adapter.encode_prompt(r.prompt)) for r in recs]
-    validate_requests(requests, config, adapter.info.max_context)
+    validate_requests(requests, plan.config, adapter.info.max_context)
     check_output(out_dir, resume)
 
-    by_id = {r.id: r for r in recs}
+    # 2. decode what is not traced yet, one row per finished request
     summary = TraceSummary(
-        out_dir=Path(out_dir), fingerprint=fingerprint, traced=0, skipped=0, total=len(recs)
+        out_dir=Path(out_dir), fingerprint=plan.fingerprint, traced=0, skipped=0, total=len(recs)
     )
+    rows = _RowMaker(adapter, plan, {r.id: r for r in recs}, seed, redact_prompts)
     with (
         terminate_as_interrupt(),
         TraceWriter(
             out_dir,
-            fingerprint,
+            plan.fingerprint,
             shard_size=shard_size,
             flush_interval_s=flush_interval_s,
             resume=resume,
@@ -239,63 +194,70 @@ def trace_workload(
         summary.skipped = len(requests) - len(todo)
         if progress is not None and summary.skipped:
             progress.update(summary.skipped)
-        t0 = time.perf_counter()
-
-        def on_round(n_rows: int, _secs: float) -> None:
-            summary.engine_rounds += 1
-            summary.request_rounds += n_rows
-
-        results: Iterable[RequestResult]
-        if native and not own_sampler:
-            results = (
-                adapter.generate_decoded(
-                    q.prompt_ids,
-                    decoder=config.decoder,
-                    max_new_tokens=max_new_tokens,
-                    request_id=q.request_id,
-                )
-                for q in todo
-            )
-        elif native:
-            results = (
-                adapter.generate_traced(
-                    q.prompt_ids,
-                    max_new_tokens=max_new_tokens,
-                    threshold=thr,
-                    seed=request_seed(seed, q.request_id),
-                    request_id=q.request_id,
-                )
-                for q in todo
-            )
-        else:
-            results = decode(adapter, todo, config, batch_size=batch_size, on_round=on_round)
-        try:
-            for res in results:
-                if native:
-                    summary.engine_rounds += len(res.round_wall_ms)
-                    summary.request_rounds += len(res.round_wall_ms)
-                row = build_row(
-                    res, by_id[res.request_id], adapter, config, fingerprint, seed, redact_prompts
-                )
-                writer.add(row)
-                log.debug("traced %s", res.request_id)
-                summary.traced += 1
-                summary.denoising_rounds += res.total_rounds
-                if progress is not None:
-                    el = max(time.perf_counter() - t0, 1e-9)
-                    progress.update(1)
-                    progress.set_postfix(
-                        req_s=f"{summary.traced / el:.2f}",
-                        rounds_s=f"{summary.engine_rounds / el:.1f}",
-                        refresh=False,
-                    )
-        finally:
-            summary.wall_s = time.perf_counter() - t0
-            if hasattr(results, "close"):
-                results.close()  # type: ignore[union-attr]
+        _write_results(plan, todo, rows, writer, summary, progress)
     summary.shards = list(writer.written)
     summary.write_s = writer.write_s
     return summary
+
+
+@dataclass(frozen=True)
+class _RowMaker:
+    """Turns a decoded request into its trace row (everything a row needs but the result)."""
+
+    adapter: Adapter
+    plan: DecodePlan
+    records: dict[str, TraceRecord]
+    seed: int
+    redact_prompts: bool
+
+    def __call__(self, res: RequestResult) -> dict[str, Any]:
+        return build_row(
+            res,
+            self.records[res.request_id],
+            self.adapter,
+            self.plan.config,
+            self.plan.fingerprint,
+            self.seed,
+            self.redact_prompts,
+        )
+
+
+def _write_results(
+    plan: DecodePlan,
+    todo: list[DecodeRequest],
+    make_row: _RowMaker,
+    writer: TraceWriter,
+    summary: TraceSummary,
+    progress: Any,
+) -> None:
+    """Run the plan's request loop, writing each result as it finishes and counting rounds."""
+    t0 = time.perf_counter()
+
+    def on_round(n_rows: int, _secs: float) -> None:
+        summary.engine_rounds += 1
+        summary.request_rounds += n_rows
+
+    results = plan.run(todo, on_round)
+    try:
+        for res in results:
+            if plan.counts_rounds_per_result:
+                summary.engine_rounds += len(res.round_wall_ms)
+                summary.request_rounds += len(res.round_wall_ms)
+            writer.add(make_row(res))
+            log.debug("traced %s", res.request_id)
+            summary.traced += 1
+            summary.denoising_rounds += res.total_rounds
+            if progress is not None:
+                el = max(time.perf_counter() - t0, 1e-9)
+                progress.update(1)
+                progress.set_postfix(
+                    req_s=f"{summary.traced / el:.2f}",
+                    rounds_s=f"{summary.engine_rounds / el:.1f}",
+                    refresh=False,
+                )
+    finally:
+        summary.wall_s = time.perf_counter() - t0
+        close_results(results)
 
 
 def check_reused_ids(recs: list[TraceRecord], done: dict[str, str], out_dir: str | Path) -> None:
@@ -317,7 +279,7 @@ def check_reused_ids(recs: list[TraceRecord], done: dict[str, str], out_dir: str
 def build_row(
     res: RequestResult,
     rec: TraceRecord,
-    adapter: Any,
+    adapter: Adapter,
     config: DecodeConfig,
     fingerprint: ModelFingerprint,
     seed: int,

@@ -34,6 +34,7 @@ from dwise_predict.fingerprint import (
 if TYPE_CHECKING:  # torch is only needed by the implementations
     import torch
 
+    from ..decoders import Decoder
     from ..engine import RequestResult
 
 
@@ -226,6 +227,8 @@ class NativeLoopAdapter(Protocol):
 
     def encode_prompt(self, prompt: str) -> list[int]: ...
 
+    def decode(self, ids: list[int]) -> str: ...
+
     def fingerprint(
         self,
         *,
@@ -258,3 +261,17 @@ class NativeLoopAdapter(Protocol):
         request_id: str = "",
     ) -> RequestResult:
         """Run the model's real generation for one request and return what it did."""
+
+
+@runtime_checkable
+class DecoderDrivenAdapter(NativeLoopAdapter, Protocol):
+    """A native-loop model that can also be decoded greedily by an engine decoder (to compare
+    its own sampler with LowConfidence or JointThreshold on the same prompts)."""
+
+    def decoder_mask_id(self) -> int:
+        """The token each canvas starts from: the tokenizer's mask token."""
+
+    def generate_decoded(
+        self, prompt_ids: list[int], *, decoder: Decoder, max_new_tokens: int, request_id: str = ""
+    ) -> RequestResult:
+        """Decode one request with ``decoder`` instead of the model's own sampler."""
