@@ -44,7 +44,13 @@ from dwise_predict.zoo.tiny_bd.recipe.train import (
     parse_mcq_kinds,
     parse_mix,
 )
-from dwise_predict.zoo.tiny_bd.recipe.two_stream import CLEAN, NOISY, PROMPT, collate
+from dwise_predict.zoo.tiny_bd.recipe.two_stream import (
+    CLEAN,
+    NOISY,
+    PROMPT,
+    absolute_layout,
+    collate,
+)
 from dwise_predict.zoo.tiny_bd.tokenizer import EOS, MASK, build_tokenizer
 
 from dwise_predict.errors import ModelError, TrainingError
@@ -123,6 +129,55 @@ def test_training_logits_equal_cached_block_by_block_inference() -> None:
                 ).logits[0]
             got = logits[i, lp + lr + j * BS : lp + lr + (j + 1) * BS]
             torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_absolute_layout_trains_what_the_server_decodes() -> None:
+    """Absolute layout (how SGLang serves tiny-bd): the prompt's tail opens the first output
+    block as clean, unmasked input with no loss, every block starts at a multiple of the block
+    size, and the logits still equal a cached block-by-block forward of that layout."""
+    model = tiny_model()
+    prompts = [list(range(10, 31)), list(range(12, 17)), list(range(20, 36))]  # 21, 5, 16 tokens
+    responses = [
+        list(range(40, 45)) + [EOS] * 3 + [EOS] * BS,  # enough EOS padding to take the tail
+        [50, 51, 52, 53, 54, 55, 56, EOS],  # none: one more block of padding
+        list(range(60, 60 + BS)),  # a prompt of whole blocks has no tail
+    ]
+    batch = collate(
+        prompts,
+        responses,
+        BS,
+        generator=torch.Generator().manual_seed(3),
+        mask_ratios=None,
+        absolute=[True, True, True],
+    )
+    with torch.no_grad():
+        logits = model(batch.input_ids, batch.position_ids, batch.attn_mask).logits
+    expected_tail = [21 % BS, 5 % BS, 0]
+    for i, (p, m) in enumerate(zip(prompts, expected_tail)):
+        head = p[: len(p) - m]
+        noisy_at = torch.nonzero(batch.kind[i] == NOISY).flatten()
+        r = batch.input_ids[i, len(head) : len(head) + len(noisy_at)].tolist()  # clean stream
+        assert r[:m] == p[len(p) - m :] and len(r) % BS == 0
+        first = int(noisy_at[0])
+        assert int(batch.position_ids[i, first]) % BS == 0
+        tail_q = noisy_at[:m]
+        assert batch.input_ids[i, tail_q].tolist() == p[len(p) - m :]  # never masked
+        assert (batch.targets[i, tail_q] == -100).all()
+        for j in range(len(r) // BS):
+            cache = prefill(model, head, BS)
+            for jj in range(j):
+                x = torch.tensor(r[jj * BS : (jj + 1) * BS])[None]
+                pos = torch.arange(len(head) + jj * BS, len(head) + (jj + 1) * BS)[None]
+                with torch.no_grad():
+                    cache = _extend(cache, model(x, pos, None, cache).kv)
+            q = noisy_at[j * BS : (j + 1) * BS]
+            pos = torch.arange(len(head) + j * BS, len(head) + (j + 1) * BS)[None]
+            with torch.no_grad():
+                ref = model(batch.input_ids[i, q][None], pos, None, cache).logits[0]
+            torch.testing.assert_close(logits[i, q], ref, atol=1e-5, rtol=1e-5)
+    # the two padding cases keep a whole number of blocks
+    assert absolute_layout(prompts[0], responses[0], BS)[1][-1] == EOS
+    assert len(absolute_layout(prompts[1], responses[1], BS)[1]) == 2 * BS
 
 
 def test_one_training_step_lowers_the_loss_on_a_tiny_batch() -> None:

@@ -20,7 +20,7 @@ from dwise_predict.zoo.tiny_bd.recipe.train import (
     parse_distill_categories,
     train,
 )
-from dwise_predict.zoo.tiny_bd.recipe.two_stream import TwoStreamBatch, collate
+from dwise_predict.zoo.tiny_bd.recipe.two_stream import NOISY, TwoStreamBatch, collate
 
 from dwise_predict.errors import TrainingError
 
@@ -116,6 +116,30 @@ def test_batches_mark_the_rows_of_the_distilled_categories() -> None:
     assert rows is not None
     assert rows.tolist() == [e.category == "math" for e in enc]
     assert BatchListDataset(enc, [[0, 1]], BS, 0.0, seed=0)[0].distill_rows is None
+
+
+def test_batches_lay_examples_out_in_the_stage_s_block_alignment() -> None:
+    """``--block-alignment``: absolute batches start every output block at a multiple of the
+    block size, response batches right after the prompt, mixed ones draw each row (seeded)."""
+    enc = [e for e in examples(24, seed=4) if len(e.prompt_ids) % BS]
+    idx = [list(range(len(enc)))]
+
+    def block_starts(alignment: str, i: int = 0) -> list[int]:
+        b = BatchListDataset(enc, idx, BS, 0.0, seed=i, block_alignment=alignment)[0]
+        firsts = []
+        for row in range(len(enc)):
+            noisy = torch.nonzero(b.kind[row] == NOISY).flatten()
+            firsts.append(int(b.position_ids[row, noisy[0]]))
+        return firsts
+
+    lengths = [len(e.prompt_ids) for e in enc]
+    assert block_starts("response") == lengths
+    assert block_starts("absolute") == [n - n % BS for n in lengths]
+    mixed = block_starts("mixed")
+    assert mixed == block_starts("mixed")  # seeded
+    assert 0 < sum(m != n for m, n in zip(mixed, lengths)) < len(enc)
+    with pytest.raises(TrainingError, match="unknown block alignment 'aligned'"):
+        BatchListDataset(enc, idx, BS, 0.0, seed=0, block_alignment="aligned")
 
 
 def test_a_lightning_run_with_a_teacher_moves_the_student_toward_it(tmp_path: Path) -> None:

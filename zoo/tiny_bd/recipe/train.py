@@ -62,6 +62,9 @@ from .distill import Teachers, distillation_loss
 from .free_text import STYLES, check_category_weights
 from .two_stream import TwoStreamBatch, collate
 
+#: the layouts a stage can train in (``mixed``: each example drawn from the other two)
+BLOCK_ALIGNMENTS = ("response", "absolute", "mixed")
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -81,6 +84,9 @@ class TrainConfig:
     #: tokens)
     pad_weight: float = 0.1
     t_min: float = 0.0
+    #: the block layout examples are trained in (docs/tracing.md): ``response``, ``absolute``
+    #: (how SGLang serves the model) or ``mixed`` (each example drawn from the two, seeded)
+    block_alignment: str = "response"
     threads: int = 2
     seed: int = 0
     log_every: int = 10
@@ -201,6 +207,7 @@ class BatchListDataset(Dataset):
         seed: int,
         distill_categories: Sequence[str] = (),
         anchor_categories: Sequence[str] = (),
+        block_alignment: str = "response",
     ) -> None:
         self.examples, self.batches, self.block_size, self.t_min = (
             examples,
@@ -209,6 +216,12 @@ class BatchListDataset(Dataset):
             t_min,
         )
         self.seed = seed
+        if block_alignment not in BLOCK_ALIGNMENTS:
+            raise TrainingError(
+                f"unknown block alignment {block_alignment!r}; choose one of "
+                f"{', '.join(BLOCK_ALIGNMENTS)}"
+            )
+        self.block_alignment = block_alignment
         self.distill_categories = frozenset(distill_categories)
         self.anchor_categories = frozenset(anchor_categories)
 
@@ -219,12 +232,17 @@ class BatchListDataset(Dataset):
         idx = self.batches[i]
         # noise depends only on (seed, batch index): reproducible whatever the worker layout
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
+        if self.block_alignment == "mixed":
+            absolute = (torch.rand(len(idx), generator=gen) < 0.5).tolist()
+        else:
+            absolute = [self.block_alignment == "absolute"] * len(idx)
         batch = collate(
             [self.examples[j].prompt_ids for j in idx],
             [self.examples[j].response_ids for j in idx],
             self.block_size,
             generator=gen,
             t_min=self.t_min,
+            absolute=absolute,
         )
         if self.distill_categories:
             batch.distill_rows = torch.tensor(
@@ -249,8 +267,10 @@ class TinyBDDataModule(pl.LightningDataModule):
         training_set: TrainingSet | None = None,
         distill_categories: Sequence[str] = (),
         anchor_categories: Sequence[str] = (),
+        block_alignment: str = "response",
     ) -> None:
         super().__init__()
+        self.block_alignment = block_alignment
         self.data_config, self.batch_tokens, self.seed, self.t_min = (
             data_config,
             batch_tokens,
@@ -288,6 +308,7 @@ class TinyBDDataModule(pl.LightningDataModule):
             self.seed,
             self.distill_categories,
             self.anchor_categories,
+            self.block_alignment,
         )
         # batches are already shuffled with the seed; epochs repeat the order (noise differs per
         # index only)
@@ -532,6 +553,7 @@ def train(
         training_set,
         train_config.distill_categories if frozen is not None else (),
         train_config.anchor_categories if held is not None else (),
+        train_config.block_alignment,
     )
     cb = TimeBoxAndLog(train_config.minutes, log_csv, train_config.log_every, snapshot_dir)
     trainer = make_trainer(train_config, devices, [cb])
@@ -715,6 +737,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--loss-weighting", choices=("none", "inv_t"), default="none")
     ap.add_argument(
+        "--block-alignment",
+        choices=BLOCK_ALIGNMENTS,
+        default=TrainConfig.block_alignment,
+        help="block layout of the training examples: response (output blocks start after the "
+        "prompt), absolute (blocks at multiples of the block size, the prompt's tail in the first "
+        "output block: how SGLang serves the model) or mixed (each example either, seeded)",
+    )
+    ap.add_argument(
         "--pad-weight",
         type=float,
         default=TrainConfig.pad_weight,
@@ -799,6 +829,7 @@ def main(argv: list[str] | None = None) -> int:
         batch_tokens=args.batch_tokens,
         loss_weighting=args.loss_weighting,
         pad_weight=args.pad_weight,
+        block_alignment=args.block_alignment,
         threads=args.threads,
         seed=args.seed,
         warmup_steps=args.warmup_steps,

@@ -17,9 +17,13 @@ that reproduces the decoder's visibility:
   the noisy tokens of block b (bidirectionally) -- the denoising forward;
 * padding sees only itself and is seen by nobody.
 
-Output blocks start at ``len(prompt)``, not at a multiple of ``block_size``, like decoding.
-:func:`tests.test_tiny_bd` checks that the logits of noisy block j here equal a cached,
-block-by-block inference forward.
+Output blocks start at ``len(prompt)``, not at a multiple of ``block_size``, like decoding in
+the response-aligned layout. In the absolute layout (how SGLang serves the model,
+docs/tracing.md) the prompt's ``len(prompt) mod block_size`` last tokens share the first output
+block: :func:`collate` with ``absolute`` moves them to the front of the response, as clean
+tokens that are never masked and carry no loss, so every output block starts at a multiple of
+``block_size``. :func:`tests.test_tiny_bd` checks that the logits of noisy block j here equal a
+cached, block-by-block inference forward in both layouts.
 """
 
 from __future__ import annotations
@@ -109,6 +113,25 @@ def visibility(kind: torch.Tensor, blk: torch.Tensor) -> torch.Tensor:
     return vis | ((qk == PADDING) & eye)
 
 
+def absolute_layout(
+    prompt: Sequence[int], response: Sequence[int], block_size: int
+) -> tuple[list[int], list[int], int]:
+    """``(prompt head, tail + response, tail length)``: the prompt's last ``len mod block_size``
+    tokens moved into the first output block, as the absolute layout decodes them.
+
+    The response stays a whole number of blocks: the tail takes the place of trailing EOS
+    padding when there is enough of it, else one more block of EOS padding is added.
+    """
+    m = len(prompt) % block_size
+    if m == 0:
+        return list(prompt), list(response), 0
+    r = list(response)
+    first_eos = r.index(EOS) if EOS in r else len(r)
+    padding = len(r) - first_eos - 1
+    r = r[: len(r) - m] if padding >= m else r + [EOS] * (block_size - m)
+    return list(prompt[: len(prompt) - m]), list(prompt[len(prompt) - m :]) + r, m
+
+
 def collate(
     prompts: Sequence[Sequence[int]],
     responses: Sequence[Sequence[int]],
@@ -116,18 +139,33 @@ def collate(
     generator: torch.Generator | None = None,
     t_min: float = 0.0,
     mask_ratios: Sequence[Sequence[float]] | None = None,
+    absolute: Sequence[bool] | None = None,
 ) -> TwoStreamBatch:
     """Build a noised two-stream batch.
 
     Every output block of every example draws its own mask ratio t ~ U(t_min, 1] (LLaDA's
     forward process per block) unless ``mask_ratios`` gives them; each response position of the
     block is then masked with probability t. Noise comes from ``generator`` so a seeded run is
-    reproducible.
+    reproducible. ``absolute[i]`` lays example i out in the absolute layout
+    (:func:`absolute_layout`); by default every example is response-aligned.
     """
     if len(prompts) != len(responses) or not prompts:
         raise TrainingError(
             f"need matching, non-empty prompt and response lists, got {len(prompts)} and "
             f"{len(responses)}"
+        )
+    if absolute is not None and len(absolute) != len(prompts):
+        raise TrainingError(f"{len(absolute)} layout flags for {len(prompts)} examples")
+    tails = [0] * len(prompts)
+    if absolute is not None:
+        laid = [
+            absolute_layout(p, r, block_size) if a else (list(p), list(r), 0)
+            for p, r, a in zip(prompts, responses, absolute)
+        ]
+        prompts, responses, tails = (
+            [x[0] for x in laid],
+            [x[1] for x in laid],
+            [x[2] for x in laid],
         )
     total = max(len(p) + 2 * len(r) for p, r in zip(prompts, responses))
     b = len(prompts)
@@ -155,13 +193,14 @@ def collate(
             t = 1.0 - u * (1.0 - t_min)  # in (t_min, 1]
         t_pos = t.repeat_interleave(block_size)
         masked = torch.rand(lr, generator=generator) < t_pos
+        masked[: tails[i]] = False  # the prompt's tail is clean input, never denoised
         noisy = torch.where(masked, torch.full_like(clean, MASK), clean)
         input_ids[i, :lp] = torch.as_tensor(list(p), dtype=torch.long)
         input_ids[i, lp : lp + lr] = clean
         input_ids[i, lp + lr : lp + 2 * lr] = noisy
         targets[i, lp + lr : lp + 2 * lr] = torch.where(masked, clean, torch.full_like(clean, -100))
         ratio[i, lp + lr : lp + 2 * lr] = t_pos
-        first_eos = list(r).index(EOS) if EOS in r else lr
+        first_eos = list(r).index(EOS, tails[i]) if EOS in r[tails[i] :] else lr
         eos_padding[i, lp + lr + first_eos + 1 : lp + 2 * lr] = True
     kind = torch.stack(kinds)
     blk = torch.stack(blks)
