@@ -138,6 +138,15 @@ def test_batches_lay_examples_out_in_the_stage_s_block_alignment() -> None:
     mixed = block_starts("mixed")
     assert mixed == block_starts("mixed")  # seeded
     assert 0 < sum(m != n for m, n in zip(mixed, lengths)) < len(enc)
+    # teachers and anchors judge only the response-aligned rows of a mixed stage
+    b = BatchListDataset(
+        enc, idx, BS, 0.0, seed=0, anchor_categories=["math", "mcq"], block_alignment="mixed"
+    )[0]
+    assert b.anchor_rows is not None
+    for row, e in enumerate(enc):
+        noisy = torch.nonzero(b.kind[row] == NOISY).flatten()
+        response_aligned = int(b.position_ids[row, noisy[0]]) == len(e.prompt_ids)
+        assert bool(b.anchor_rows[row]) == (e.category in ("math", "mcq") and response_aligned)
     with pytest.raises(TrainingError, match="unknown block alignment 'aligned'"):
         BatchListDataset(enc, idx, BS, 0.0, seed=0, block_alignment="aligned")
 

@@ -244,13 +244,23 @@ class BatchListDataset(Dataset):
             t_min=self.t_min,
             absolute=absolute,
         )
+        # in a mixed stage, teachers and the anchor (checkpoints of the response-aligned
+        # layout) only judge the rows laid out as they were trained; absolute rows learn the
+        # served layout from the labels
+        judged = [not (a and self.block_alignment == "mixed") for a in absolute]
         if self.distill_categories:
             batch.distill_rows = torch.tensor(
-                [self.examples[j].category in self.distill_categories for j in idx]
+                [
+                    self.examples[j].category in self.distill_categories and ok
+                    for j, ok in zip(idx, judged)
+                ]
             )
         if self.anchor_categories:
             batch.anchor_rows = torch.tensor(
-                [self.examples[j].category in self.anchor_categories for j in idx]
+                [
+                    self.examples[j].category in self.anchor_categories and ok
+                    for j, ok in zip(idx, judged)
+                ]
             )
         return batch
 
