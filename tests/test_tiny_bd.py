@@ -546,6 +546,25 @@ def test_model_card_lists_every_stage_of_a_continued_checkpoint() -> None:
     assert "peak lr 0.002" in line
 
 
+def test_model_card_shows_recorded_commands_as_they_run_today() -> None:
+    """Commands recorded before the recipe left the package are shown with its module path,
+    and a removed candidate checkpoint a command names is pointed to in git history."""
+    from dwise_predict.zoo.tiny_bd.card import model_card, recipe_command
+
+    assert recipe_command("python -m dwise_predict.zoo.tiny_bd.train --out x") == (
+        "python -m dwise_predict.zoo.tiny_bd.recipe.train --out x"
+    )
+    today = "python -m dwise_predict.zoo.tiny_bd.recipe.grow a --d-ff 768"
+    assert recipe_command(today) == today
+    old = {
+        "command": "python -m dwise_predict.zoo.tiny_bd.train --teacher zoo/tiny_bd/candidates/s28",
+        "train_config": {"lr": 1e-4},
+        "result": {"steps": 1, "seconds": 1.0, "final_loss": 0.5, "stopped_by_time": False},
+    }
+    card = model_card(TinyBDConfig(), old)
+    assert "tiny_bd.recipe.train --teacher" in card and "git history" in card
+
+
 def test_report_rewrites_the_shipped_cards_measured_section_in_place(tmp_path) -> None:
     """The report, rerun on its recorded figures, must reproduce the shipped card byte for byte:
     one measured section, replaced rather than appended, under the heading card.py owns."""

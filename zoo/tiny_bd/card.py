@@ -6,6 +6,7 @@ parameter count, data, the exact training command, and the figures measured on i
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .config import TinyBDConfig
@@ -61,6 +62,15 @@ MEASURED_HEADING = "## Measured (docs/reference-model.md)"
 """The card section the report (``report.py``) rewrites with its headline figures."""
 
 
+#: the recipe's modules, once importable from the model package, now in ``recipe/``
+_RECIPE_MODULE = re.compile(r"dwise_predict\.zoo\.tiny_bd\.(?!recipe\.)(\w+)")
+
+
+def recipe_command(command: str) -> str:
+    """A recorded training command as it runs today (the recipe moved out of the package)."""
+    return _RECIPE_MODULE.sub(r"dwise_predict.zoo.tiny_bd.recipe.\1", command)
+
+
 def model_card(config: TinyBDConfig, training: dict[str, Any]) -> str:
     """Markdown card as training writes it; the report appends the measured figures later."""
     stages = training_stages(training)
@@ -98,11 +108,13 @@ def model_card(config: TinyBDConfig, training: dict[str, Any]) -> str:
         "",
         "## Decoding (as traced)",
         "",
-        "Prompt prefilled in chunks of the block size; each output block starts fully masked at",
-        "position len(prompt) + 32 b; every round unmasks the masked positions whose top-1",
-        "probability is >= tau (at least the most "
-        "confident one); stop at an EOS in a finished block",
-        "or at the output budget (256 tokens).",
+        "As SGLang serves it (absolute block layout): blocks sit at multiples of the block size;",
+        "the prompt's whole blocks are prefilled, its last len(prompt) mod 32 tokens open the",
+        "first output block as clean input and the rest of that block starts masked; every round",
+        "unmasks the masked positions whose top-1 probability is >= tau (at least the most",
+        "confident one); stop at an EOS in a finished block or at the output budget (256",
+        "tokens). Trained in both layouts since card 20 (`--block-alignment`), so the",
+        "response-aligned layout (output blocks from position len(prompt)) decodes too.",
         "",
         "## Training",
         "",
@@ -115,7 +127,7 @@ def model_card(config: TinyBDConfig, training: dict[str, Any]) -> str:
         "EOS-padding loss weight (1.0 = plain mean) are listed with its result below.",
         "",
         "```",
-        *(stage.get("command", "") for stage in stages),
+        *(recipe_command(stage.get("command", "")) for stage in stages),
         "```",
         "",
         *(
@@ -125,6 +137,16 @@ def model_card(config: TinyBDConfig, training: dict[str, Any]) -> str:
                 "where each stage ran) with a fresh schedule and other data draws.",
             ]
             if len(stages) > 1
+            else []
+        ),
+        *(
+            [
+                "Checkpoints under `zoo/tiny_bd/candidates/` that some commands name were "
+                "removed from the",
+                "repository; they are in git history "
+                "(`git checkout 1d6b277^ -- zoo/tiny_bd/candidates`).",
+            ]
+            if any("zoo/tiny_bd/candidates/" in st.get("command", "") for st in stages)
             else []
         ),
         "",
