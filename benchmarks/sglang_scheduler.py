@@ -570,8 +570,9 @@ def prediction_quality(doc: dict[str, Any]) -> dict[str, Any]:
 
     metrics = dwise_predict.load_bundle("tiny-bd").manifest.get("metrics") or {}
     out: dict[str, Any] = {}
-    for kind in ("admission", "refinement"):
-        offline = (metrics.get(kind) or {}).get("per_category") or {}
+    # the bundle's eval names the calibrated refined estimate "refined"
+    for kind, recorded in (("admission", "admission"), ("refinement", "refined")):
+        offline = (metrics.get(recorded) or {}).get("per_category") or {}
         out[kind] = {
             cat: {
                 "in_loop": stats(v[kind]),
@@ -583,7 +584,44 @@ def prediction_quality(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def finish(doc: dict[str, Any], path: Path, command: str) -> dict[str, Any]:
+def served_vs_offline(doc: dict[str, Any], traces: Path) -> dict[str, Any]:
+    """Per category, median total rounds of the served requests beside the same requests in
+    offline traces (``dwise-predict trace`` or the reference model's report, same model and
+    threshold): how faithfully offline traces stand for the server. ``within_15pct`` is the
+    bar a server-faithful layout must meet."""
+    from dwise_predict.traces import read_trace_fingerprint, read_traces
+
+    table = read_traces(traces, columns=["request_id", "total_rounds"])
+    offline = dict(
+        zip(table.column("request_id").to_pylist(), table.column("total_rounds").to_pylist())
+    )
+    cats = doc.get("categories") or {}
+    by: dict[str, tuple[list[float], list[float]]] = {}
+    for rid, t in doc["tracks"].items():
+        if rid in offline:
+            served, traced = by.setdefault(cats.get(rid, "unknown"), ([], []))
+            served.append(float(sum(t["rounds_per_block"])))
+            traced.append(float(offline[rid]))
+    out: dict[str, Any] = {
+        "traces": str(traces),
+        "block_alignment": read_trace_fingerprint(traces).block_alignment,
+        "per_category": {},
+    }
+    for cat, (served, traced) in sorted(by.items()):
+        ms, mt = float(np.median(served)), float(np.median(traced))
+        out["per_category"][cat] = {
+            "n": len(served),
+            "served_median_rounds": ms,
+            "offline_median_rounds": mt,
+            "ratio": round(ms / mt, 4) if mt else None,
+            "within_15pct": bool(mt and abs(ms / mt - 1.0) <= 0.15),
+        }
+    return out
+
+
+def finish(
+    doc: dict[str, Any], path: Path, command: str, offline_traces: Path | None = None
+) -> dict[str, Any]:
     """Add the simulator cross-check and the overhead to a runs document; print and write."""
     from dwise_predict.atomic import write_json
 
@@ -616,6 +654,9 @@ def finish(doc: dict[str, Any], path: Path, command: str) -> dict[str, Any]:
         "core_same_run": core_ref,
         "monitor": doc["monitor"],
         "quality_by_category": prediction_quality(doc),
+        "served_vs_offline": (
+            served_vs_offline(doc, offline_traces) if offline_traces is not None else None
+        ),
         "runs_file": str(path.with_suffix(".runs.json")),
         "command": command,
         "recomputed_with": doc.get("recomputed_with"),
@@ -659,6 +700,17 @@ def finish(doc: dict[str, Any], path: Path, command: str) -> dict[str, Any]:
             f"{r['in_loop']['spearman']!s:>9s}"
             f"{r['offline_spearman'] and round(r['offline_spearman'], 3)!s:>9s}"
         )
+    sv = out["served_vs_offline"]
+    if sv is not None:
+        print(
+            f"\nmedian rounds, served vs offline ({sv['block_alignment']} layout, {sv['traces']}):"
+        )
+        for cat, c in sv["per_category"].items():
+            print(
+                f"{cat:14s}{c['n']:>5d}{c['served_median_rounds']:>9.1f}"
+                f"{c['offline_median_rounds']:>9.1f}{c['ratio']!s:>9s}"
+                f"{'  ok' if c['within_15pct'] else '  off by > 15%'}"
+            )
     print(f"\nsimulator vs SGLang's real loop (B={doc['slots']}, k={doc['k']}):")
     print(
         f"{'':14s}{'real rounds':>12s}{'sim rounds':>11s}{'diff':>8s}"
@@ -704,6 +756,13 @@ def main(argv: list[str] | None = None) -> int:
         help="recompute the simulator cross-check and the overhead from a saved runs file "
         "(FILE.runs.json of an earlier run) instead of serving again",
     )
+    ap.add_argument(
+        "--offline-traces",
+        type=Path,
+        metavar="DIR",
+        help="offline traces of the same eval requests (e.g. the reference model report's "
+        "tiny-bd-eval/tau0.95): per category, served median rounds beside theirs",
+    )
     args = ap.parse_args(argv)
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -728,7 +787,7 @@ def main(argv: list[str] | None = None) -> int:
         doc = serve_both(args.requests, args.slots, args.k, args.max_new_tokens)
         doc["command"] = command
         write_json(path.with_suffix(".runs.json"), doc)  # before anything that could fail
-    finish(doc, path, command)
+    finish(doc, path, command, args.offline_traces)
     return 0
 
 
