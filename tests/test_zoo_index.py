@@ -199,3 +199,6 @@ def test_zoo_release_versions_agree():
         ModelFingerprint.from_dict(manifest["fingerprint"]).mismatches(entry.model_fingerprint())
         == []
     ), "the shipped bundle is not the one the index describes"
+    # traced as SGLang serves it, so a server in the other layout refuses it by name
+    assert manifest["fingerprint"]["block_alignment"] == "absolute"
+    assert entry.model_fingerprint().block_alignment == "absolute"
