@@ -150,11 +150,23 @@ def _find(w: Watch, state: str):
 def test_abort_in_every_state_leaves_sglang_and_the_core_consistent(state):
     # 3-4 prompt blocks each, 8 requests over k*B = 4 residents and B = 2 blocks a round
     specs = [_spec(f"r{i}", 100 + 9 * i, 64) for i in range(8)]
-    runner = ScriptedRunner({f"r{i}": 20 + 5 * i for i in range(8)})
+    runner = ScriptedRunner(
+        {f"r{i}": 20 + 5 * i for i in range(8)} | {"long": 40, "s0": 20, "s1": 24}
+    )
     with _server(runner) as srv:
         w = Watch(srv)
+        if state == "paused":
+            # Pausing depends on the ranking: a resident leaves the round when arrivals rank
+            # ahead of it. So make it happen whatever the bundle's estimates: the longest
+            # prompt starts alone, then two requests of one block arrive mid-prefill
+            specs = [_spec("long", 330, 64)]
         for spec in specs:
             srv.submit(spec)
+        if state == "paused":
+            for _ in range(3):
+                w.step()
+            for rid in ("s0", "s1"):
+                w.submit(_spec(rid, 40, 64))
         if state == "abort_all":
             for _ in range(6):
                 w.step()
