@@ -18,9 +18,9 @@ anything is loaded or written. :func:`~.runner.trace_workload` then only writes 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import TypeGuard
+from typing import Any, TypeGuard
 
 from dwise_predict.errors import ConfigError
 from dwise_predict.fingerprint import ModelFingerprint
@@ -39,6 +39,9 @@ Adapter = StepAdapter | NativeLoopAdapter
 
 #: called once per engine round with the number of rows it carried and its seconds
 OnRound = Callable[[int, float], None]
+
+#: a plan's request loop: one result per request; closing it early frees seats and caches
+RequestLoop = Generator[RequestResult, None, None]
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ class DecodePlan:
 
     config: DecodeConfig
     fingerprint: ModelFingerprint
-    run: Callable[[list[DecodeRequest], OnRound], Iterator[RequestResult]]
+    run: Callable[[list[DecodeRequest], OnRound], RequestLoop]
     #: True where ``run`` does not call ``on_round`` (a model's own loop): the runner counts
     #: each result's rounds instead
     counts_rounds_per_result: bool
@@ -103,20 +106,13 @@ def plan_decoding(adapter: Adapter, settings: DecodeSettings) -> DecodePlan:
 def plan_step(adapter: StepAdapter, s: DecodeSettings) -> DecodePlan:
     """The engine drives the model one block per request per round, with continuous batching."""
     config = _engine_config(adapter.resolve_block_size(s.block_size), s, adapter)
-    fingerprint = adapter.fingerprint(
-        block_size=config.block_size,
-        threshold=config.threshold,
-        max_new_tokens=s.max_new_tokens,
-        decoding=config.decoding,
-        extra=dict(config.decoder.params()),
-        max_steps_per_block=config.max_steps_per_block,
-        block_alignment=config.block_alignment,
+
+    def run(todo: list[DecodeRequest], on_round: OnRound) -> RequestLoop:
+        yield from decode(adapter, todo, config, batch_size=s.batch_size, on_round=on_round)
+
+    return DecodePlan(
+        config, _engine_fingerprint(adapter, config), run, counts_rounds_per_result=False
     )
-
-    def run(todo: list[DecodeRequest], on_round: OnRound) -> Iterator[RequestResult]:
-        return decode(adapter, todo, config, batch_size=s.batch_size, on_round=on_round)
-
-    return DecodePlan(config, fingerprint, run, counts_rounds_per_result=False)
 
 
 def plan_native(adapter: NativeLoopAdapter, s: DecodeSettings) -> DecodePlan:
@@ -136,7 +132,7 @@ def plan_native(adapter: NativeLoopAdapter, s: DecodeSettings) -> DecodePlan:
         block_alignment=config.block_alignment,
     )
 
-    def run(todo: list[DecodeRequest], _on_round: OnRound) -> Iterator[RequestResult]:
+    def run(todo: list[DecodeRequest], _on_round: OnRound) -> RequestLoop:
         for q in todo:
             yield adapter.generate_traced(
                 q.prompt_ids,
@@ -152,22 +148,12 @@ def plan_native(adapter: NativeLoopAdapter, s: DecodeSettings) -> DecodePlan:
 def plan_native_decoder(adapter: DecoderDrivenAdapter, s: DecodeSettings) -> DecodePlan:
     """A native-loop model decoded greedily by an engine decoder, one request at a time."""
     config = _engine_config(adapter.resolve_block_size(s.block_size), s, adapter)
-    extra = {
-        **config.decoder.params(),
-        # the canvases start from the tokenizer's mask, not the model's own noise
-        "decoder_mask_token_id": adapter.decoder_mask_id(),
-    }
-    fingerprint = adapter.fingerprint(
-        block_size=config.block_size,
-        threshold=config.threshold,
-        max_new_tokens=s.max_new_tokens,
-        decoding=config.decoding,
-        extra=extra,
-        max_steps_per_block=config.max_steps_per_block,
-        block_alignment=config.block_alignment,
+    # the canvases start from the tokenizer's mask, not the model's own noise
+    fingerprint = _engine_fingerprint(
+        adapter, config, {"decoder_mask_token_id": adapter.decoder_mask_id()}
     )
 
-    def run(todo: list[DecodeRequest], _on_round: OnRound) -> Iterator[RequestResult]:
+    def run(todo: list[DecodeRequest], _on_round: OnRound) -> RequestLoop:
         for q in todo:
             yield adapter.generate_decoded(
                 q.prompt_ids,
@@ -196,11 +182,19 @@ def _engine_config(block_size: int, s: DecodeSettings, adapter: Adapter) -> Deco
     )
 
 
-def close(results: Iterable[RequestResult]) -> None:
-    """Stop a request loop early (its generator frees its seats and caches)."""
-    closer = getattr(results, "close", None)
-    if closer is not None:
-        closer()
+def _engine_fingerprint(
+    adapter: Adapter, config: DecodeConfig, extra: dict[str, Any] | None = None
+) -> ModelFingerprint:
+    """The fingerprint of traces an engine decoder makes: its parameters and bound S."""
+    return adapter.fingerprint(
+        block_size=config.block_size,
+        threshold=config.threshold,
+        max_new_tokens=config.max_new_tokens,
+        decoding=config.decoding,
+        extra={**config.decoder.params(), **(extra or {})},
+        max_steps_per_block=config.max_steps_per_block,
+        block_alignment=config.block_alignment,
+    )
 
 
 __all__ = [

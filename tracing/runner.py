@@ -13,7 +13,7 @@ import hashlib
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,6 @@ from dwise_predict.traces import TRACE_SCHEMA_VERSION
 from .decoders import DEFAULT_EDIT_THRESHOLD, DEFAULT_MAX_POST_EDIT_STEPS
 from .engine import DecodeConfig, DecodeRequest, RequestResult, validate_requests
 from .plans import Adapter, DecodePlan, DecodeSettings, plan_decoding
-from .plans import close as close_results
 
 DEFAULT_MAX_NEW_TOKENS = 256
 
@@ -174,7 +173,12 @@ def trace_workload(
     summary = TraceSummary(
         out_dir=Path(out_dir), fingerprint=plan.fingerprint, traced=0, skipped=0, total=len(recs)
     )
-    rows = _RowMaker(adapter, plan, {r.id: r for r in recs}, seed, redact_prompts)
+    by_id = {r.id: r for r in recs}
+
+    def make_row(res: RequestResult) -> dict[str, Any]:
+        rec = by_id[res.request_id]
+        return build_row(res, rec, adapter, plan.config, plan.fingerprint, seed, redact_prompts)
+
     with (
         terminate_as_interrupt(),
         TraceWriter(
@@ -194,38 +198,16 @@ def trace_workload(
         summary.skipped = len(requests) - len(todo)
         if progress is not None and summary.skipped:
             progress.update(summary.skipped)
-        _write_results(plan, todo, rows, writer, summary, progress)
+        _write_results(plan, todo, make_row, writer, summary, progress)
     summary.shards = list(writer.written)
     summary.write_s = writer.write_s
     return summary
 
 
-@dataclass(frozen=True)
-class _RowMaker:
-    """Turns a decoded request into its trace row (everything a row needs but the result)."""
-
-    adapter: Adapter
-    plan: DecodePlan
-    records: dict[str, TraceRecord]
-    seed: int
-    redact_prompts: bool
-
-    def __call__(self, res: RequestResult) -> dict[str, Any]:
-        return build_row(
-            res,
-            self.records[res.request_id],
-            self.adapter,
-            self.plan.config,
-            self.plan.fingerprint,
-            self.seed,
-            self.redact_prompts,
-        )
-
-
 def _write_results(
     plan: DecodePlan,
     todo: list[DecodeRequest],
-    make_row: _RowMaker,
+    make_row: Callable[[RequestResult], dict[str, Any]],
     writer: TraceWriter,
     summary: TraceSummary,
     progress: Any,
@@ -257,7 +239,7 @@ def _write_results(
                 )
     finally:
         summary.wall_s = time.perf_counter() - t0
-        close_results(results)
+        results.close()  # an early stop frees the loop's seats and caches
 
 
 def check_reused_ids(recs: list[TraceRecord], done: dict[str, str], out_dir: str | Path) -> None:
