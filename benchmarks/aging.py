@@ -11,7 +11,12 @@ can serve (its throughput is printed), at each --sizes, B = 128, k = 8, under:
 * ``cap-age`` = C: ``starvation_cap`` with the ``age`` clock (rounds since arrival);
 * ``cap-waited`` = C: the same with the ``waited`` clock (rounds without running);
 * ``slack`` = c: ``starvation_slack``, a deadline per request of c times the rounds FCFS would
-  take to clear the work live at its arrival (scale-free: the same c at every size).
+  take to clear the work live at its arrival (scale-free: the same c at every size);
+* ``cap-projected`` = C and ``slack-projected`` = c: the same on the ``projected`` clock (age
+  plus the estimated work left), which promotes a request in time to finish by the deadline
+  instead of once the deadline has passed;
+* ``oracle-cap-projected`` = C (smaller sizes only): the oracle under the projected cap, with
+  the true work: what the rule could do with perfect knowledge.
 
 Caps are swept as fractions of fcfs-mixed's makespan in rounds at that size (the rounds a
 workload takes grow with it, so a cap in rounds does not carry from one size to another), and
@@ -47,8 +52,11 @@ AGING = (0.05, 0.25, 1.0)
 CAP_FRACTIONS = (0.3, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7)
 WAITED_FRACTIONS = (0.45, 0.55)
 SLACKS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25)
+PROJECTED_FRACTIONS = (0.55, 0.6, 0.65, 0.7, 0.75, 0.8)
+PROJECTED_SLACKS = (0.8, 1.0, 1.2, 1.5)
 #: at large sizes (a minute a run) only the band where the trade-off turns
 QUICK_FRACTIONS = (0.5, 0.55, 0.58, 0.6, 0.62, 0.65)
+QUICK_PROJECTED_FRACTIONS = (0.65, 0.7, 0.75)
 GOAL_KEPT = 0.9
 
 
@@ -86,9 +94,23 @@ def sweep(n: int, arrival: str, slots: int, k: int, quick: bool) -> dict[str, An
         for f in (() if quick else WAITED_FRACTIONS)
     ]
     settings += [("slack", c, {"starvation_slack": c}) for c in SLACKS]
+    projected = {"starvation_clock": "projected"}
+    pfracs = QUICK_PROJECTED_FRACTIONS if quick else PROJECTED_FRACTIONS
+    settings += [
+        ("cap-projected", f, {"starvation_cap": round(f * base["rounds"]), **projected})
+        for f in pfracs
+    ]
+    settings += [
+        ("slack-projected", c, {"starvation_slack": c, **projected}) for c in PROJECTED_SLACKS
+    ]
+    settings += [
+        ("oracle-cap-projected", f, {"starvation_cap": round(f * base["rounds"]), **projected})
+        for f in (() if quick else pfracs)
+    ]
     rows = []
     for rule, param, kwargs in settings:
-        r = plain if rule == "none" else _run(w, make_policy("dwise", **kwargs), arrival, slots, k)
+        name = "oracle" if rule.startswith("oracle") else "dwise"
+        r = plain if rule == "none" else _run(w, make_policy(name, **kwargs), arrival, slots, k)
         g = base["mean_s"] / r["mean_s"]
         row = {
             "rule": rule,
@@ -147,7 +169,16 @@ def print_table(res: dict[str, Any], arrival: str) -> None:
     print(format_table(headers, rows))
 
 
-MARKERS = {"none": "*", "aging": "s", "cap-age": "o", "cap-waited": "^", "slack": "D"}
+MARKERS = {
+    "none": "*",
+    "aging": "s",
+    "cap-age": "o",
+    "cap-waited": "^",
+    "slack": "D",
+    "cap-projected": "v",
+    "slack-projected": "P",
+    "oracle-cap-projected": "x",
+}
 
 
 def plot(doc: dict[str, Any], path: Path) -> Path:
@@ -173,7 +204,7 @@ def plot(doc: dict[str, Any], path: Path) -> Path:
                 s=60 if rule == "none" else 30,
                 label=f"{res['requests']:,} req: {rule}",
             )
-            if rule in ("cap-age", "slack"):
+            if rule in ("cap-age", "slack", "cap-projected", "slack-projected"):
                 for r in pts:
                     ax.annotate(
                         f"{r['param']:g}",

@@ -28,14 +28,18 @@ and KV pool, each request's work as SGLang spent it, and the estimates the plugi
 
 Tails under overload (docs/runtime.md): ``--policies fcfs-mixed,dwise`` serves a subset, and
 ``--cap-fractions F,..`` / ``--slacks C,..`` add ``dwise`` under DWISE's starvation cap (F times
-fcfs-mixed's rounds in the same regime) or slack; with either, the simulator also replays a
-grid of both beside the served runs (``simulator_cap_sweep``). Write such partial runs to their
-own JSON, never over the full ladder's:
+fcfs-mixed's rounds in the same regime) or slack, on the ``age`` clock (labelled ``dwise@capF``,
+``dwise@slackC``); ``--projected-caps`` / ``--projected-slacks`` the same on the ``projected``
+clock (``dwise@pcapF``, ``dwise@pslackC``: promoted in time to finish by the deadline). With
+any of them, the simulator also replays a grid of every rule beside the served runs, the
+oracle under the projected cap included (``oracle@pcapF``: what the rule does with perfect
+knowledge), in ``simulator_cap_sweep``. Write such partial runs to their own JSON, never over
+the full ladder's:
 
     .venv-sglang/bin/python benchmarks/sglang_scheduler.py --ladder --requests 256 \
         --regimes burst,poisson-overload --policies fcfs-mixed,dwise \
-        --cap-fractions 0.2,0.3,0.4,0.5 --slacks 0.8,1 \
-        --out benchmarks/results/sglang_aging_check.json
+        --cap-fractions 0.2,0.3 --slacks 1 --projected-caps 0.25,0.3,0.35 \
+        --projected-slacks 1.5,2 --out benchmarks/results/sglang_aging_check.json
 
 The model runner computes each request's block forward once and reuses it in later runs (its
 output is a function of the request and the block's tokens only), so the first run costs the
@@ -64,6 +68,27 @@ PLUGIN_POLICIES = (
 )
 POLICIES = ("stock", *PLUGIN_POLICIES)
 REGIMES = ("burst", "poisson-below", "poisson-above", "poisson-overload")
+#: anti-starvation variants, labelled POLICY@RULEVALUE: the setting and the clock of each rule
+VARIANT_RULES = {
+    "cap": ("starvation_cap", "age"),
+    "slack": ("starvation_slack", "age"),
+    "pcap": ("starvation_cap", "projected"),
+    "pslack": ("starvation_slack", "projected"),
+}
+
+
+def variant_settings(label: str, fcfs_mixed_rounds: int) -> tuple[str, dict[str, Any]]:
+    """``dwise@pcap0.3`` -> ("dwise", {"starvation_cap": 0.3 x fcfs-mixed's rounds,
+    "starvation_clock": "projected"}); caps are fractions of fcfs-mixed's rounds in the regime
+    (a cap in rounds does not carry from one workload to another), slacks are as given."""
+    policy, _, rule = label.partition("@")
+    kind = rule.rstrip("0123456789.")
+    if kind not in VARIANT_RULES:
+        raise ValueError(f"{label!r}: the rule is not one of {sorted(VARIANT_RULES)}")
+    key, clock = VARIANT_RULES[kind]
+    value = float(rule[len(kind) :])
+    setting = round(value * fcfs_mixed_rounds) if key == "starvation_cap" else value
+    return policy, {key: setting, "starvation_clock": clock}
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -175,11 +200,10 @@ def simulate_regime(
     k: int,
     kv_pool: int,
     policies: list[str] | None = None,
-    caps: dict[str, Any] | None = None,
+    variants: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Every policy in the simulator, with the real runs' arrival rounds and work
-    (``caps``: the starvation cap of each ``dwise@capF`` label, the slack of each
-    ``dwise@slackC``)."""
+    (``variants``: the anti-starvation settings of each ``POLICY@RULE`` label)."""
     from dwise_predict.runtime import (
         FCFS,
         Arrivals,
@@ -213,10 +237,8 @@ def simulate_regime(
     for name in policies or POLICIES:
         if name == "stock":
             pol = FCFS()
-        elif "@slack" in name:
-            pol = make_policy(name.split("@")[0], starvation_slack=(caps or {})[name])
         elif "@" in name:
-            pol = make_policy(name.split("@")[0], starvation_cap=(caps or {})[name])
+            pol = make_policy(name.split("@")[0], **(variants or {})[name])
         else:
             pol = make_policy(name)
         run = simulate(
@@ -261,6 +283,17 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="also serve dwise with starvation_slack = C, per C listed (labelled dwise@slackC)",
     )
+    ap.add_argument(
+        "--projected-caps",
+        default="",
+        help="as --cap-fractions on the projected clock: promoted in time to finish by the cap "
+        "(labelled dwise@pcapF)",
+    )
+    ap.add_argument(
+        "--projected-slacks",
+        default="",
+        help="as --slacks on the projected clock (labelled dwise@pslackC)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results/sglang_ladder.json")
     ap.add_argument("--plot", default="docs/img/sglang-ladder.png", help="the gain-per-rung plot")
@@ -273,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
 
         doc = json.loads(Path(args.from_json).read_text())
         print_table(doc)
+        print_sweep(doc)
         first = next(iter(doc["regimes"].values()))
         if all(p in first["runs"] for p in RUNGS):
             print(f"wrote {plot(doc, Path(args.plot))}")
@@ -309,9 +343,17 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
     if "oracle" in wanted and "dwise" not in wanted:
         raise SystemExit("oracle reads the burst dwise run's record: list dwise too")
-    fractions = [float(f) for f in args.cap_fractions.split(",") if f.strip()]
-    variants = [f"dwise@cap{f:g}" for f in fractions]
-    variants += [f"dwise@slack{float(c):g}" for c in args.slacks.split(",") if c.strip()]
+    variants = [
+        f"dwise@{rule}{float(v):g}"
+        for rule, values in (
+            ("cap", args.cap_fractions),
+            ("slack", args.slacks),
+            ("pcap", args.projected_caps),
+            ("pslack", args.projected_slacks),
+        )
+        for v in values.split(",")
+        if v.strip()
+    ]
     # fcfs-mixed first: the capped dwise runs are sized from its rounds in the same regime
     served = ["fcfs-mixed", *[p for p in POLICIES if p in wanted and p != "fcfs-mixed"]]
     doc["policies"] = served + variants
@@ -330,25 +372,18 @@ def main(argv: list[str] | None = None) -> int:
         arrive = arrival_rounds(regime, len(reqs), rate, args.seed)
         runs: dict[str, Any] = {}
         states: dict[str, Any] = {}
-        caps: dict[str, Any] = {}
+        settings: dict[str, dict[str, Any]] = {}
         for policy in served + variants:
             t0 = time.perf_counter()
             extra: dict[str, Any] = {}
-            if policy.startswith("dwise@slack"):
-                caps[policy] = float(policy[len("dwise@slack") :])
-                extra = {"starvation_slack": caps[policy]}
-            elif policy.startswith("dwise@cap"):
-                caps[policy] = round(
-                    float(policy[len("dwise@cap") :]) * runs["fcfs-mixed"]["rounds"]
-                )
-                extra = {"starvation_cap": caps[policy]}
+            if "@" in policy:
+                settings[policy] = variant_settings(policy, runs["fcfs-mixed"]["rounds"])[1]
+                extra = settings[policy]
             res, state = serve_policy(
                 policy.split("@")[0], reqs, arrive, runner, args.slots, args.k, oracle_file, extra
             )
             runs[policy] = summarize(res, reqs)
-            if policy in caps:
-                key = "starvation_slack" if "@slack" in policy else "starvation_cap"
-                runs[policy][key] = caps[policy]
+            runs[policy].update(settings.get(policy, {}))
             states[policy] = state
             if policy == "stock" and regime == "burst":
                 capacity = len(reqs) / res.rounds
@@ -372,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         kv_pool = int(runs["stock" if "stock" in runs else "fcfs-mixed"]["kv_free_before"])
         sim = simulate_regime(
-            tracks, costs, reqs, arrive, args.slots, args.k, kv_pool, list(runs), caps
+            tracks, costs, reqs, arrive, args.slots, args.k, kv_pool, list(runs), settings
         )
         for policy in runs:
             real = runs[policy]["mean_completion_rounds"]
@@ -383,15 +418,20 @@ def main(argv: list[str] | None = None) -> int:
         if variants and "dwise" in runs:
             # the same requests and arrivals in the simulator, at more settings than served
             grid = [round(0.05 * i, 2) for i in range(2, 15)]
-            labels: dict[str, Any] = {
-                f"dwise@cap{f:g}": round(f * runs["fcfs-mixed"]["rounds"]) for f in grid
+            # the projected cap is a completion target: finer where fcfs-mixed's p99 lies
+            pgrid = sorted({*grid, *(round(0.025 * i, 3) for i in range(6, 19))})
+            labels = [f"dwise@cap{f:g}" for f in grid]
+            labels += [f"{pol}@pcap{f:g}" for pol in ("dwise", "oracle") for f in pgrid]
+            slacks = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5)
+            labels += [f"dwise@{rule}{c:g}" for rule in ("slack", "pslack") for c in slacks]
+            grid_settings = {
+                label: variant_settings(label, runs["fcfs-mixed"]["rounds"])[1] for label in labels
             }
-            labels.update({f"dwise@slack{c:g}": c for c in (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25)})
             sweep = simulate_regime(
-                tracks, costs, reqs, arrive, args.slots, args.k, kv_pool, list(labels), labels
+                tracks, costs, reqs, arrive, args.slots, args.k, kv_pool, labels, grid_settings
             )
-            for label, v in labels.items():
-                sweep[label]["starvation_slack" if "@slack" in label else "starvation_cap"] = v
+            for label, setting in grid_settings.items():
+                sweep[label].update(setting)
         doc["regimes"][regime] = {
             "arrival": "burst" if rate is None else f"poisson: {rate:.5f} requests/round",
             "rate_per_round": rate,
@@ -405,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     doc["fcfs_mixed_capacity_requests_per_round"] = capacity_mixed
     write_json(out_path, doc)
     print_table(doc)
+    print_sweep(doc)
     if all(p in served for p in RUNGS):
         print(f"wrote {out_path} and {plot(doc, Path(args.plot))}")
     else:
@@ -460,6 +501,25 @@ def print_table(doc: dict[str, Any]) -> None:
                 f"{run['p99_completion_rounds']:>9.1f}{run['max_completion_rounds']:>7d}"
                 f"{base / run['mean_completion_rounds']:>14.2f}x"
                 f"{sim['mean_completion_rounds']:>10.1f}{sim['mean_rel_diff']:>8.1%}"
+            )
+
+
+def print_sweep(doc: dict[str, Any]) -> None:
+    """The simulator's anti-starvation grid per regime, against the tail goal: the share of
+    dwise's mean gain over fcfs-mixed kept, (G - 1) / (G0 - 1), and the p99 and max ratios."""
+    for regime in [r for r in REGIMES if "simulator_cap_sweep" in doc["regimes"].get(r, {})]:
+        r = doc["regimes"][regime]
+        base = r["simulator"]["fcfs-mixed"]
+        g0 = base["mean_completion_rounds"] / r["simulator"]["dwise"]["mean_completion_rounds"]
+        print(f"\n{regime}: the simulator's grid (gain kept, p99 and max / fcfs-mixed's)")
+        for label, v in r["simulator_cap_sweep"].items():
+            g = base["mean_completion_rounds"] / v["mean_completion_rounds"]
+            kept = (g - 1) / (g0 - 1) if g0 != 1 else float("nan")
+            p99 = v["p99_completion_rounds"] / base["p99_completion_rounds"]
+            worst = v["max_completion_rounds"] / base["max_completion_rounds"]
+            print(
+                f"  {label:18s} mean {v['mean_completion_rounds']:>8.1f} "
+                f"kept {kept:>5.2f} p99 {p99:.2f}x max {worst:.2f}x"
             )
 
 

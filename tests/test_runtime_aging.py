@@ -205,3 +205,32 @@ def test_the_slack_is_checked_and_carried_by_every_face():
     assert cfg is not None and cfg.starvation_slack == 1.5
     with pytest.raises(ConfigError, match="STARVATION_SLACK"):
         load_config({"DWISE_SGLANG_BUNDLE": "tiny-bd", "DWISE_SGLANG_STARVATION_SLACK": "-1"})
+
+
+@pytest.mark.parametrize("cap", [30, 60, 150])
+def test_the_projected_clock_promotes_a_long_request_in_time_to_finish_by_the_cap(cap):
+    reqs, arrive = _long_under_short_stream()
+    by_age = _serve(reqs, arrive, DWISE(starvation_cap=cap), slots=2)
+    projected = _serve(reqs, arrive, DWISE(starvation_cap=cap, starvation_clock="projected"), 2)
+    # promoted once its age plus its 21 estimated rounds of work pass the cap, it then runs
+    # every round: it finishes at the cap (the age clock finishes it a whole job later)
+    assert cap - 1 <= projected[0] <= cap + 2
+    assert cap + 20 <= by_age[0] <= cap + 21 + 1
+    # the shorts it displaced: later, so the stream's mean pays a little for the earlier start
+    assert projected[1:].mean() >= by_age[1:].mean()
+
+
+def test_the_projected_slack_and_the_oracle_take_the_same_clock():
+    reqs, arrive = _long_under_short_stream()
+    # the long one's FCFS horizon is its own 21 rounds of work (see the slack test above)
+    slack = _serve(reqs, arrive, DWISE(starvation_slack=3.0, starvation_clock="projected"), 2)
+    assert 3.0 * 21 - 1 <= slack[0] <= 3.0 * 21 + 2
+    # the oracle projects with the true work (21 rounds), so it meets the cap exactly
+    oracle = make_policy("oracle", starvation_cap=80, starvation_clock="projected")
+    assert (oracle.starvation_cap, oracle.starvation_clock) == (80, "projected")
+    assert 79 <= _serve(reqs, arrive, oracle, slots=2)[0] <= 81
+    assert _serve(reqs, arrive, make_policy("oracle"), slots=2)[0] > 300  # SRPT starves it
+    cfg = load_config(
+        {"DWISE_SGLANG_BUNDLE": "tiny-bd", "DWISE_SGLANG_STARVATION_CLOCK": "projected"}
+    )
+    assert cfg is not None and cfg.starvation_clock == "projected"

@@ -69,10 +69,12 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
     )
     p.add_argument(
         "--starvation-clock",
-        choices=["age", "waited"],
+        choices=["age", "waited", "projected"],
         default="age",
-        help="what --starvation-cap counts: rounds since arrival (age) or rounds spent "
-        "without running (waited) (default: %(default)s)",
+        help="what --starvation-cap and --starvation-slack count: rounds since arrival (age), "
+        "rounds spent without running (waited; the cap only), or rounds since arrival plus "
+        "the estimated work left (projected: promotes a request in time to finish by the "
+        "deadline) (default: %(default)s)",
     )
     p.add_argument(
         "--starvation-slack",

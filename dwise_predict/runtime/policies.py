@@ -61,14 +61,56 @@ class FCFS:
         return table.seq[rows].astype(np.float64)
 
 
-#: what ``DWISE.starvation_cap`` measures: rounds since arrival, or rounds without running
-STARVATION_CLOCKS = ("age", "waited")
+#: what ``DWISE.starvation_cap`` measures: rounds since arrival, rounds without running, or
+#: rounds since arrival plus the estimated work left (the round it would finish in)
+STARVATION_CLOCKS = ("age", "waited", "projected")
 #: the key of a starved request: below any remaining work or aged key a run can reach, so the
 #: starved outrank everyone else and tie among themselves (broken by arrival order)
 STARVED_KEY = -1e18
 
 #: what a DWISE policy ranks by, from the full algorithm down (see ``DWISE.estimates``)
 ESTIMATE_LEVELS = ("refined", "admission", "none")
+
+
+def _starved(
+    table: RequestTable,
+    rows: np.ndarray,
+    round_index: int,
+    remaining: np.ndarray,
+    cap: int,
+    clock: str,
+    slack: float,
+) -> np.ndarray:
+    """Which ``rows`` an anti-starvation rule promotes (see :class:`DWISE`); ``remaining`` is
+    the work left the ``"projected"`` clock adds (estimated for DWISE, true for the oracle)."""
+    elapsed = (round_index - table.arrival_round[rows]).astype(np.float64)
+    if clock == "projected":
+        elapsed += remaining
+    starved = np.zeros(rows.size, dtype=bool)
+    if cap:
+        starved |= (elapsed - table.attained[rows] if clock == "waited" else elapsed) > cap
+    if slack:
+        # NaN (no horizon yet: not planned since it arrived) compares False
+        starved |= elapsed > slack * table.fcfs_rounds[rows]
+    return starved
+
+
+def _check_starvation(cap: object, clock: str, slack: float) -> None:
+    if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 0:
+        raise ConfigError(
+            f"starvation_cap={cap!r} must be a whole number of rounds >= 0 (0 turns it off)"
+        )
+    if not np.isfinite(slack) or slack < 0:
+        raise ConfigError(
+            f"starvation_slack={slack} must be a finite number >= 0 "
+            "(a multiple of the FCFS horizon; 0 turns it off)"
+        )
+    if clock not in STARVATION_CLOCKS:
+        raise ConfigError(
+            f"starvation_clock={clock!r} is not one of {STARVATION_CLOCKS} "
+            "(age = rounds since arrival, waited = rounds spent without running, "
+            "projected = rounds since arrival plus the estimated work left)"
+        )
 
 
 @dataclass(frozen=True)
@@ -86,14 +128,19 @@ class DWISE:
       ahead of every request that is not, in arrival order among the starved; below the cap
       the order is plain SRPT. Only the few requests SRPT would starve are touched, so it
       bounds the tail while keeping most of the mean gain. ``starvation_clock`` picks what
-      counts: ``"age"`` (rounds since arrival: the completion time a client sees, so a request
-      finishes within about C + its own work) or ``"waited"`` (rounds spent without running,
-      the clock ``aging`` reads).
+      counts: ``"age"`` (rounds since arrival), ``"waited"`` (rounds spent without running,
+      the clock ``aging`` reads) or ``"projected"`` (rounds since arrival plus the estimated
+      work left, P + r̂: the round it would finish in if it ran every round from now on). With
+      ``"age"`` a request is promoted once it is C rounds old and still owes all its work, so
+      a long one finishes near C + its own work; ``"projected"`` promotes it *in time* to
+      finish near C, the latest start that meets the deadline, so C reads as a completion
+      target and the long requests take their rows as late as they can.
     * ``starvation_slack`` = c > 0: the same promotion, with a deadline of its own per request:
       c times the rounds a B-slot FCFS server would take to clear the estimated work live at
       its arrival (its own included; the scheduler records it, ``RequestTable.fcfs_rounds``).
-      A request is starved once it has been in the system that long. Unlike a cap in rounds,
-      it scales with the load and the workload: c = 1 aims at "no later than FCFS would".
+      A request is starved once its clock (``"age"`` or ``"projected"``; ``"waited"`` reads as
+      ``"age"`` here) passes that. Unlike a cap in rounds, it scales with the load and the
+      workload: c = 1 aims at "no later than FCFS would".
     """
 
     aging: float = 0.0
@@ -121,21 +168,7 @@ class DWISE:
             raise ConfigError(
                 f"aging={self.aging} must be a finite number >= 0 (0 turns aging off)"
             )
-        cap = self.starvation_cap
-        if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 0:
-            raise ConfigError(
-                f"starvation_cap={cap!r} must be a whole number of rounds >= 0 (0 turns it off)"
-            )
-        if not np.isfinite(self.starvation_slack) or self.starvation_slack < 0:
-            raise ConfigError(
-                f"starvation_slack={self.starvation_slack} must be a finite number >= 0 "
-                "(a multiple of the FCFS horizon; 0 turns it off)"
-            )
-        if self.starvation_clock not in STARVATION_CLOCKS:
-            raise ConfigError(
-                f"starvation_clock={self.starvation_clock!r} is not one of {STARVATION_CLOCKS} "
-                "(age = rounds since arrival, waited = rounds spent without running)"
-            )
+        _check_starvation(self.starvation_cap, self.starvation_clock, self.starvation_slack)
 
     def key(self, table: RequestTable, rows: np.ndarray, round_index: int) -> np.ndarray:
         k = table.prompt_blocks[rows] + table.r_hat[rows]
@@ -143,14 +176,15 @@ class DWISE:
             waited = round_index - table.arrival_round[rows] - table.attained[rows]
             k = k - self.aging * waited
         if self.starvation_cap or self.starvation_slack:
-            age = round_index - table.arrival_round[rows]
-            starved = np.zeros(rows.size, dtype=bool)
-            if self.starvation_cap:
-                clock = age - table.attained[rows] if self.starvation_clock == "waited" else age
-                starved |= clock > self.starvation_cap
-            if self.starvation_slack:
-                # NaN (no horizon yet: not planned since it arrived) compares False
-                starved |= age > self.starvation_slack * table.fcfs_rounds[rows]
+            starved = _starved(
+                table,
+                rows,
+                round_index,
+                table.prompt_blocks[rows] + table.r_hat[rows],  # before aging's discount
+                self.starvation_cap,
+                self.starvation_clock,
+                self.starvation_slack,
+            )
             if starved.any():
                 # one key for all the starved: the tie-break (arrival order) ranks them, FCFS
                 k = np.where(starved, STARVED_KEY, k)
@@ -159,8 +193,15 @@ class DWISE:
 
 @dataclass(frozen=True)
 class OracleSRPT:
-    """SRPT by the TRUE remaining work P + r (the driver passes ``true_rounds`` at arrival)."""
+    """SRPT by the TRUE remaining work P + r (the driver passes ``true_rounds`` at arrival).
 
+    ``starvation_cap`` / ``starvation_clock`` / ``starvation_slack`` as for :class:`DWISE`, with
+    the true work in the ``"projected"`` clock: what a rule could do with perfect knowledge
+    (a bound for the tail trade-off, docs/runtime.md "Tails under overload")."""
+
+    starvation_cap: int = 0
+    starvation_clock: str = "age"
+    starvation_slack: float = 0.0
     batch_former: str = "mixed"
     name: str = "oracle"
     preemptive: ClassVar[bool] = True
@@ -168,9 +209,23 @@ class OracleSRPT:
 
     def __post_init__(self) -> None:
         _check_former(self.batch_former)
+        _check_starvation(self.starvation_cap, self.starvation_clock, self.starvation_slack)
 
     def key(self, table: RequestTable, rows: np.ndarray, round_index: int) -> np.ndarray:
-        return table.prompt_blocks[rows] + table.r_true[rows]
+        k = table.prompt_blocks[rows] + table.r_true[rows]
+        if self.starvation_cap or self.starvation_slack:
+            starved = _starved(
+                table,
+                rows,
+                round_index,
+                k,
+                self.starvation_cap,
+                self.starvation_clock,
+                self.starvation_slack,
+            )
+            if starved.any():
+                k = np.where(starved, STARVED_KEY, k)
+        return k
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,8 @@ def make_policy(
 ) -> Policy:
     """A policy by its CLI name (see ``POLICY_NAMES``); ``aging``, ``starvation_cap``,
     ``starvation_clock`` and ``starvation_slack`` set the DWISE family's anti-starvation rules
-    (see :class:`DWISE`; other policies ignore them).
+    (see :class:`DWISE`; ``oracle`` takes the cap, clock and slack too, with the true work;
+    other policies ignore them).
 
     ``dwise-r0``, ``dwise-admission`` and ``dwise`` are the paper's component ladder: ranked by
     prompt blocks left alone, plus the admission estimate, plus the refined one."""
@@ -90,12 +91,13 @@ def make_policy(
     if key not in table:
         raise ConfigError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
     policy = table[key]()
-    if isinstance(policy, DWISE) and (
-        aging or starvation_cap or starvation_slack or starvation_clock != "age"
+    if isinstance(policy, DWISE) and aging:
+        policy = dataclasses.replace(policy, aging=float(aging))
+    if isinstance(policy, (DWISE, OracleSRPT)) and (
+        starvation_cap or starvation_slack or starvation_clock != "age"
     ):
         policy = dataclasses.replace(
             policy,
-            aging=float(aging),
             starvation_cap=starvation_cap,
             starvation_clock=starvation_clock,
             starvation_slack=float(starvation_slack),

@@ -104,7 +104,8 @@ class PluginConfig:
         if self.starvation_clock not in STARVATION_CLOCKS:
             raise ConfigError(
                 f"{PREFIX}STARVATION_CLOCK={self.starvation_clock!r} is not one of "
-                f"{STARVATION_CLOCKS} (age = rounds since arrival, waited = rounds not run)"
+                f"{STARVATION_CLOCKS} (age = rounds since arrival, waited = rounds not run, "
+                "projected = age plus the estimated work left)"
             )
         if not self.drift_threshold > 1.0:
             raise ConfigError(
