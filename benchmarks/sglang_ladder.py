@@ -309,6 +309,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="benchmarks/results/sglang_ladder.json")
     ap.add_argument("--plot", default="docs/img/sglang-ladder.png", help="the gain-per-rung plot")
     ap.add_argument(
+        "--tails-plot",
+        default="docs/img/sglang-tails.png",
+        help="with anti-starvation variants: gain kept against the p99 ratio, per rule",
+    )
+    ap.add_argument(
         "--from-json", metavar="JSON", help="print and plot a finished run's JSON, serve nothing"
     )
     args = ap.parse_args(argv)
@@ -321,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
         first = next(iter(doc["regimes"].values()))
         if all(p in first["runs"] for p in RUNGS):
             print(f"wrote {plot(doc, Path(args.plot))}")
+        if any("simulator_cap_sweep" in r for r in doc["regimes"].values()):
+            print(f"wrote {plot_tails(doc, Path(args.tails_plot))}")
         return 0
     command = ".venv-sglang/bin/python benchmarks/sglang_scheduler.py " + " ".join(
         sys.argv[1:] if argv is None else argv
@@ -473,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {out_path} and {plot(doc, Path(args.plot))}")
     else:
         print(f"wrote {out_path} (no ladder plot: not every rung was served)")
+    if variants:
+        print(f"wrote {plot_tails(doc, Path(args.tails_plot))}")
     return 0
 
 
@@ -501,6 +510,72 @@ def plot(doc: dict[str, Any], path: Path) -> Path:
     )
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+#: the rules of the tails plot: the grid's label prefix, legend, marker
+TAIL_RULES = (
+    ("dwise@cap", "cap, age clock", "o"),
+    ("dwise@pcap", "cap, projected clock", "v"),
+    ("dwise@slack", "slack, age clock", "D"),
+    ("dwise@pslack", "slack, projected clock", "P"),
+    ("oracle@pcap", "oracle, projected cap", "x"),
+)
+
+
+def plot_tails(doc: dict[str, Any], path: Path) -> Path:
+    """Gain kept against the p99 ratio to fcfs-mixed, per anti-starvation rule: the
+    simulator's grid as lines, the served runs as filled markers; one panel per regime."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    regimes = [r for r in REGIMES if "simulator_cap_sweep" in doc["regimes"].get(r, {})]
+    fig, axes = plt.subplots(1, len(regimes), figsize=(5.2 * len(regimes), 4.4), squeeze=False)
+    for ax, regime in zip(axes[0], regimes):
+        r = doc["regimes"][regime]
+        base = r["simulator"]["fcfs-mixed"]
+        g0 = base["mean_completion_rounds"] / r["simulator"]["dwise"]["mean_completion_rounds"]
+
+        def point(v: dict[str, Any], base: dict[str, Any] = base, g0: float = g0) -> tuple:
+            g = base["mean_completion_rounds"] / v["mean_completion_rounds"]
+            p99 = v["p99_completion_rounds"] / base["p99_completion_rounds"]
+            return p99, (g - 1) / (g0 - 1)
+
+        xs = [point(v)[0] for v in [*r["simulator_cap_sweep"].values(), *r["runs"].values()]]
+        lo, hi = min(0.95, min(xs)) - 0.03, max(1.05, max(xs)) + 0.03
+        ax.fill_between([lo, 1.0], 0.9, 1.3, color="green", alpha=0.12, label="goal")
+        ax.set_xlim(lo, hi)
+        for prefix, label, marker in TAIL_RULES:
+            pts = [
+                point(v)
+                for k, v in r["simulator_cap_sweep"].items()
+                if k.startswith(prefix) and k[len(prefix)].isdigit()
+            ]
+            if pts:
+                ax.scatter(*zip(*pts), marker=marker, s=18, label=f"{label} (simulator)")
+        served = r["runs"]
+        base_real = served["fcfs-mixed"]
+        g0_real = base_real["mean_completion_rounds"] / served["dwise"]["mean_completion_rounds"]
+        real = [point(v, base_real, g0_real) for k, v in served.items() if "@" in k or k == "dwise"]
+        ax.scatter(*zip(*real), s=40, color="black", zorder=5, label="served in SGLang's loop")
+        ax.axvline(1.0, color="grey", lw=0.8, ls=":")
+        ax.set_ylim(-0.3, 1.25)
+        ax.set_xlabel("p99 completion / fcfs-mixed's p99")
+        ax.set_ylabel("share of dwise's mean gain kept")
+        ax.set_title(f"{regime} ({r['arrival']})", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, loc="lower right")
+    fig.suptitle(
+        f"Anti-starvation rules in SGLang {doc['sglang_version']}'s loop (tiny-bd, "
+        f"{doc['requests']} requests, B = {doc['slots']}, k = {doc['k']})",
+        fontsize=9,
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
