@@ -98,7 +98,7 @@ def test_offline_absolute_traces_match_the_server_and_response_ones_do_not(runne
 
 
 def test_a_bundle_traced_in_the_other_layout_is_refused_at_attach(tmp_path):
-    zoo = load_bundle("tiny-bd")  # traced absolute, as the server runs it (v0.8.0)
+    zoo = load_bundle("tiny-bd")  # traced absolute, as the server runs it (since v0.8.0)
     fp = dataclasses.replace(zoo.fingerprint, block_alignment="response")
     bundle = save_bundle(
         tmp_path / "response-bundle",
