@@ -39,7 +39,7 @@ the full ladder's:
     .venv-sglang/bin/python benchmarks/sglang_scheduler.py --ladder --requests 256 \
         --regimes burst,poisson-overload --policies fcfs-mixed,dwise \
         --cap-fractions 0.2,0.3 --slacks 1 --projected-caps 0.25,0.3,0.35 \
-        --projected-slacks 1.5,2 --out benchmarks/results/sglang_aging_check.json
+        --projected-slacks 1.5,2 --out runs/sglang-tails-check.json
 
 The model runner computes each request's block forward once and reuses it in later runs (its
 output is a function of the request and the block's tokens only), so the first run costs the
@@ -527,6 +527,16 @@ TAIL_RULES = (
 )
 
 
+def _trades(regime: dict[str, Any]) -> bool:
+    """A regime with an anti-starvation grid where dwise's mean differs from fcfs-mixed's (below
+    capacity no queue forms, every rule serves as fcfs-mixed does and there is nothing to trade)."""
+    if "simulator_cap_sweep" not in regime:
+        return False
+    sim = regime["simulator"]
+    g0 = sim["fcfs-mixed"]["mean_completion_rounds"] / sim["dwise"]["mean_completion_rounds"]
+    return abs(g0 - 1) >= 1e-3
+
+
 def plot_tails(doc: dict[str, Any], path: Path) -> Path:
     """Gain kept against the p99 ratio to fcfs-mixed, per anti-starvation rule: the
     simulator's grid as lines, the served runs as filled markers; one panel per regime."""
@@ -535,7 +545,7 @@ def plot_tails(doc: dict[str, Any], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    regimes = [r for r in REGIMES if "simulator_cap_sweep" in doc["regimes"].get(r, {})]
+    regimes = [r for r in REGIMES if _trades(doc["regimes"].get(r, {}))]
     fig, axes = plt.subplots(1, len(regimes), figsize=(5.2 * len(regimes), 4.4), squeeze=False)
     for ax, regime in zip(axes[0], regimes):
         r = doc["regimes"][regime]
@@ -547,7 +557,8 @@ def plot_tails(doc: dict[str, Any], path: Path) -> Path:
             p99 = v["p99_completion_rounds"] / base["p99_completion_rounds"]
             return p99, (g - 1) / (g0 - 1)
 
-        xs = [point(v)[0] for v in [*r["simulator_cap_sweep"].values(), *r["runs"].values()]]
+        variants = {k: v for k, v in r["runs"].items() if "@" in k or k == "dwise"}
+        xs = [point(v)[0] for v in [*r["simulator_cap_sweep"].values(), *variants.values()]]
         lo, hi = min(0.95, min(xs)) - 0.03, max(1.05, max(xs)) + 0.03
         ax.fill_between([lo, 1.0], 0.9, 1.3, color="green", alpha=0.12, label="goal")
         ax.set_xlim(lo, hi)
@@ -562,7 +573,7 @@ def plot_tails(doc: dict[str, Any], path: Path) -> Path:
         served = r["runs"]
         base_real = served["fcfs-mixed"]
         g0_real = base_real["mean_completion_rounds"] / served["dwise"]["mean_completion_rounds"]
-        real = [point(v, base_real, g0_real) for k, v in served.items() if "@" in k or k == "dwise"]
+        real = [point(v, base_real, g0_real) for v in variants.values()]
         ax.scatter(*zip(*real), s=40, color="black", zorder=5, label="served in SGLang's loop")
         ax.axvline(1.0, color="grey", lw=0.8, ls=":")
         ax.set_ylim(-0.3, 1.25)
@@ -585,7 +596,7 @@ def plot_tails(doc: dict[str, Any], path: Path) -> Path:
 
 def print_table(doc: dict[str, Any]) -> None:
     print(
-        f"\n{'regime':14s}{'policy':17s}{'mean':>9s}{'p99':>9s}{'max':>7s}{'vs fcfs-mixed':>15s}"
+        f"\n{'regime':18s}{'policy':17s}{'mean':>9s}{'p99':>9s}{'max':>7s}{'vs fcfs-mixed':>15s}"
         f"{'sim mean':>10s}{'diff':>8s}"
     )
     for regime in [r for r in REGIMES if r in doc["regimes"]]:
@@ -595,7 +606,7 @@ def print_table(doc: dict[str, Any]) -> None:
             run = r["runs"][policy]
             sim = r["simulator"][policy]
             print(
-                f"{regime:14s}{policy:17s}{run['mean_completion_rounds']:>9.1f}"
+                f"{regime:18s}{policy:17s}{run['mean_completion_rounds']:>9.1f}"
                 f"{run['p99_completion_rounds']:>9.1f}{run['max_completion_rounds']:>7d}"
                 f"{base / run['mean_completion_rounds']:>14.2f}x"
                 f"{sim['mean_completion_rounds']:>10.1f}{sim['mean_rel_diff']:>8.1%}"
@@ -610,9 +621,12 @@ def print_sweep(doc: dict[str, Any]) -> None:
         base = r["simulator"]["fcfs-mixed"]
         g0 = base["mean_completion_rounds"] / r["simulator"]["dwise"]["mean_completion_rounds"]
         print(f"\n{regime}: the simulator's grid (gain kept, p99 and max / fcfs-mixed's)")
+        if not _trades(r):
+            print("  no queue forms: every rule serves as fcfs-mixed does, nothing to trade")
+            continue
         for label, v in r["simulator_cap_sweep"].items():
             g = base["mean_completion_rounds"] / v["mean_completion_rounds"]
-            kept = (g - 1) / (g0 - 1) if g0 != 1 else float("nan")
+            kept = (g - 1) / (g0 - 1)
             p99 = v["p99_completion_rounds"] / base["p99_completion_rounds"]
             worst = v["max_completion_rounds"] / base["max_completion_rounds"]
             print(
