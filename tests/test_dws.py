@@ -475,3 +475,31 @@ def test_dws_trains_with_ddp_on_two_cpu_processes(tiny_encoder: Path, tmp_path: 
     assert np.all(s_ddp >= 0) and np.all(s_ddp <= 1 + 1e-6)
     ratio = m_ddp["cost_mae"] / m_one["cost_mae"]
     assert 0.8 <= ratio <= 1.25, (m_ddp["cost_mae"], m_one["cost_mae"])
+
+
+def test_the_surface_covers_the_block_the_absolute_layout_adds() -> None:
+    """In the absolute layout the prompt's tail shares the first output block, so a budget of
+    B tokens can run B / bs + 1 blocks: N must cover it even when no training trace did, or an
+    eval set that holds such a request is refused (the demo's eval split did exactly that)."""
+    import dataclasses
+
+    from dwise_predict.trainers.dws_data import budget_blocks, dws_arrays
+
+    from dwise_predict.fingerprint import ModelFingerprint
+    from dwise_predict.traces import META_FINGERPRINT
+
+    table = make_traces(12, block_size=BS, output_budget=BUDGET, seed=3)
+    fp = ModelFingerprint.from_dict(json.loads(table.schema.metadata[META_FINGERPRINT]))
+
+    def with_alignment(alignment: str):
+        meta = dict(table.schema.metadata)
+        meta[META_FINGERPRINT] = dataclasses.replace(fp, block_alignment=alignment).to_json()
+        return table.replace_schema_metadata(meta)
+
+    assert max(len(r) for r in table.column("rounds_per_block").to_pylist()) <= BUDGET // BS
+    assert dws_arrays(with_alignment("response")).activity.shape[1] == BUDGET // BS
+    assert dws_arrays(with_alignment("absolute")).activity.shape[1] == BUDGET // BS + 1
+    assert budget_blocks(256, 32, absolute=True) == 9 and budget_blocks(256, 32, False) == 8
+    assert budget_blocks(250, 32, absolute=True) == 9 and budget_blocks(250, 32, False) == 8
+    with pytest.raises(TraceError, match="block alignment"):
+        dws_arrays(table, n_blocks=1)

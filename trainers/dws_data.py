@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from dwise_predict.errors import TraceError, TrainingError
+from dwise_predict.fingerprint import ABSOLUTE
 from dwise_predict.traces import activity_matrix
 
 from .dataset import as_table
@@ -77,6 +78,17 @@ def max_steps_from_fingerprint(fingerprint: dict[str, Any] | None, block_size: i
     return int(block_size)
 
 
+def budget_blocks(output_budget: int, block_size: int, absolute: bool) -> int:
+    """The most output blocks a request with this budget can run: the surface's N.
+
+    In the absolute layout the prompt's ``L mod bs`` tail shares the first output block, so the
+    budget can spill into one block more than ``budget / bs`` (up to ``bs - 1`` positions are the
+    prompt's). N must cover every request the model can run, not only those in the traces at
+    hand, or a later eval or retrain meets a trace the surface cannot hold.
+    """
+    return math.ceil((output_budget + (block_size - 1 if absolute else 0)) / block_size)
+
+
 def dws_arrays(
     traces: str | Path | pa.Table, *, n_blocks: int | None = None, max_steps: int | None = None
 ) -> DWSArrays:
@@ -104,17 +116,19 @@ def dws_arrays(
     S = int(max_steps) if max_steps is not None else max_steps_from_fingerprint(fp, bs)  # noqa: N806
     rpb = [list(r) for r in table.column("rounds_per_block").to_pylist()]
     budget = table.column("output_budget").to_numpy()
+    absolute = (fp or {}).get("block_alignment") == ABSOLUTE
     N = (
         int(n_blocks)
         if n_blocks is not None
         else max(  # noqa: N806
-            max(math.ceil(int(b) / bs) for b in budget), max(len(r) for r in rpb)
+            max(budget_blocks(int(b), bs, absolute) for b in budget),
+            max(len(r) for r in rpb),
         )
     )
     if any(len(r) > N for r in rpb):
         raise TraceError(
             f"some traces ran more than the surface's N = {N} output blocks; "
-            "train on traces with the same output budget"
+            "train on traces with the same output budget and block alignment"
         )
     worst = max(max(r) for r in rpb)
     if worst > S:

@@ -101,7 +101,7 @@ class Truncation:
 class DWSConfig:
     """What ``dws.json`` records: the surface's shape and how the encoder reads prompts."""
 
-    n_blocks: int  # N: output blocks the surface covers (the output budget / block size)
+    n_blocks: int  # N: output blocks the surface covers (budget / block size, +1 if absolute)
     max_steps: int  # S: the decoder's maximum denoising steps per block
     block_size: int
     truncation: Truncation = field(default_factory=Truncation)
