@@ -41,6 +41,10 @@ the full ladder's:
         --cap-fractions 0.2,0.3 --slacks 1 --projected-caps 0.25,0.3,0.35 \
         --projected-slacks 1.5,2 --out runs/sglang-tails-check.json
 
+``--dws-admission`` adds ``dwise@dws``: ``dwise`` with ``DWISE_SGLANG_ADMISSION=lightgbm+dws``,
+the admission estimate averaged with the DWS surface's expected rounds (the simulator replays
+it with the estimates that run ranked by).
+
 The model runner computes each request's block forward once and reuses it in later runs (its
 output is a function of the request and the block's tokens only), so the first run costs the
 model's forwards and the others mostly SGLang's own loop. Prints a table, writes the JSON.
@@ -77,11 +81,19 @@ VARIANT_RULES = {
 }
 
 
+#: the variant whose admission estimate is the mean of the admission model's and DWS's
+#: expected rounds (DWISE_SGLANG_ADMISSION=lightgbm+dws), labelled dwise@dws
+DWS_RULE = "dws"
+
+
 def variant_settings(label: str, fcfs_mixed_rounds: int) -> tuple[str, dict[str, Any]]:
     """``dwise@pcap0.3`` -> ("dwise", {"starvation_cap": 0.3 x fcfs-mixed's rounds,
     "starvation_clock": "projected"}); caps are fractions of fcfs-mixed's rounds in the regime
-    (a cap in rounds does not carry from one workload to another), slacks are as given."""
+    (a cap in rounds does not carry from one workload to another), slacks are as given;
+    ``dwise@dws`` -> ("dwise", {"admission": "lightgbm+dws"})."""
     policy, _, rule = label.partition("@")
+    if rule == DWS_RULE:  # the admission estimate averaged with DWS's expected rounds
+        return policy, {"admission": "lightgbm+dws"}
     kind = rule.rstrip("0123456789.")
     if kind not in VARIANT_RULES:
         raise ValueError(f"{label!r}: the rule is not one of {sorted(VARIANT_RULES)}")
@@ -249,7 +261,8 @@ def simulate_regime(
         if name == "stock":
             pol = FCFS()
         elif "@" in name:
-            pol = make_policy(name.split("@")[0], **(variants or {})[name])
+            kwargs = {k: v for k, v in (variants or {})[name].items() if k != "admission"}
+            pol = make_policy(name.split("@")[0], **kwargs)
         else:
             pol = make_policy(name)
         run = simulate(
@@ -304,6 +317,12 @@ def main(argv: list[str] | None = None) -> int:
         "--projected-slacks",
         default="",
         help="as --slacks on the projected clock (labelled dwise@pslackC)",
+    )
+    ap.add_argument(
+        "--dws-admission",
+        action="store_true",
+        help="also serve dwise with DWISE_SGLANG_ADMISSION=lightgbm+dws (the admission "
+        "estimate averaged with the DWS surface's expected rounds; labelled dwise@dws)",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results/sglang_ladder.json")
@@ -372,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
         for v in values.split(",")
         if v.strip()
     ]
+    tail_variants = list(variants)  # the anti-starvation ones: they get the simulator's grid
+    if args.dws_admission:
+        variants.append(f"dwise@{DWS_RULE}")
     # fcfs-mixed first: the capped dwise runs are sized from its rounds in the same regime
     served = ["fcfs-mixed", *[p for p in POLICIES if p in wanted and p != "fcfs-mixed"]]
     doc["policies"] = served + variants
@@ -424,16 +446,31 @@ def main(argv: list[str] | None = None) -> int:
             else {}
         )
         kv_pool = int(runs["stock" if "stock" in runs else "fcfs-mixed"]["kv_free_before"])
+        plain = [p for p in runs if not p.endswith(f"@{DWS_RULE}")]
         sim = simulate_regime(
-            tracks, costs, reqs, arrive, args.slots, args.k, kv_pool, list(runs), settings
+            tracks, costs, reqs, arrive, args.slots, args.k, kv_pool, plain, settings
         )
+        for label in set(runs) - set(plain):  # replayed with the estimates that run ranked by
+            sim.update(
+                simulate_regime(
+                    tracks_of(states[label]),
+                    costs,
+                    reqs,
+                    arrive,
+                    args.slots,
+                    args.k,
+                    kv_pool,
+                    [label],
+                    settings,
+                )
+            )
         for policy in runs:
             real = runs[policy]["mean_completion_rounds"]
             sim[policy]["mean_rel_diff"] = round(
                 sim[policy]["mean_completion_rounds"] / real - 1, 4
             )
         sweep = {}
-        if variants and "dwise" in runs:
+        if tail_variants and "dwise" in runs:
             # the same requests and arrivals in the simulator, at more settings than served
             grid = [round(0.05 * i, 2) for i in range(2, 15)]
             # the projected cap is a completion target: finer where fcfs-mixed's p99 lies
@@ -480,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {out_path} and {plot(doc, Path(args.plot))}")
     else:
         print(f"wrote {out_path} (no ladder plot: not every rung was served)")
-    if variants:
+    if tail_variants:
         print(f"wrote {plot_tails(doc, Path(args.tails_plot))}")
     return 0
 
@@ -500,7 +537,19 @@ def plot(doc: dict[str, Any], path: Path) -> Path:
         r = doc["regimes"][regime]
         base = r["runs"]["fcfs-mixed"]["mean_completion_rounds"]
         gains = [base / r["runs"][p]["mean_completion_rounds"] for p in RUNGS]
-        ax.plot(RUNGS, gains, marker="o", label=f"{regime} ({r['arrival']})")
+        line = ax.plot(RUNGS, gains, marker="o", label=f"{regime} ({r['arrival']})")[0]
+        dws = r["runs"].get(f"dwise@{DWS_RULE}")
+        if dws is not None:  # dwise with the lightgbm+dws admission estimate
+            ax.scatter(
+                ["dwise"],
+                [base / dws["mean_completion_rounds"]],
+                marker="*",
+                s=90,
+                color=line.get_color(),
+                zorder=5,
+            )
+    if any(f"dwise@{DWS_RULE}" in r["runs"] for r in doc["regimes"].values()):
+        ax.scatter([], [], marker="*", s=90, color="grey", label="dwise, lightgbm+dws admission")
     ax.axhline(1.0, color="grey", lw=0.8, ls=":")
     ax.set_ylabel("mean completion, gain over fcfs-mixed")
     ax.set_title(
@@ -557,7 +606,11 @@ def plot_tails(doc: dict[str, Any], path: Path) -> Path:
             p99 = v["p99_completion_rounds"] / base["p99_completion_rounds"]
             return p99, (g - 1) / (g0 - 1)
 
-        variants = {k: v for k, v in r["runs"].items() if "@" in k or k == "dwise"}
+        variants = {
+            k: v
+            for k, v in r["runs"].items()
+            if ("@" in k and not k.endswith(f"@{DWS_RULE}")) or k == "dwise"
+        }
         xs = [point(v)[0] for v in [*r["simulator_cap_sweep"].values(), *variants.values()]]
         lo, hi = min(0.95, min(xs)) - 0.03, max(1.05, max(xs)) + 0.03
         ax.fill_between([lo, 1.0], 0.9, 1.3, color="green", alpha=0.12, label="goal")

@@ -26,6 +26,7 @@ from synthetic_traces import make_traces, synthetic_featurizer  # noqa: E402
 import dwise_predict  # noqa: E402
 from dwise_predict.cost import CostProfile, load_cost_profile  # noqa: E402
 from dwise_predict.errors import (  # noqa: E402
+    BundleError,
     BundleIntegrityError,
     ConfigError,
     FingerprintMismatchError,
@@ -503,3 +504,53 @@ def test_the_surface_covers_the_block_the_absolute_layout_adds() -> None:
     assert budget_blocks(250, 32, absolute=True) == 9 and budget_blocks(250, 32, False) == 8
     with pytest.raises(TraceError, match="block alignment"):
         dws_arrays(table, n_blocks=1)
+
+
+def test_the_lightgbm_dws_admission_source(
+    trained: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``predict_admission(source="lightgbm+dws")`` is the plain mean of the admission model's
+    estimate and the surface's expected rounds (the sum of D), which is a count of (block,
+    step) pairs; a bundle without DWS and traces without prompt text are refused by name."""
+    import pyarrow as pa
+
+    from dwise_predict.bundle import ADMISSION_SOURCES, save_bundle
+    from dwise_predict.cli import main
+    from dwise_predict.runtime import estimates_from_bundle
+
+    bundle = dwise_predict.load_bundle(trained["path"])
+    table = trained["eval"]
+    prompts = table.column("prompt").to_pylist()[:24]
+    surface = bundle.predict_surface(prompts)
+    rounds = bundle.predict_dws_rounds(prompts)
+    np.testing.assert_allclose(rounds, surface.sum(axis=(1, 2)), rtol=1e-6)
+    assert np.all(rounds >= 1.0) and np.all(rounds <= surface.shape[1] * surface.shape[2])
+    lgbm = bundle.predict_admission(prompts)
+    np.testing.assert_allclose(
+        bundle.predict_admission(prompts, source="lightgbm+dws"), (lgbm + rounds) / 2, rtol=1e-9
+    )
+    # the mean ranks the planted workload at least as well as the worse of the two alone
+    true = np.array([sum(r) for r in table.column("rounds_per_block").to_pylist()[:24]])
+
+    def rho(x: np.ndarray) -> float:
+        return float(np.corrcoef(np.argsort(np.argsort(x)), np.argsort(np.argsort(true)))[0, 1])
+
+    assert rho((lgbm + rounds) / 2) >= min(rho(lgbm), rho(rounds)) - 1e-9
+    assert ADMISSION_SOURCES == ("lightgbm", "lightgbm+dws")
+    with pytest.raises(BundleError, match="not one of"):
+        bundle.predict_admission(prompts, source="bert")
+    no_dws = dwise_predict.load_bundle(
+        save_bundle(tmp_path / "plain", [bundle.admission], fingerprint=bundle.fingerprint)
+    )
+    with pytest.raises(BundleError, match="no DWS predictor"):
+        no_dws.predict_admission(prompts, source="lightgbm+dws")
+    redacted = table.set_column(
+        table.schema.get_field_index("prompt"),
+        table.schema.field("prompt"),
+        pa.array([None] * table.num_rows, type=table.schema.field("prompt").type),
+    )
+    with pytest.raises(TraceError, match="redacted"):
+        estimates_from_bundle(bundle, redacted, admission_source="lightgbm+dws")
+    argv = ["simulate", "--synthetic", "paper-llada2.1-mini", "--admission", "lightgbm+dws"]
+    assert main([*argv, "--out", str(tmp_path / "sim")]) != 0
+    assert "pass --bundle too" in capsys.readouterr().err

@@ -7,7 +7,14 @@ stores metrics and plots in it; ``render_card`` renders its ``README.md``. The f
 documented in ``docs/bundle-format.md``.
 """
 
-from .bundle import Bundle, load_bundle, read_manifest, save_bundle
+from .bundle import (
+    ADMISSION_SOURCES,
+    Bundle,
+    load_bundle,
+    mean_with_dws,
+    read_manifest,
+    save_bundle,
+)
 from .card import render_card
 from .format import FORMAT_VERSION, LIBRARY_REQUIREMENT, verify_files
 from .record import record_evaluation
@@ -15,11 +22,13 @@ from .resolve import resolve_bundle_path
 from .update import BundleDraft, update_bundle
 
 __all__ = [
+    "ADMISSION_SOURCES",
     "FORMAT_VERSION",
     "LIBRARY_REQUIREMENT",
     "Bundle",
     "BundleDraft",
     "load_bundle",
+    "mean_with_dws",
     "read_manifest",
     "record_evaluation",
     "render_card",

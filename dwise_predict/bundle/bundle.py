@@ -37,6 +37,19 @@ from .resolve import resolve_bundle, resolve_bundle_path
 
 log = logging.getLogger(__name__)
 
+#: Where an admission estimate comes from. ``"lightgbm"``: the admission model on the prompt's
+#: features (the paper's). ``"lightgbm+dws"``: the mean of that and the DWS surface's expected
+#: denoising rounds: two estimates of the same total from different inputs (three counts
+#: against the prompt's text read by an encoder), whose errors are only partly shared, so
+#: their mean ranks better than either (docs/predictors.md). Needs a DWS predictor.
+ADMISSION_SOURCES: tuple[str, ...] = ("lightgbm", "lightgbm+dws")
+
+
+def mean_with_dws(admission: Any, dws_rounds: Any) -> np.ndarray:
+    """The ``"lightgbm+dws"`` admission estimate: the two estimates' plain mean (no weight to
+    fit, so nothing is tuned on the requests it is measured on)."""
+    return 0.5 * (np.asarray(admission, dtype=np.float64) + np.asarray(dws_rounds, np.float64))
+
 
 @dataclass
 class Bundle:
@@ -104,9 +117,38 @@ class Bundle:
         return dataclasses.replace(self, modules={**self.modules, profile.kind: profile})
 
     # -- prediction -------------------------------------------------------------------------
-    def predict_admission(self, prompts: str | Sequence[str]) -> np.ndarray:
-        """Estimated total denoising rounds, one per raw prompt (bundled tokenizer + template)."""
-        return self.need(AdmissionModel).predict(prompts)
+    def predict_admission(
+        self, prompts: str | Sequence[str], *, source: str = "lightgbm"
+    ) -> np.ndarray:
+        """Estimated total denoising rounds, one per raw prompt (bundled tokenizer + template).
+
+        ``source`` is one of :data:`ADMISSION_SOURCES`; ``"lightgbm+dws"`` averages the
+        admission model's estimate with :meth:`predict_dws_rounds` (an encoder pass per prompt,
+        milliseconds on a CPU instead of microseconds).
+        """
+        self.check_admission_source(source)
+        est = self.need(AdmissionModel).predict(prompts)
+        if source == "lightgbm+dws":
+            est = mean_with_dws(est, self.predict_dws_rounds(prompts))
+        return est
+
+    def check_admission_source(self, source: str) -> None:
+        """Refuse an admission source this bundle cannot serve, naming the fix."""
+        if source not in ADMISSION_SOURCES:
+            raise BundleError(f"admission source {source!r} is not one of {ADMISSION_SOURCES}")
+        if source == "lightgbm+dws" and self.dws is None:
+            raise BundleError(
+                f"admission source 'lightgbm+dws' averages in the DWS surface's expected rounds, "
+                f"but bundle '{self.name}' has no DWS predictor: train one with "
+                "`dwise-predict train --only dws --cost-profile ...` or use 'lightgbm'"
+            )
+
+    def predict_dws_rounds(self, prompts: str | Sequence[str]) -> np.ndarray:
+        """Expected total denoising rounds per prompt from the DWS surface: the sum of
+        P(output block b needs step s) over b and s, the expected count of (block, step)
+        pairs, i.e. of denoising rounds (the admission model's unit)."""
+        surface = self.need(DWSPredictor).predict_surface(prompts)
+        return np.asarray(surface.sum(axis=(1, 2), dtype=np.float64))
 
     def predict_admission_features(self, X: np.ndarray) -> np.ndarray:
         """Estimated total denoising rounds from feature rows ``(n, 3)``: word, newline, token

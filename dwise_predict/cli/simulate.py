@@ -42,6 +42,13 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
         help="predictor bundle giving DWISE's admission and refined estimates (with --traces)",
     )
     p.add_argument(
+        "--admission",
+        default="lightgbm",
+        choices=["lightgbm", "lightgbm+dws"],
+        help="with --bundle: the admission estimate, the admission model's alone or its mean "
+        "with the DWS surface's expected rounds (default: %(default)s)",
+    )
+    p.add_argument(
         "--policies",
         default="fcfs,mlfq,sjf,dwise,oracle",
         help="comma-separated: fcfs, fcfs-mixed, mlfq, sjf, "
@@ -132,6 +139,8 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
 def _workload(args: argparse.Namespace) -> Any:
     from ..runtime import Workload, estimates_from_bundle, requests_from_traces, synthetic_workload
 
+    if args.admission != "lightgbm" and not args.bundle:
+        raise ConfigError("--admission chooses a bundle's admission estimate: pass --bundle too")
     if args.synthetic:
         if args.bundle:
             raise ConfigError(
@@ -155,7 +164,7 @@ def _workload(args: argparse.Namespace) -> Any:
         from ..runtime import costs_from_bundle
 
         bundle = load_bundle(args.bundle)
-        admission, refined = estimates_from_bundle(bundle, table)
+        admission, refined = estimates_from_bundle(bundle, table, admission_source=args.admission)
         if "dws-sjf" in [s.strip() for s in args.policies.split(",")]:
             cost = costs_from_bundle(bundle, table)
     workload = Workload.from_requests(requests_from_traces(table, admission, refined))

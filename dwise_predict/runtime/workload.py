@@ -280,7 +280,9 @@ def requests_from_traces(
     return reqs
 
 
-def estimates_from_bundle(bundle: Any, table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+def estimates_from_bundle(
+    bundle: Any, table: pa.Table, *, admission_source: str = "lightgbm"
+) -> tuple[np.ndarray, np.ndarray]:
     """(admission, refined) estimates for every trace row from a loaded predictor bundle.
 
     Admission reads the prompt features the tracer recorded (word count, newline count,
@@ -288,6 +290,8 @@ def estimates_from_bundle(bundle: Any, table: pa.Table) -> tuple[np.ndarray, np.
     redacted traces work too) through ``predict_admission_features``; refinement reads
     ``first_round_hidden`` through ``predict_refined(hidden, prompt_tokens, output_budget)``,
     the estimated rounds still to go after the first denoising round.
+    ``admission_source="lightgbm+dws"`` averages the admission estimate with the DWS surface's
+    expected rounds, as the SGLang plugin does under that setting (it reads the prompts' text).
     """
     from ..features import FEATURE_NAMES
     from ..traces import hidden_matrix  # the core reader; no heavy import
@@ -302,6 +306,18 @@ def estimates_from_bundle(bundle: Any, table: pa.Table) -> tuple[np.ndarray, np.
         [table.column(c).to_numpy().astype(np.float64) for c in FEATURE_NAMES]
     )
     admission = np.asarray(bundle.predict_admission_features(features), dtype=np.float64).ravel()
+    bundle.check_admission_source(admission_source)
+    if admission_source == "lightgbm+dws":  # as the plugin ranks under DWISE_SGLANG_ADMISSION
+        prompts = table.column("prompt").to_pylist() if "prompt" in table.column_names else []
+        if len(prompts) != table.num_rows or any(p is None for p in prompts):
+            raise TraceError(
+                "admission source 'lightgbm+dws' reads each prompt's text, and some traces "
+                "were written with prompts redacted: re-trace without redaction or use "
+                "'lightgbm'"
+            )
+        from ..bundle.bundle import mean_with_dws
+
+        admission = mean_with_dws(admission, bundle.predict_dws_rounds(prompts))
     hidden = hidden_matrix(table)
     prompt_tokens = table.column("prompt_tokens").to_numpy().astype(np.float64)
     output_budget = table.column("output_budget").to_numpy().astype(np.float64)

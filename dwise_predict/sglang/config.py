@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from ..bundle.bundle import ADMISSION_SOURCES
 from ..errors import ConfigError
 from ..runtime.policies import STARVATION_CLOCKS
 
@@ -59,6 +60,10 @@ class PluginConfig:
     slots: int = 16
     k: int = 8
     refine: bool = True
+    #: where an arrival's admission estimate comes from (``bundle.ADMISSION_SOURCES``):
+    #: ``lightgbm`` (the paper's, microseconds) or ``lightgbm+dws`` (its mean with the DWS
+    #: surface's expected rounds: ranks better, an encoder pass per arrival)
+    admission: str = "lightgbm"
     aging: float = 0.0
     #: DWISE family: a request past this many rounds on ``starvation_clock`` runs ahead of all
     #: others, in arrival order (0 = off; see ``runtime.policies.DWISE``)
@@ -100,6 +105,12 @@ class PluginConfig:
             raise ConfigError(
                 f"{PREFIX}STARVATION_SLACK={self.starvation_slack!r} must be a finite number "
                 ">= 0 (a multiple of the FCFS horizon; 0 = off)"
+            )
+        if self.admission not in ADMISSION_SOURCES:
+            raise ConfigError(
+                f"{PREFIX}ADMISSION={self.admission!r} is not one of {ADMISSION_SOURCES} "
+                "(lightgbm = the admission model alone; lightgbm+dws = its mean with the DWS "
+                "surface's expected rounds)"
             )
         if self.starvation_clock not in STARVATION_CLOCKS:
             raise ConfigError(

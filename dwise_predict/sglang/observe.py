@@ -27,10 +27,11 @@ import math
 import time
 from typing import Any
 
+from ..bundle.bundle import mean_with_dws
 from ..features import PromptFeaturizer
 from . import seam
 from .config import PluginConfig
-from .prompt import prompt_features
+from .prompt import served_prompt, text_features
 from .state import PluginState, RequestTrack
 
 log = logging.getLogger(__name__)
@@ -70,8 +71,10 @@ class ObserveServing(PluginState):
     def _track(self, req: Any) -> RequestTrack:
         estimate = 0.0
         if self.bundle is not None:
-            x = prompt_features(req, self.decoder, self.featurizer)
-            e = float(self.bundle.predict_admission_one(x))
+            text = served_prompt(req, self.decoder, self.featurizer)
+            e = float(self.bundle.predict_admission_one(text_features(text, seam.prompt_ids(req))))
+            if self.config.admission == "lightgbm+dws":  # the monitor judges what dwise ranks by
+                e = float(mean_with_dws(e, self.bundle.predict_dws_rounds([text]))[0])
             estimate = e if math.isfinite(e) and e >= 0 else 0.0
         tr = RequestTrack(
             len(seam.prompt_ids(req)), seam.max_new_tokens(req), estimate, self._round

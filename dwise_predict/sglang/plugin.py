@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..errors import ConfigError, DwisePredictError
+from ..errors import BundleError, ConfigError, DwisePredictError
 from . import seam
 from .config import OBSERVED, PLANNED, PluginConfig, load_config
 from .metrics import gauges_for
@@ -88,6 +88,11 @@ def attach(scheduler: Any, config: PluginConfig) -> Any:
         bundle.check(server_fingerprint(scheduler), allow_mismatch=config.allow_mismatch)
     if config.policy == "dws-sjf" and bundle is not None:
         _check_dws(bundle)
+    if bundle is not None:
+        try:
+            bundle.check_admission_source(config.admission)
+        except BundleError as e:
+            raise ConfigError(f"DWISE_SGLANG_ADMISSION={config.admission}: {e}") from None
     refine = config.refine and bundle is not None and bundle.refinement is not None
     if config.refine and bundle is not None and not refine:
         log.warning(

@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from ..bundle.bundle import mean_with_dws
 from ..errors import ConfigError
 from ..runtime import DWSSJF, RoundPlan, RoundResult, Scheduler, make_policy
 from . import seam
@@ -202,6 +203,17 @@ class DwiseServing(PluginState):
                 self._qpos[row], self._qrem[row] = i, self._removed
         self._qpos_ok = True
 
+    @property
+    def _encodes(self) -> bool:
+        """Whether pricing an arrival runs the DWS text encoder (milliseconds, not µs)."""
+        return self.config.policy == "dws-sjf" or self._blends
+
+    @property
+    def _blends(self) -> bool:
+        """Whether the admission estimate averages in DWS's expected rounds (a rung that ranks
+        without estimates, ``dwise-r0``, has nothing to average)."""
+        return self.config.admission == "lightgbm+dws" and self.estimates != "none"
+
     def _score(self, new: list[Any]) -> _Scored:
         """Features, admission estimates and (dws-sjf) DWS cost scores of ``new``."""
         texts = [served_prompt(req, self.decoder, self.featurizer) for req in new]
@@ -212,6 +224,8 @@ class DwiseServing(PluginState):
         else:
             X = np.array(rows, dtype=np.float64).reshape(len(rows), 3)
             est = np.asarray(self.bundle.predict_admission_features(X), np.float64).tolist()
+        if self._blends:  # an encoder pass per prompt
+            est = mean_with_dws(est, self.bundle.predict_dws_rounds(texts)).tolist()
         scores: list[float | None] = [None] * len(new)
         if self.config.policy == "dws-sjf":  # the DWS surface priced by the cost profile, in ms
             tokens = np.array([r[2] for r in rows], dtype=np.int64)
@@ -306,10 +320,11 @@ class DwiseServing(PluginState):
     def _arrivals(self, sched: Any) -> None:
         """Register this round's arrivals with their estimates.
 
-        Under dws-sjf, pricing a prompt runs a text encoder (milliseconds), so once the round
-        is full (B residents) new arrivals are priced on a worker thread while the round's
-        forward runs, and join the plan at the next round: the same round on every TP rank,
-        whatever the threads' timing. While the round has room they are priced at once.
+        Under dws-sjf, or with the ``lightgbm+dws`` admission source, pricing a prompt runs a
+        text encoder (milliseconds), so once the round is full (B residents) new arrivals are
+        priced on a worker thread while the round's forward runs, and join the plan at the next
+        round: the same round on every TP rank, whatever the threads' timing. While the round
+        has room they are priced at once.
         """
         waiting = seam.waiting(sched)
         if self._scoring is not None:
@@ -325,7 +340,7 @@ class DwiseServing(PluginState):
         new = self._new_in(waiting)
         if not new:
             return
-        if self.config.policy != "dws-sjf" or self.core.n_resident < self.config.slots:
+        if not self._encodes or self.core.n_resident < self.config.slots:
             self._register(new, self._removed, self._score([r for _, r in new]))
             return
         if self._worker is None:

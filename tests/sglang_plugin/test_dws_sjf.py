@@ -118,3 +118,60 @@ def test_dws_sjf_refuses_a_bundle_without_dws(tmp_path):
     env = plugin_env(str(plain), slots=B, k=K, policy="dws-sjf")
     with environ(env), pytest.raises(ConfigError, match="no DWS predictor"):
         plugin.attach(s, load_config())
+
+
+def _serve_dwise(bundle: Path, reqs, runner, **settings):
+    from sglang.srt.plugins import load_plugins
+
+    seen: dict = {}
+
+    def attach(s):
+        state = plugin.attach(s, load_config())
+        state.keep_finished = True
+        seen["state"] = state
+
+    remove_hooks()
+    env = plugin_env(str(bundle), slots=B, k=K, policy="dwise", **settings)
+    with environ({**env, "SGLANG_PLUGINS": None}):
+        load_plugins()
+        res, _ = serve(reqs, max_running_requests=B * K, runner=runner, on_scheduler=attach)
+    remove_hooks()
+    return res, dict(seen["state"].finished)
+
+
+def test_dwise_with_the_lightgbm_dws_admission_estimate():
+    """DWISE_SGLANG_ADMISSION=lightgbm+dws: each arrival is ranked by the mean of the admission
+    model's estimate and the DWS surface's expected rounds (the shipped bundle's INT8 DWS),
+    outputs stay stock's, and nothing leaks."""
+    from dwise_predict.bundle import mean_with_dws
+
+    runner = TinyBDRunner()
+    reqs = eval_requests(8, runner, max_new_tokens=32, max_prompt_tokens=120)
+    plain, plain_tracks = _serve_dwise("tiny-bd", reqs, runner)
+    res, tracks = _serve_dwise("tiny-bd", reqs, runner, admission="lightgbm+dws")
+    assert res.output_ids == plain.output_ids and len(tracks) == len(reqs)
+    assert res.kv_free_after == res.kv_free_before
+    assert res.req_slots_free_after == res.req_slots_free_before
+    bundle = load_bundle("tiny-bd")
+    texts = [runner.tokenizer.decode(r.input_ids) for r in reqs]
+    dws = dict(zip([r.rid for r in reqs], bundle.predict_dws_rounds(texts)))
+    for rid, t in tracks.items():
+        want = float(mean_with_dws(plain_tracks[rid].admission, dws[rid]))
+        assert t.admission == pytest.approx(want, rel=1e-5)
+    assert any(abs(t.admission - plain_tracks[rid].admission) > 0.5 for rid, t in tracks.items())
+
+
+def test_the_lightgbm_dws_admission_estimate_refuses_a_bundle_without_dws(tmp_path):
+    zoo = load_bundle("tiny-bd")
+    plain = save_bundle(
+        tmp_path / "no-dws", [zoo.admission, zoo.refinement], fingerprint=zoo.fingerprint
+    )
+    s = make_scheduler(max_running_requests=B * K)
+    env = plugin_env(str(plain), slots=B, k=K, policy="dwise", admission="lightgbm+dws")
+    with environ(env), pytest.raises(ConfigError, match="ADMISSION=lightgbm\\+dws.*no DWS"):
+        plugin.attach(s, load_config())
+    with (
+        environ({**env, "DWISE_SGLANG_ADMISSION": "bert"}),
+        pytest.raises(ConfigError, match="ADMISSION='bert' is not one of"),
+    ):
+        load_config()
