@@ -19,8 +19,8 @@ Neither the bundle nor the mean is fitted to these requests (the mean has no wei
     .venv/bin/python benchmarks/admission_sources.py [--requests 516] [--traces DIR]
 
 Tracing 516 requests takes about 4 minutes on 2 idle cores, 12 beside another benchmark
-(``--traces`` reuses a folder traced
-before). Prints a table, writes ``benchmarks/results/admission_sources.json``.
+(``--traces`` reuses a folder traced before). Prints a table, writes
+``benchmarks/results/admission_sources.json``.
 """
 
 from __future__ import annotations
