@@ -554,3 +554,21 @@ def test_the_lightgbm_dws_admission_source(
     argv = ["simulate", "--synthetic", "paper-llada2.1-mini", "--admission", "lightgbm+dws"]
     assert main([*argv, "--out", str(tmp_path / "sim")]) != 0
     assert "pass --bundle too" in capsys.readouterr().err
+
+
+def test_an_int8_surface_does_not_depend_on_the_prompts_beside_it() -> None:
+    """The shipped INT8 DWS quantizes activations per call; priced in a list, each prompt must
+    get exactly the surface it gets alone (a ranking must not depend on which arrivals came
+    together)."""
+    bundle = dwise_predict.load_bundle("tiny-bd")
+    assert bundle.dws is not None and bundle.dws.precision == "int8"
+    prompts = [
+        "Hi!",
+        "Write a haiku about queues.",
+        "Explain, step by step, how a block-diffusion language model decodes a block. " * 6,
+        "What is 17 * 23?",
+    ]
+    together = bundle.predict_dws_rounds(prompts)
+    alone = np.array([bundle.predict_dws_rounds([p])[0] for p in prompts])
+    np.testing.assert_array_equal(together, alone)
+    np.testing.assert_array_equal(bundle.predict_dws_rounds(prompts[::-1])[::-1], alone)
