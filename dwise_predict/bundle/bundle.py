@@ -126,8 +126,18 @@ class Bundle:
         admission model's estimate with :meth:`predict_dws_rounds` (an encoder pass per prompt,
         milliseconds on a CPU instead of microseconds).
         """
+        estimates = self.need(AdmissionModel).predict(prompts)
+        return self.admission_from_source(estimates, prompts, source)
+
+    def admission_from_source(
+        self, estimates: Any, prompts: str | Sequence[str], source: str
+    ) -> np.ndarray:
+        """The admission model's ``estimates`` (one per prompt) as ``source`` gives them: as
+        they are for ``"lightgbm"``, averaged with :meth:`predict_dws_rounds` of ``prompts`` for
+        ``"lightgbm+dws"``. The one place a source is turned into estimates (the simulator's
+        replay and the SGLang plugin call it too)."""
         self.check_admission_source(source)
-        est = self.need(AdmissionModel).predict(prompts)
+        est = np.asarray(estimates, dtype=np.float64)
         if source == "lightgbm+dws":
             est = mean_with_dws(est, self.predict_dws_rounds(prompts))
         return est

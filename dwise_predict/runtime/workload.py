@@ -307,6 +307,7 @@ def estimates_from_bundle(
     )
     admission = np.asarray(bundle.predict_admission_features(features), dtype=np.float64).ravel()
     bundle.check_admission_source(admission_source)
+    prompts: list[Any] = []
     if admission_source == "lightgbm+dws":  # as the plugin ranks under DWISE_SGLANG_ADMISSION
         prompts = table.column("prompt").to_pylist() if "prompt" in table.column_names else []
         if len(prompts) != table.num_rows or any(p is None for p in prompts):
@@ -315,9 +316,7 @@ def estimates_from_bundle(
                 "were written with prompts redacted: re-trace without redaction or use "
                 "'lightgbm'"
             )
-        from ..bundle.bundle import mean_with_dws
-
-        admission = mean_with_dws(admission, bundle.predict_dws_rounds(prompts))
+    admission = bundle.admission_from_source(admission, prompts, admission_source)
     hidden = hidden_matrix(table)
     prompt_tokens = table.column("prompt_tokens").to_numpy().astype(np.float64)
     output_budget = table.column("output_budget").to_numpy().astype(np.float64)

@@ -27,7 +27,6 @@ import math
 import time
 from typing import Any
 
-from ..bundle.bundle import mean_with_dws
 from ..features import PromptFeaturizer
 from . import seam
 from .config import PluginConfig
@@ -73,8 +72,8 @@ class ObserveServing(PluginState):
         if self.bundle is not None:
             text = served_prompt(req, self.decoder, self.featurizer)
             e = float(self.bundle.predict_admission_one(text_features(text, seam.prompt_ids(req))))
-            if self.config.admission == "lightgbm+dws":  # the monitor judges what dwise ranks by
-                e = float(mean_with_dws(e, self.bundle.predict_dws_rounds([text]))[0])
+            if self.config.admission != "lightgbm":  # the monitor judges what dwise ranks by
+                e = float(self.bundle.admission_from_source([e], [text], self.config.admission)[0])
             estimate = e if math.isfinite(e) and e >= 0 else 0.0
         tr = RequestTrack(
             len(seam.prompt_ids(req)), seam.max_new_tokens(req), estimate, self._round

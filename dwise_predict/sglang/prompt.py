@@ -142,13 +142,6 @@ def text_features(text: str, ids: Any) -> tuple[int, int, int]:
     return word_count(text), newline_count(text), len(ids)
 
 
-def prompt_features(
-    req: Any, decode: PromptDecoder | None, featurizer: PromptFeaturizer | None = None
-) -> tuple[int, int, int]:
-    """The admission features of SGLang's request ``req``."""
-    return text_features(served_prompt(req, decode, featurizer), seam.prompt_ids(req))
-
-
 def featurizer_of(tokenizer: Any) -> PromptFeaturizer | None:
     """A featurizer from the server's own tokenizer and its chat template (a ``transformers``
     tokenizer's ``chat_template``), so observe mode counts the raw prompt's words and newlines

@@ -47,7 +47,6 @@ from typing import Any
 
 import numpy as np
 
-from ..bundle.bundle import mean_with_dws
 from ..errors import ConfigError
 from ..runtime import DWSSJF, RoundPlan, RoundResult, Scheduler, make_policy
 from . import seam
@@ -225,7 +224,7 @@ class DwiseServing(PluginState):
             X = np.array(rows, dtype=np.float64).reshape(len(rows), 3)
             est = np.asarray(self.bundle.predict_admission_features(X), np.float64).tolist()
         if self._blends:  # an encoder pass per prompt
-            est = mean_with_dws(est, self.bundle.predict_dws_rounds(texts)).tolist()
+            est = self.bundle.admission_from_source(est, texts, self.config.admission).tolist()
         scores: list[float | None] = [None] * len(new)
         if self.config.policy == "dws-sjf":  # the DWS surface priced by the cost profile, in ms
             tokens = np.array([r[2] for r in rows], dtype=np.int64)
