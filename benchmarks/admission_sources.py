@@ -40,24 +40,6 @@ SLOTS, K = 16, 8
 SOURCES = ("lightgbm", "lightgbm+dws")
 
 
-def stratified_eval(n: int) -> list[dict[str, Any]]:
-    """The first ``n`` eval-split requests taken round-robin over categories (the SGLang
-    harness's order, so the first 256 are the ladder's)."""
-    from dwise_predict.tracing.workload import build_workload
-    from dwise_predict.zoo.tiny_bd.recipe.data import DataConfig
-
-    dc = DataConfig()
-    records = build_workload(dc.workload_train_size, dc.workload_eval_size, dc.workload_seed).eval
-    by_cat: dict[str, list[Any]] = {}
-    for r in records:
-        by_cat.setdefault(r.category, []).append(r)
-    cats, picked, i = sorted(by_cat), [], 0
-    while len(picked) < n and any(i < len(by_cat[c]) for c in cats):
-        picked += [by_cat[c][i] for c in cats if i < len(by_cat[c])]
-        i += 1
-    return [{"id": r.id, "prompt": r.prompt, "category": r.category} for r in picked[:n]]
-
-
 def spearman(x: np.ndarray, y: np.ndarray) -> float:
     from scipy.stats import spearmanr
 
@@ -109,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="benchmarks/results/admission_sources.json")
     args = ap.parse_args(argv)
 
+    from block_alignment import stratified  # the SGLang harness's order, long contexts too
+
     from dwise_predict import load_bundle
     from dwise_predict.atomic import write_json
     from dwise_predict.cli import main as cli
@@ -116,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     from dwise_predict.tables import format_table
     from dwise_predict.traces import read_traces
 
-    picked = stratified_eval(args.requests)
+    picked = stratified(args.requests)
     traces = args.traces
     if traces is None:
         args.workdir.mkdir(parents=True, exist_ok=True)
