@@ -20,8 +20,11 @@ larger, with the same settings and the same definitions:
 * policies: every rung (stock, fcfs-mixed, dwise-r0, dwise-admission, dwise, oracle,
   mlfq-mixed, dws-sjf), ``dwise@dws`` (the ``lightgbm+dws`` admission source), and
   ``dwise@pcap0.25`` / ``oracle@pcap0.25`` (the projected starvation cap docs/runtime.md
-  recommends under sustained overload, at 0.25 of fcfs-mixed's rounds); the estimates are
-  the zoo bundle's, computed from the traces as the plugin computes them in the loop.
+  recommends under sustained overload, at 0.25 of fcfs-mixed's rounds), and under
+  ``poisson-overload`` a grid of the anti-starvation rules (caps on the age and projected
+  clocks as fractions of fcfs-mixed's rounds, slacks; the oracle under the projected cap);
+  the estimates are the zoo bundle's, computed from the traces as the plugin computes them in
+  the loop.
 
 Per run: mean, p50, p99 and max completion rounds, mean rounds to the first block, per
 category mean and p99; per regime the gain of each over fcfs-mixed, the share of the gap from
@@ -57,6 +60,12 @@ from sglang_ladder import (  # benchmarks/sglang_ladder.py: the served ladder's 
 LADDER_JSON = Path("benchmarks/results/sglang_ladder.json")
 PLAIN = ("stock", "fcfs-mixed", "dwise-r0", "dwise-admission", "dwise", "oracle", "mlfq-mixed")
 EXTRA = ("dws-sjf", "dwise@dws", "dwise@pcap0.25", "oracle@pcap0.25")
+#: anti-starvation rules swept under poisson-overload, where the tails are decided
+TAILS = (
+    *(f"dwise@cap{f:g}" for f in (0.2, 0.3, 0.4, 0.5)),
+    *(f"dwise@slack{c:g}" for c in (0.8, 1.0, 1.5)),
+    *(f"{p}@pcap{f:g}" for p in ("dwise", "oracle") for f in (0.3, 0.4, 0.5, 0.6, 0.7)),
+)
 MIXES = ("served", "split")
 
 
@@ -119,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_json:
         doc = json.loads(Path(args.from_json).read_text())
         print_table(doc)
+        print_tails(doc)
         print(f"wrote {plot(doc, json.loads(args.ladder.read_text()), Path(args.plot))}")
         return 0
 
@@ -202,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             arrive = np.asarray(arrival_rounds(regime, len(reqs), rate, args.seed), float)
             arrivals = Arrivals(np.arange(len(reqs)), arrive / 1e3)
             runs: dict[str, Any] = {}
-            for label in (*PLAIN, *EXTRA):
+            for label in (*PLAIN, *EXTRA, *(TAILS if regime == "poisson-overload" else ())):
                 policy, _, rule = label.partition("@")
                 settings: dict[str, Any] = {}
                 if rule:
@@ -255,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         doc["mixes"][mix] = out
         write_json(Path(args.out), doc)  # after every mix: a long run loses little
     print_table(doc)
+    print_tails(doc)
     print(f"wrote {args.out} and {plot(doc, ladder, Path(args.plot))}")
     return 0
 
@@ -315,6 +326,28 @@ def print_table(doc: dict[str, Any]) -> None:
                     f"{'':26s}optimum (shortest work first): {o['mean_completion_rounds']:.1f}, "
                     f"{o['gain_over_fcfs_mixed']:.2f}x"
                 )
+
+
+def print_tails(doc: dict[str, Any]) -> None:
+    """Each anti-starvation rule against the tail goal, under poisson-overload: the share of
+    dwise's mean gain over fcfs-mixed kept, (G - 1) / (G0 - 1), and the p99 and max ratios."""
+    for mix, m in doc["mixes"].items():
+        runs = m["regimes"].get("poisson-overload", {}).get("runs", {})
+        if "dwise" not in runs:
+            continue
+        base = runs["fcfs-mixed"]
+        g0 = base["mean_completion_rounds"] / runs["dwise"]["mean_completion_rounds"]
+        print(f"\n{mix} mix, poisson-overload: gain kept, p99 and max / fcfs-mixed's")
+        for label, v in runs.items():
+            if "@" not in label and label != "dwise":
+                continue
+            g = base["mean_completion_rounds"] / v["mean_completion_rounds"]
+            print(
+                f"  {label:18s} mean {v['mean_completion_rounds']:>8.1f} "
+                f"kept {(g - 1) / (g0 - 1):>5.2f} "
+                f"p99 {v['p99_completion_rounds'] / base['p99_completion_rounds']:.2f}x "
+                f"max {v['max_completion_rounds'] / base['max_completion_rounds']:.2f}x"
+            )
 
 
 def plot(doc: dict[str, Any], ladder: dict[str, Any], path: Path) -> Path:
