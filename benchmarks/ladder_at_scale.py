@@ -53,6 +53,7 @@ from sglang_ladder import (  # benchmarks/sglang_ladder.py: the served ladder's 
     REGIMES,
     RUNGS,
     arrival_rounds,
+    prices_with_encoder,
     spt_mean_completion,
     variant_settings,
 )
@@ -233,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                     k=k,
                     round_time=rt,
                     kv_pool_tokens=kv_pool,
+                    priced_late_when_full=prices_with_encoder(label, {label: settings}),
                 )
                 runs[label] = {**summarize(run, arrive, cats), **settings}
                 v = runs[label]

@@ -41,6 +41,9 @@ the full ladder's:
         --cap-fractions 0.2,0.3 --slacks 1 --projected-caps 0.25,0.3,0.35 \
         --projected-slacks 1.5,2 --out runs/sglang-tails-check.json
 
+``--mix split`` serves the eval split's first requests in its own mix (most of them chat, math
+and mcq) instead of the category round-robin.
+
 ``--dws-admission`` adds ``dwise@dws``: ``dwise`` with ``DWISE_SGLANG_ADMISSION=lightgbm+dws``,
 the admission estimate averaged with the DWS surface's expected rounds (the simulator replays
 it with the estimates that run ranked by).
@@ -214,6 +217,13 @@ def tracks_of(state: Any) -> dict[str, dict[str, Any]]:
     return {str(rid): track_json(tr) for rid, tr in state.finished}
 
 
+def prices_with_encoder(label: str, variants: dict[str, dict[str, Any]] | None) -> bool:
+    """Whether the plugin prices this run's arrivals with DWS's text encoder (``dws-sjf``, the
+    ``lightgbm+dws`` admission source): with B residents they join the plan a round late."""
+    admission = (variants or {}).get(label, {}).get("admission")
+    return label.split("@")[0] == "dws-sjf" or admission == "lightgbm+dws"
+
+
 def simulate_regime(
     tracks: dict[str, dict[str, Any]],
     costs: dict[str, float],
@@ -266,7 +276,14 @@ def simulate_regime(
         else:
             pol = make_policy(name)
         run = simulate(
-            wl, pol, arrivals=arrivals, slots=slots, k=k, round_time=rt, kv_pool_tokens=kv_pool
+            wl,
+            pol,
+            arrivals=arrivals,
+            slots=slots,
+            k=k,
+            round_time=rt,
+            kv_pool_tokens=kv_pool,
+            priced_late_when_full=prices_with_encoder(name, variants),
         )
         lat = (np.asarray(run.finish_time) - np.asarray(arrive, dtype=np.float64) / 1e3) * 1e3
         out[name] = {
@@ -324,6 +341,13 @@ def main(argv: list[str] | None = None) -> int:
         help="also serve dwise with DWISE_SGLANG_ADMISSION=lightgbm+dws (the admission "
         "estimate averaged with the DWS surface's expected rounds; labelled dwise@dws)",
     )
+    ap.add_argument(
+        "--mix",
+        choices=("stratified", "split"),
+        default="stratified",
+        help="stratified: round-robin over categories (the ladder's); split: the eval split's "
+        "first requests, in its own mix (most of them chat, math and mcq)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results/sglang_ladder.json")
     ap.add_argument("--plot", default="docs/img/sglang-ladder.png", help="the gain-per-rung plot")
@@ -360,9 +384,14 @@ def main(argv: list[str] | None = None) -> int:
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     runner = TinyBDRunner(block_size=BLOCK_SIZE, memo=True)
-    reqs = eval_requests(args.requests, runner, max_new_tokens=args.max_new_tokens)
+    reqs = eval_requests(
+        args.requests,
+        runner,
+        max_new_tokens=args.max_new_tokens,
+        stratified=args.mix == "stratified",
+    )
     mix = {c: sum(r.category == c for r in reqs) for c in sorted({r.category for r in reqs})}
-    print(f"{len(reqs)} eval-split requests, stratified: {mix}", flush=True)
+    print(f"{len(reqs)} eval-split requests, {args.mix}: {mix}", flush=True)
     doc: dict[str, Any] = {
         "command": command,
         "sglang_version": importlib.metadata.version("sglang"),
@@ -370,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         "slots": args.slots,
         "k": args.k,
         "max_new_tokens": args.max_new_tokens,
+        "mix_kind": args.mix,
         "mix": mix,
         "regimes": {},
     }
@@ -525,6 +555,11 @@ def main(argv: list[str] | None = None) -> int:
 RUNGS = ("fcfs-mixed", "dwise-r0", "dwise-admission", "dwise", "oracle")
 
 
+def mix_label(doc: dict[str, Any]) -> str:
+    """ "split-mix " for a run of the eval split's own mix, "" for the stratified ladder."""
+    return "split-mix " if doc.get("mix_kind") == "split" else ""
+
+
 def plot(doc: dict[str, Any], path: Path) -> Path:
     """Gain in mean completion over fcfs-mixed, per rung, one line per arrival regime."""
     import matplotlib
@@ -554,7 +589,8 @@ def plot(doc: dict[str, Any], path: Path) -> Path:
     ax.set_ylabel("mean completion, gain over fcfs-mixed")
     ax.set_title(
         f"DWISE's ladder in SGLang {doc['sglang_version']}'s real loop "
-        f"(tiny-bd, {doc['requests']} requests, B = {doc['slots']}, k = {doc['k']})",
+        f"(tiny-bd, {doc['requests']} {mix_label(doc)}requests, B = {doc['slots']}, "
+        f"k = {doc['k']})",
         fontsize=9,
     )
     ax.legend(fontsize=7)

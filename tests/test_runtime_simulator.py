@@ -319,3 +319,39 @@ def test_the_component_ladder_rungs_read_what_their_names_say():
         for name in ("dwise-r0", "dwise-admission", "dwise", "oracle")
     }
     assert mean["oracle"] <= mean["dwise"] <= mean["dwise-admission"] <= mean["dwise-r0"]
+
+
+def test_arrivals_priced_late_when_full_join_the_next_round():
+    """The SGLang plugin prices arrivals with DWS's text encoder on a worker thread once B
+    requests are resident: they join the plan a round later. With room, they join at once."""
+    from dwise_predict.runtime import Arrivals, SimRequest
+
+    def req(rid: str, rounds: tuple[int, ...]) -> SimRequest:
+        est = float(sum(rounds))
+        return SimRequest(rid, 0, 16, rounds, 32 * len(rounds), 32, admission_estimate=est)
+
+    # a long request runs alone from round 0; a short one arrives at round 5 and preempts it
+    w = Workload.from_requests([req("long", (10, 10)), req("short", (3,))])
+    arrivals = Arrivals(np.array([0, 1]), np.array([0.0, 5e-3]))
+    rt = RoundTimeModel(overhead_ms=1.0, per_slot_ms=0.0, per_slot_per_1k_context_ms=0.0)
+
+    def rounds(slots: int, late: bool) -> tuple[float, float]:
+        run = simulate(
+            w,
+            DWISE(),
+            arrivals=arrivals,
+            slots=slots,
+            k=2,
+            round_time=rt,
+            priced_late_when_full=late,
+        )
+        return round(run.first_block_time[1] * 1e3, 6), round(run.finish_time[1] * 1e3, 6)
+
+    assert rounds(1, late=False) == (8.0, 8.0)  # runs rounds 5, 6, 7
+    assert rounds(1, late=True) == (9.0, 9.0)  # priced during round 5, runs 6, 7, 8
+    assert rounds(2, late=True) == rounds(2, late=False) == (8.0, 8.0)  # a free row: at once
+    # every request still finishes, with the same work
+    run = simulate(
+        w, DWISE(), arrivals=arrivals, slots=1, k=2, round_time=rt, priced_late_when_full=True
+    )
+    assert np.all(np.isfinite(run.finish_time)) and run.round_filled.sum() == 23

@@ -30,15 +30,24 @@ from .workload import Workload
 
 @dataclass
 class ArrivalFeed:
-    """Hands requests to the scheduler in arrival order as the clock passes their times."""
+    """Hands requests to the scheduler in arrival order as the clock passes their times.
+
+    ``priced_late_when_full`` models how the SGLang plugin takes arrivals it prices with a text
+    encoder (``dws-sjf``, the ``lightgbm+dws`` admission source): while fewer than B requests
+    are resident they are priced at once; once B are, a round's arrivals are priced on a worker
+    thread during the round's forward and join the queue at the next round.
+    """
 
     workload: Workload
     arrivals: Arrivals
     inputs: dict[str, np.ndarray | None]
+    priced_late_when_full: bool = False
     #: workload index of the request in each scheduler row (rows are reused, so it is rewritten)
     request_of_row: np.ndarray = field(init=False)
     next: int = 0
     n: int = field(init=False)
+    #: arrivals being priced (positions in the arrival order): they join at the next round
+    pricing: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.n = self.workload.n
@@ -57,27 +66,39 @@ class ArrivalFeed:
         return float(self.arrivals.times[self.next])
 
     def admit_until(self, sched: Scheduler, now: float) -> None:
-        """Add every request that has arrived by ``now`` to the scheduler's waiting queue."""
+        """Add every request that has arrived by ``now`` to the scheduler's waiting queue (or,
+        under ``priced_late_when_full`` with B residents, start pricing it for the next round)."""
+        for j in self.pricing:
+            self._add(sched, j)
+        self.pricing = []
         times = self.arrivals.times
         if self.next >= self.n or times[self.next] > now:
             return
+        late = self.priced_late_when_full and sched.n_resident >= sched.slots
+        while self.next < self.n and times[self.next] <= now:
+            if late:
+                self.pricing.append(self.next)
+            else:
+                self._add(sched, self.next)
+            self.next += 1
+
+    def _add(self, sched: Scheduler, j: int) -> None:
+        """Queue the ``j``-th arrival, with the arrival time it really had."""
         w, inputs = self.workload, self.inputs
         adm, truth, score = inputs["admission"], inputs["true_rounds"], inputs["score"]
-        while self.next < self.n and times[self.next] <= now:
-            i = int(self.arrivals.order[self.next])
-            row = sched.add_request(
-                w.request_ids[i],
-                int(w.prompt_blocks[i]),
-                None if adm is None else float(adm[i]),
-                prompt_tokens=int(w.prompt_tokens[i]),
-                output_budget=int(w.output_budget[i]),
-                block_size=int(w.block_size[i]),
-                arrival_time=float(times[self.next]),
-                score=None if score is None else float(score[i]),
-                true_rounds=None if truth is None else float(truth[i]),
-            )
-            self.request_of_row[row] = i
-            self.next += 1
+        i = int(self.arrivals.order[j])
+        row = sched.add_request(
+            w.request_ids[i],
+            int(w.prompt_blocks[i]),
+            None if adm is None else float(adm[i]),
+            prompt_tokens=int(w.prompt_tokens[i]),
+            output_budget=int(w.output_budget[i]),
+            block_size=int(w.block_size[i]),
+            arrival_time=float(self.arrivals.times[j]),
+            score=None if score is None else float(score[i]),
+            true_rounds=None if truth is None else float(truth[i]),
+        )
+        self.request_of_row[row] = i
 
 
 @dataclass

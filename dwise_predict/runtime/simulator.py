@@ -130,12 +130,15 @@ def simulate(
     seed: int = 0,
     max_rounds: int | None = None,
     check_invariants: bool = False,
+    priced_late_when_full: bool = False,
 ) -> SimulationRun:
     """Replay ``workload`` under ``policy``; returns per-request and per-round records.
 
     Each round: admit the arrivals (:class:`~.replay.ArrivalFeed`), plan, advance the planned
     requests' true state (:class:`~.replay.RequestProgress`), charge the round's time
     (:class:`~.replay.RoundLog`), and report finishes and refined estimates to the scheduler.
+    ``priced_late_when_full`` replays the SGLang plugin's encoder-priced arrivals (``dws-sjf``,
+    the ``lightgbm+dws`` admission source): with B residents, arrivals join a round later.
     """
     n = workload.n
     arr = arrivals if isinstance(arrivals, Arrivals) else make_arrivals(arrivals, n, seed)
@@ -146,7 +149,7 @@ def simulate(
         policy, slots=slots, k=k, kv_pool_tokens=kv_pool_tokens, capacity=min(n, 4096)
     )
     t_wall = time.perf_counter()
-    feed = ArrivalFeed(workload, arr, inputs)
+    feed = ArrivalFeed(workload, arr, inputs, priced_late_when_full)
     progress = RequestProgress(workload)
     cap = int(workload.work.sum()) + n + 1 if max_rounds is None else int(max_rounds)
     log = RoundLog(round_time or RoundTimeModel(), cap)
@@ -194,7 +197,7 @@ def simulate(
 def _jump_when_idle(log: RoundLog, feed: ArrivalFeed, sched: Scheduler) -> None:
     """An empty server waits: move the clock to the next arrival instead of running idle rounds."""
     t = feed.next_arrival()
-    if t is not None and sched.idle and t > log.now:
+    if t is not None and sched.idle and not feed.pricing and t > log.now:
         log.now = t
 
 
