@@ -53,7 +53,7 @@ from sglang_ladder import (  # benchmarks/sglang_ladder.py: the served ladder's 
     REGIMES,
     RUNGS,
     arrival_rounds,
-    prices_with_encoder,
+    replay,
     spt_mean_completion,
     variant_settings,
 )
@@ -136,15 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     from dwise_predict import load_bundle
     from dwise_predict.atomic import write_json
     from dwise_predict.runtime import (
-        FCFS,
         Arrivals,
-        RoundTimeModel,
         Workload,
         costs_from_bundle,
         estimates_from_bundle,
-        make_policy,
         requests_from_traces,
-        simulate,
     )
     from dwise_predict.traces import read_traces
 
@@ -171,7 +167,6 @@ def main(argv: list[str] | None = None) -> int:
         for r, a, f, c in zip(requests_from_traces(table), adm, ref, cost)
     ]
     categories = np.array(table.column("category").to_pylist())
-    rt = RoundTimeModel(overhead_ms=1.0, per_slot_ms=0.0, per_slot_per_1k_context_ms=0.0)
     doc: dict[str, Any] = {
         "command": "python benchmarks/ladder_at_scale.py "
         + " ".join(sys.argv[1:] if argv is None else argv),
@@ -214,28 +209,12 @@ def main(argv: list[str] | None = None) -> int:
             arrivals = Arrivals(np.arange(len(reqs)), arrive / 1e3)
             runs: dict[str, Any] = {}
             for label in (*PLAIN, *EXTRA, *(TAILS if regime == "poisson-overload" else ())):
-                policy, _, rule = label.partition("@")
                 settings: dict[str, Any] = {}
-                if rule:
+                if "@" in label:
                     settings = variant_settings(label, runs["fcfs-mixed"]["rounds"])[1]
-                pol = (
-                    FCFS()
-                    if label == "stock"
-                    else make_policy(
-                        policy, **{k: v for k, v in settings.items() if k != "admission"}
-                    )
-                )
                 t1 = time.perf_counter()
-                run = simulate(
-                    dws if "admission" in settings else plain,
-                    pol,
-                    arrivals=arrivals,
-                    slots=slots,
-                    k=k,
-                    round_time=rt,
-                    kv_pool_tokens=kv_pool,
-                    priced_late_when_full=prices_with_encoder(label, {label: settings}),
-                )
+                wl = dws if "admission" in settings else plain
+                run = replay(wl, label, settings, arrivals, slots, k, kv_pool)
                 runs[label] = {**summarize(run, arrive, cats), **settings}
                 v = runs[label]
                 print(

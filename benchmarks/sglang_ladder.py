@@ -217,11 +217,39 @@ def tracks_of(state: Any) -> dict[str, dict[str, Any]]:
     return {str(rid): track_json(tr) for rid, tr in state.finished}
 
 
-def prices_with_encoder(label: str, variants: dict[str, dict[str, Any]] | None) -> bool:
+def prices_with_encoder(label: str, settings: dict[str, Any]) -> bool:
     """Whether the plugin prices this run's arrivals with DWS's text encoder (``dws-sjf``, the
     ``lightgbm+dws`` admission source): with B residents they join the plan a round late."""
-    admission = (variants or {}).get(label, {}).get("admission")
-    return label.split("@")[0] == "dws-sjf" or admission == "lightgbm+dws"
+    return label.split("@")[0] == "dws-sjf" or settings.get("admission") == "lightgbm+dws"
+
+
+def replay(
+    wl: Any,
+    label: str,
+    settings: dict[str, Any],
+    arrivals: Any,
+    slots: int,
+    k: int,
+    kv_pool: int,
+) -> Any:
+    """One labelled run as the ladder replays it in the simulator: ``stock`` is the simulator's
+    FCFS, ``POLICY@RULE`` the policy under ``settings`` (its anti-starvation rule; an
+    ``admission`` source is already in ``wl``'s estimates), a round priced at 1 ms so that
+    times are round counts, and arrivals the plugin prices with the encoder a round late."""
+    from dwise_predict.runtime import FCFS, RoundTimeModel, make_policy, simulate
+
+    rule = {key: v for key, v in settings.items() if key != "admission"}
+    policy = FCFS() if label == "stock" else make_policy(label.split("@")[0], **rule)
+    return simulate(
+        wl,
+        policy,
+        arrivals=arrivals,
+        slots=slots,
+        k=k,
+        round_time=RoundTimeModel(overhead_ms=1.0, per_slot_ms=0.0, per_slot_per_1k_context_ms=0.0),
+        kv_pool_tokens=kv_pool,
+        priced_late_when_full=prices_with_encoder(label, settings),
+    )
 
 
 def simulate_regime(
@@ -237,15 +265,7 @@ def simulate_regime(
 ) -> dict[str, dict[str, Any]]:
     """Every policy in the simulator, with the real runs' arrival rounds and work
     (``variants``: the anti-starvation settings of each ``POLICY@RULE`` label)."""
-    from dwise_predict.runtime import (
-        FCFS,
-        Arrivals,
-        RoundTimeModel,
-        SimRequest,
-        Workload,
-        make_policy,
-        simulate,
-    )
+    from dwise_predict.runtime import Arrivals, SimRequest, Workload
 
     order = [s.rid for s in reqs]
     sim_reqs = [
@@ -265,26 +285,10 @@ def simulate_regime(
     ]
     wl = Workload.from_requests(sim_reqs)
     arrivals = Arrivals(np.arange(wl.n, dtype=np.int64), np.asarray(arrive, dtype=np.float64) / 1e3)
-    rt = RoundTimeModel(overhead_ms=1.0, per_slot_ms=0.0, per_slot_per_1k_context_ms=0.0)
     out = {}
     for name in policies or POLICIES:
-        if name == "stock":
-            pol = FCFS()
-        elif "@" in name:
-            kwargs = {k: v for k, v in (variants or {})[name].items() if k != "admission"}
-            pol = make_policy(name.split("@")[0], **kwargs)
-        else:
-            pol = make_policy(name)
-        run = simulate(
-            wl,
-            pol,
-            arrivals=arrivals,
-            slots=slots,
-            k=k,
-            round_time=rt,
-            kv_pool_tokens=kv_pool,
-            priced_late_when_full=prices_with_encoder(name, variants),
-        )
+        settings = (variants or {})[name] if "@" in name else {}
+        run = replay(wl, name, settings, arrivals, slots, k, kv_pool)
         lat = (np.asarray(run.finish_time) - np.asarray(arrive, dtype=np.float64) / 1e3) * 1e3
         out[name] = {
             "mean_completion_rounds": round(float(np.mean(lat)), 2),
