@@ -352,6 +352,20 @@ def main(argv: list[str] | None = None) -> int:
         help="stratified: round-robin over categories (the ladder's); split: the eval split's "
         "first requests, in its own mix (most of them chat, math and mcq)",
     )
+    ap.add_argument(
+        "--rates-from",
+        metavar="JSON",
+        help="take the Poisson regimes' rates from an earlier ladder's JSON (its burst "
+        "capacities) instead of serving the burst first: serve one regime alone, with the "
+        "same arrival rounds as that ladder's (same --requests, --mix and --seed)",
+    )
+    ap.add_argument(
+        "--save-tracks",
+        metavar="DIR",
+        help="write each served run's per-request record (arrival, first and finish rounds, "
+        "rounds per block, estimates) to DIR/REGIME.POLICY.tracks.json, to compare a run "
+        "with its replay request by request",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results/sglang_ladder.json")
     ap.add_argument("--plot", default="docs/img/sglang-ladder.png", help="the gain-per-rung plot")
@@ -387,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
 
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
+    if args.save_tracks:
+        Path(args.save_tracks).mkdir(parents=True, exist_ok=True)
     runner = TinyBDRunner(block_size=BLOCK_SIZE, memo=True)
     reqs = eval_requests(
         args.requests,
@@ -433,6 +449,19 @@ def main(argv: list[str] | None = None) -> int:
     doc["policies"] = served + variants
     capacity: float | None = None  # stock's requests per round in the burst
     capacity_mixed: float | None = None  # fcfs-mixed's
+    if args.rates_from:
+        import json
+
+        earlier = json.loads(Path(args.rates_from).read_text())
+        if earlier["requests"] != len(reqs) or earlier.get("mix_kind", "stratified") != args.mix:
+            raise SystemExit(
+                f"{args.rates_from} served {earlier['requests']} requests "
+                f"({earlier.get('mix_kind', 'stratified')} mix), not {len(reqs)} ({args.mix}): "
+                "its rates would not give the same arrivals; match --requests and --mix"
+            )
+        capacity = earlier["stock_capacity_requests_per_round"]
+        capacity_mixed = earlier["fcfs_mixed_capacity_requests_per_round"]
+        doc["rates_from"] = args.rates_from
     for regime in args.regimes.split(","):
         rate = None
         if regime != "burst":
@@ -459,9 +488,18 @@ def main(argv: list[str] | None = None) -> int:
             runs[policy] = summarize(res, reqs)
             runs[policy].update(settings.get(policy, {}))
             states[policy] = state
-            if policy == "stock" and regime == "burst":
+            if args.save_tracks and state is not None:
+                write_json(
+                    Path(args.save_tracks) / f"{regime}.{policy}.tracks.json",
+                    {
+                        "arrival_rounds": dict(zip((s.rid for s in reqs), arrive)),
+                        "tracks": tracks_of(state),
+                        "batches": res.batches,
+                    },
+                )
+            if policy == "stock" and regime == "burst" and not args.rates_from:
                 capacity = len(reqs) / res.rounds
-            if policy == "fcfs-mixed" and regime == "burst":
+            if policy == "fcfs-mixed" and regime == "burst" and not args.rates_from:
                 capacity_mixed = len(reqs) / res.rounds
             if policy == "dwise" and regime == "burst":
                 # the oracle's knowledge: each request's forwards, as this run spent them

@@ -355,3 +355,27 @@ def test_arrivals_priced_late_when_full_join_the_next_round():
         w, DWISE(), arrivals=arrivals, slots=1, k=2, round_time=rt, priced_late_when_full=True
     )
     assert np.all(np.isfinite(run.finish_time)) and run.round_filled.sum() == 23
+
+
+def test_arrivals_on_round_boundaries_join_their_round_after_thousands_of_rounds():
+    """A served run's arrivals fall on round boundaries (round k at k ms in the replay). The
+    clock must still read exactly k ms at round k after thousands of rounds, or some arrivals
+    are seen a round late and the replay runs a different schedule (it did: a running sum of
+    1 ms rounds in seconds drifted below 1.236 s by round 1,236)."""
+    from dwise_predict.runtime import FCFS, Arrivals, SimRequest
+
+    def req(rid: str, rounds: tuple[int, ...]) -> SimRequest:
+        return SimRequest(rid, 0, 16, rounds, 32 * len(rounds), 32, admission_estimate=1.0)
+
+    # one request keeps the server busy (no idle jump resets the clock); a one-round request
+    # arrives at every 7th round from 1,000 to 4,000: each runs in its arrival round
+    at = list(range(1000, 4000, 7))
+    w = Workload.from_requests([req("busy", (5000,)), *(req(f"r{k}", (1,)) for k in at)])
+    arrivals = Arrivals(np.arange(w.n), np.array([0, *at], dtype=np.float64) / 1e3)
+    rt = RoundTimeModel(overhead_ms=1.0, per_slot_ms=0.0, per_slot_per_1k_context_ms=0.0)
+    for policy in (FCFS(batch_former="mixed"), DWISE()):
+        run = simulate(w, policy, arrivals=arrivals, slots=4, k=2, round_time=rt)
+        latency_rounds = (run.finish_time[1:] - arrivals.times[1:]) * 1e3
+        assert np.allclose(latency_rounds, 1.0, rtol=0, atol=1e-9), policy.name
+        assert run.finish_time[1:].tolist() == [(k + 1) / 1e3 for k in at]
+        assert run.finish_time[0] * 1e3 == 5000.0

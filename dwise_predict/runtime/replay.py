@@ -27,6 +27,10 @@ from .roundtime import RoundTimeModel
 from .scheduler import Scheduler
 from .workload import Workload
 
+#: an arrival this close after the clock has arrived: what is left of floating-point error
+#: once the clock is summed with compensation (rounds last microseconds at least)
+ARRIVAL_TOLERANCE_S = 1e-9
+
 
 @dataclass
 class ArrivalFeed:
@@ -72,6 +76,7 @@ class ArrivalFeed:
             self._add(sched, j)
         self.pricing = []
         times = self.arrivals.times
+        now += ARRIVAL_TOLERANCE_S
         if self.next >= self.n or times[self.next] > now:
             return
         late = self.priced_late_when_full and sched.n_resident >= sched.slots
@@ -194,12 +199,22 @@ class RequestProgress:
 
 @dataclass
 class RoundLog:
-    """The clock and one record per round: what the metrics are computed from."""
+    """The clock and one record per round: what the metrics are computed from.
+
+    The clock is ``origin`` (seconds: 0, or the arrival an idle server last waited for) plus
+    the milliseconds charged since, summed with compensation. A plain running sum in seconds
+    drifts (a thousand 1 ms rounds do not add up to 1.0 s exactly), and a replay whose
+    arrivals fall on round boundaries, as a served run's do, then sees some arrivals a round
+    late: a different schedule, not a rounding error.
+    """
 
     round_time: RoundTimeModel | ProfileRoundTime
     capacity: int
-    now: float = 0.0
+    origin: float = 0.0
     rounds: int = 0
+    #: milliseconds charged since ``origin`` (a Neumaier sum: ``_ms + _ms_carry``)
+    _ms: float = field(init=False, default=0.0)
+    _ms_carry: float = field(init=False, default=0.0)
     ms: np.ndarray = field(init=False)
     filled: np.ndarray = field(init=False)
     prompt: np.ndarray = field(init=False)
@@ -221,10 +236,24 @@ class RoundLog:
                 "is too small"
             )
 
+    @property
+    def now(self) -> float:
+        """Seconds since the replay began."""
+        return self.origin + (self._ms + self._ms_carry) / 1000.0
+
+    def wait_until(self, t: float) -> None:
+        """An idle server waits for the next arrival at ``t`` seconds."""
+        self.origin, self._ms, self._ms_carry = float(t), 0.0, 0.0
+
     def charge(self, slots: RoundSlots) -> float:
         """Advance the clock by the round-time model's time for this round; returns it (ms)."""
-        dt_ms = self.round_time.time_round(slots)
-        self.now += dt_ms / 1000.0
+        dt_ms = float(self.round_time.time_round(slots))
+        total = self._ms + dt_ms
+        if abs(self._ms) >= abs(dt_ms):
+            self._ms_carry += (self._ms - total) + dt_ms
+        else:
+            self._ms_carry += (dt_ms - total) + self._ms
+        self._ms = total
         return dt_ms
 
     def record(

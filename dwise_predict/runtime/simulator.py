@@ -198,7 +198,7 @@ def _jump_when_idle(log: RoundLog, feed: ArrivalFeed, sched: Scheduler) -> None:
     """An empty server waits: move the clock to the next arrival instead of running idle rounds."""
     t = feed.next_arrival()
     if t is not None and sched.idle and not feed.pricing and t > log.now:
-        log.now = t
+        log.wait_until(t)
 
 
 def _check_nonempty(plan: RoundPlan, sched: Scheduler, unfinished: int) -> None:

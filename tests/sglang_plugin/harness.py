@@ -263,6 +263,9 @@ class RunResult:
     arrival_round: dict[str, int] = field(default_factory=dict)
     #: rounds with nothing to run while requests were still to arrive
     idle_rounds: int = 0
+    #: every round's batch: (round, request ids, whether each ran a prompt block), to compare
+    #: a served run with its replay round by round
+    batches: list[tuple[int, list[str], list[bool]]] = field(default_factory=list)
 
 
 @contextmanager
@@ -585,6 +588,7 @@ def serve(
                 raise RuntimeError(f"round {server.rounds}: no batch with {left} unfinished")
             res.rounds = server.rounds
             prefill = [bool(p) for p in server.last_prefill]
+            res.batches.append((server.rounds, [str(r.rid) for r in batch.reqs], prefill))
             res.filled_slots += len(batch.reqs)
             res.prefill_only_rounds += int(all(prefill))
             res.max_residents = max(res.max_residents, len(s.dllm_manager.waiting_queue))
