@@ -82,7 +82,8 @@ VARIANT_RULES = {
     "pcap": ("starvation_cap", "projected"),
     "pslack": ("starvation_slack", "projected"),
 }
-
+#: what a run's summary records of its settings (variant_settings' keys)
+SETTING_KEYS = ("starvation_cap", "starvation_slack", "starvation_clock", "admission")
 
 #: the variant whose admission estimate is the mean of the admission model's and DWS's
 #: expected rounds (DWISE_SGLANG_ADMISSION=lightgbm+dws), labelled dwise@dws
@@ -252,6 +253,80 @@ def replay(
     )
 
 
+def sim_workload(
+    tracks: dict[str, dict[str, Any]], order: list[tuple[str, str]], costs: dict[str, float]
+) -> Any:
+    """The simulator's workload of served requests ((request id, category) in arrival
+    order): each one's prompt, rounds per block and estimates as the plugin recorded them."""
+    from dwise_predict.runtime import SimRequest, Workload
+
+    return Workload.from_requests(
+        [
+            SimRequest(
+                rid,
+                tracks[rid]["prompt_tokens"] // BLOCK_SIZE,
+                tracks[rid]["prompt_tokens"],
+                tuple(r + 1 for r in tracks[rid]["rounds_per_block"]),  # SGLang's r + 1
+                tracks[rid]["output_budget"],
+                BLOCK_SIZE,
+                category=category,
+                admission_estimate=tracks[rid]["admission"],
+                refined_estimate=tracks[rid]["refined"],
+                cost=costs.get(rid),
+            )
+            for rid, category in order
+        ]
+    )
+
+
+def check_replays(tracks_dir: Path, doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Replay every run saved with ``--save-tracks`` from its own record and compare request by
+    request: the round each finished in, served against replayed.
+
+    A mean within a few percent can hide a different schedule; equal finish rounds for every
+    request cannot (the saved batches go further, round by round, when one differs).
+    """
+    import json
+
+    from dwise_predict.runtime import Arrivals
+
+    out = {}
+    for path in sorted(tracks_dir.glob("*.tracks.json")):
+        regime, label = path.name[: -len(".tracks.json")].split(".", 1)
+        runs = doc["regimes"][regime]["runs"]
+        saved = json.loads(path.read_text())
+        arrive, tracks = saved["arrival_rounds"], saved["tracks"]
+        order = sorted(arrive, key=lambda r: (arrive[r], r))
+        costs = {r: t["cost_ms"] for r, t in tracks.items() if t["cost_ms"] is not None}
+        wl = sim_workload(tracks, [(r, "") for r in order], costs)
+        times = np.array([arrive[r] for r in order], dtype=np.float64)
+        settings = {key: runs[label][key] for key in SETTING_KEYS if key in runs[label]}
+        kv_pool = int(runs["stock" if "stock" in runs else "fcfs-mixed"]["kv_free_before"])
+        run = replay(
+            wl,
+            label,
+            settings,
+            Arrivals(np.arange(wl.n, dtype=np.int64), times / 1e3),
+            doc["slots"],
+            doc["k"],
+            kv_pool,
+        )
+        # the round a request finished in: the server's count of rounds after its last batch
+        # (idle rounds included), and the replay's clock in 1 ms rounds when it finished
+        last = {rid: r for r, ids, _ in saved["batches"] for rid in ids}
+        served = np.array([last[r] for r in order], dtype=np.int64)
+        replayed = np.round(np.asarray(run.finish_time) * 1e3).astype(np.int64)
+        diff = replayed - served
+        out[f"{regime} {label}"] = {
+            "requests": int(diff.size),
+            "finish_round_differs": int(np.count_nonzero(diff)),
+            "max_abs_rounds": int(np.abs(diff).max()),
+            "served_mean_completion_rounds": round(float(np.mean(served - times)), 2),
+            "replayed_mean_completion_rounds": round(float(np.mean(replayed - times)), 2),
+        }
+    return out
+
+
 def simulate_regime(
     tracks: dict[str, dict[str, Any]],
     costs: dict[str, float],
@@ -265,25 +340,9 @@ def simulate_regime(
 ) -> dict[str, dict[str, Any]]:
     """Every policy in the simulator, with the real runs' arrival rounds and work
     (``variants``: the anti-starvation settings of each ``POLICY@RULE`` label)."""
-    from dwise_predict.runtime import Arrivals, SimRequest, Workload
+    from dwise_predict.runtime import Arrivals
 
-    order = [s.rid for s in reqs]
-    sim_reqs = [
-        SimRequest(
-            rid,
-            tracks[rid]["prompt_tokens"] // BLOCK_SIZE,
-            tracks[rid]["prompt_tokens"],
-            tuple(r + 1 for r in tracks[rid]["rounds_per_block"]),  # SGLang's r + 1 forwards
-            tracks[rid]["output_budget"],
-            BLOCK_SIZE,
-            category=s.category,
-            admission_estimate=tracks[rid]["admission"],
-            refined_estimate=tracks[rid]["refined"],
-            cost=costs.get(rid),
-        )
-        for rid, s in zip(order, reqs)
-    ]
-    wl = Workload.from_requests(sim_reqs)
+    wl = sim_workload(tracks, [(s.rid, s.category) for s in reqs], costs)
     arrivals = Arrivals(np.arange(wl.n, dtype=np.int64), np.asarray(arrive, dtype=np.float64) / 1e3)
     out = {}
     for name in policies or POLICIES:
@@ -366,6 +425,12 @@ def main(argv: list[str] | None = None) -> int:
         "rounds per block, estimates) to DIR/REGIME.POLICY.tracks.json, to compare a run "
         "with its replay request by request",
     )
+    ap.add_argument(
+        "--check-replays",
+        metavar="DIR",
+        help="with --from-json: replay every run saved in DIR by --save-tracks and compare the "
+        "round each request finished in, served against replayed; serve nothing",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results/sglang_ladder.json")
     ap.add_argument("--plot", default="docs/img/sglang-ladder.png", help="the gain-per-rung plot")
@@ -382,6 +447,18 @@ def main(argv: list[str] | None = None) -> int:
         import json
 
         doc = json.loads(Path(args.from_json).read_text())
+        if args.check_replays:
+            checks = check_replays(Path(args.check_replays), doc)
+            print(
+                f"{'run':34s} {'requests':>8s} {'differ':>6s} {'max':>4s} {'served':>9s} replayed"
+            )
+            for name, c in checks.items():
+                print(
+                    f"{name:34s} {c['requests']:8d} {c['finish_round_differs']:6d} "
+                    f"{c['max_abs_rounds']:4d} {c['served_mean_completion_rounds']:9.2f} "
+                    f"{c['replayed_mean_completion_rounds']:.2f}"
+                )
+            return 0 if all(c["finish_round_differs"] == 0 for c in checks.values()) else 1
         print_table(doc)
         print_sweep(doc)
         first = next(iter(doc["regimes"].values()))
