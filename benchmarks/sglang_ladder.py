@@ -296,7 +296,13 @@ def check_replays(tracks_dir: Path, doc: dict[str, Any]) -> dict[str, dict[str, 
         runs = doc["regimes"][regime]["runs"]
         saved = json.loads(path.read_text())
         arrive, tracks = saved["arrival_rounds"], saved["tracks"]
-        order = sorted(arrive, key=lambda r: (arrive[r], r))
+        if "order" not in saved:
+            raise SystemExit(
+                f"{path} has no request order (saved before the ladder wrote one); FCFS and "
+                "every tie follow the order requests entered SGLang's queue, so it cannot be "
+                "replayed faithfully: serve it again with --save-tracks"
+            )
+        order = saved["order"]
         costs = {r: t["cost_ms"] for r, t in tracks.items() if t["cost_ms"] is not None}
         wl = sim_workload(tracks, [(r, "") for r in order], costs)
         times = np.array([arrive[r] for r in order], dtype=np.float64)
@@ -569,6 +575,7 @@ def main(argv: list[str] | None = None) -> int:
                 write_json(
                     Path(args.save_tracks) / f"{regime}.{policy}.tracks.json",
                     {
+                        "order": [s.rid for s in reqs],  # SGLang's queue order: ties follow it
                         "arrival_rounds": dict(zip((s.rid for s in reqs), arrive)),
                         "tracks": tracks_of(state),
                         "batches": res.batches,
