@@ -23,7 +23,7 @@ the unit: completion = the round a request finished in minus the round it arrive
 Each run is replayed in the project's simulator with the same arrival rounds, the same B, k
 and KV pool, each request's work as SGLang spent it, and the estimates the plugin computed.
 
-    .venv-sglang/bin/python benchmarks/sglang_scheduler.py --ladder --requests 256 \\
+    .venv-sglang/bin/python benchmarks/sglang_scheduler.py --ladder --requests 512 \\
         --out benchmarks/results/sglang_ladder.json
 
 Tails under overload (docs/runtime.md): ``--policies fcfs-mixed,dwise`` serves a subset, and
@@ -47,6 +47,19 @@ and mcq) instead of the category round-robin.
 ``--dws-admission`` adds ``dwise@dws``: ``dwise`` with ``DWISE_SGLANG_ADMISSION=lightgbm+dws``,
 the admission estimate averaged with the DWS surface's expected rounds (the simulator replays
 it with the estimates that run ranked by).
+
+Checking a replay request by request: ``--save-tracks DIR`` writes each plugin run's record
+(SGLang's queue order, arrival rounds, every request's rounds per block and estimates, every
+round's batch) to ``DIR/REGIME.POLICY.tracks.json``, and ``--from-json JSON --check-replays
+DIR`` replays each one and compares the round every request finished in (exit status 1 if
+any differs). ``--rates-from JSON`` takes the Poisson rates from an earlier ladder, so that
+one rung can be served in one regime alone with that ladder's arrivals:
+
+    .venv-sglang/bin/python benchmarks/sglang_scheduler.py --ladder --requests 512 \
+        --regimes poisson-above --policies dws-sjf --save-tracks runs/check \
+        --rates-from benchmarks/results/sglang_ladder.json --out runs/check/ladder.json
+    .venv/bin/python benchmarks/sglang_ladder.py --from-json runs/check/ladder.json \
+        --check-replays runs/check
 
 The model runner computes each request's block forward once and reuses it in later runs (its
 output is a function of the request and the block's tokens only), so the first run costs the
