@@ -448,7 +448,8 @@ def main(argv: list[str] | None = None) -> int:
         "--check-replays",
         metavar="DIR",
         help="with --from-json: replay every run saved in DIR by --save-tracks and compare the "
-        "round each request finished in, served against replayed; serve nothing",
+        "round each request finished in, served against replayed (written beside the JSON as "
+        "NAME.replays.json); serve nothing",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results/sglang_ladder.json")
@@ -477,7 +478,24 @@ def main(argv: list[str] | None = None) -> int:
                     f"{c['max_abs_rounds']:4d} {c['served_mean_completion_rounds']:9.2f} "
                     f"{c['replayed_mean_completion_rounds']:.2f}"
                 )
-            return 0 if all(c["finish_round_differs"] == 0 for c in checks.values()) else 1
+            from dwise_predict.atomic import write_json
+
+            out = Path(args.from_json).with_suffix(".replays.json")
+            differ = [name for name, c in checks.items() if c["finish_round_differs"]]
+            write_json(
+                out,
+                {
+                    "command": "python benchmarks/sglang_ladder.py "
+                    + " ".join(sys.argv[1:] if argv is None else argv),
+                    "ladder": args.from_json,
+                    "runs_checked": len(checks),
+                    "runs_with_a_request_in_another_round": differ,
+                    "runs": checks,
+                },
+            )
+            print(f"{len(checks)} runs replayed, {len(differ)} with a request in another round")
+            print(f"wrote {out}")
+            return 0 if not differ else 1
         print_table(doc)
         print_sweep(doc)
         first = next(iter(doc["regimes"].values()))
