@@ -1,6 +1,6 @@
 """The simulator replays a run served in SGLang 0.5.23's real loop round by round.
 
-Requests arrive over a couple of thousand rounds, as the SGLang ladder's Poisson regimes
+Requests arrive over about 1,500 rounds, as the SGLang ladder's Poisson regimes
 have them; the simulator is given each request's rounds per block and estimates as the
 plugin recorded them, the same arrival rounds (round k at k ms, 1 ms rounds) and SGLang's
 KV pool, and must form every round's batch as SGLang ran it: the same requests, each on a
