@@ -95,8 +95,7 @@ VARIANT_RULES = {
     "pcap": ("starvation_cap", "projected"),
     "pslack": ("starvation_slack", "projected"),
 }
-#: what a run's summary records of its settings (variant_settings' keys)
-SETTING_KEYS = ("starvation_cap", "starvation_slack", "starvation_clock", "admission")
+
 
 #: the variant whose admission estimate is the mean of the admission model's and DWS's
 #: expected rounds (DWISE_SGLANG_ADMISSION=lightgbm+dws), labelled dwise@dws
@@ -319,7 +318,7 @@ def check_replays(tracks_dir: Path, doc: dict[str, Any]) -> dict[str, dict[str, 
         costs = {r: t["cost_ms"] for r, t in tracks.items() if t["cost_ms"] is not None}
         wl = sim_workload(tracks, [(r, "") for r in order], costs)
         times = np.array([arrive[r] for r in order], dtype=np.float64)
-        settings = {key: runs[label][key] for key in SETTING_KEYS if key in runs[label]}
+        settings = variant_settings(label, runs["fcfs-mixed"]["rounds"])[1] if "@" in label else {}
         kv_pool = int(runs["stock" if "stock" in runs else "fcfs-mixed"]["kv_free_before"])
         run = replay(
             wl,
@@ -440,9 +439,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--save-tracks",
         metavar="DIR",
-        help="write each served run's per-request record (arrival, first and finish rounds, "
-        "rounds per block, estimates) to DIR/REGIME.POLICY.tracks.json, to compare a run "
-        "with its replay request by request",
+        help="write each served run's record (SGLang's queue order, arrival rounds, every "
+        "request's rounds per block and estimates, every round's batch) to "
+        "DIR/REGIME.POLICY.tracks.json, to compare a run with its replay (--check-replays)",
     )
     ap.add_argument(
         "--check-replays",

@@ -102,9 +102,6 @@ def track_json(tr: Any) -> dict[str, Any]:
         "refined": None if tr.refined is None else float(tr.refined),
         "forwards": int(tr.forwards),
         "cost_ms": None if tr.cost_ms is None else float(tr.cost_ms),
-        "arrival_round": int(tr.arrival_round),
-        "first_round": None if tr.first_round is None else int(tr.first_round),
-        "finish_round": None if tr.finish_round is None else int(tr.finish_round),
     }
 
 
