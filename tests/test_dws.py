@@ -8,6 +8,7 @@ every test, so the file costs one short training plus one export.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import subprocess
 import sys
@@ -293,8 +294,11 @@ def test_bad_training_inputs(tiny_encoder: Path, tmp_path: Path) -> None:
         DWSTrainConfig(stage_a="everything")
 
 
-def test_dws_only_bundle_evaluates_and_prices_dws_sjf(tiny_encoder: Path, tmp_path: Path) -> None:
-    """`eval` on a bundle trained with --only dws, and DWS-SJF's score from the bundle."""
+def test_dws_only_bundle_evaluates_and_prices_dws_sjf(
+    tiny_encoder: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`eval` on a bundle trained with --only dws, and DWS-SJF's score from the bundle; the
+    training says which step runs (minutes on a CPU at real sizes)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from dwise_predict.trainers.dws import DWSTrainConfig
@@ -313,9 +317,24 @@ def test_dws_only_bundle_evaluates_and_prices_dws_sjf(tiny_encoder: Path, tmp_pa
         num_threads=1,
     )
     out = tmp_path / "bundle"
-    train_bundle(
-        labelled_traces(64, seed=4), out, only="dws", cost_profile=planted_profile(), dws_config=cfg
-    )
+    with caplog.at_level(logging.INFO, logger="dwise_predict"):
+        train_bundle(
+            labelled_traces(64, seed=4),
+            out,
+            only="dws",
+            cost_profile=planted_profile(),
+            dws_config=cfg,
+        )
+    said = [r.getMessage() for r in caplog.records]
+    steps = [
+        "training dws (1 of 1) on 64 requests",
+        "DWS: embedding 64 prompts with the frozen encoder",
+        f"DWS stage B: fitting the {BUDGET // BS} x {BS} surface head, 5 epochs",
+        "DWS: fitting the three scalar baselines (output length, steps, cost)",
+    ]
+    assert [m for m in said if m in steps] == steps  # each once, in order
+    assert any(m.startswith("dws trained in ") for m in said)
+    assert not any("stage A" in m for m in said)  # stage_a="none": no encoder pass announced
     ev = labelled_traces(32, seed=5)
     pq.write_table(ev, tmp_path / "eval.parquet")
     argv = ["eval", "--bundle", str(out), "--traces", str(tmp_path / "eval.parquet")]

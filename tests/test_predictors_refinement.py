@@ -2,6 +2,7 @@
 validated."""
 
 import dataclasses
+import logging
 
 import numpy as np
 import pytest
@@ -77,8 +78,15 @@ def test_isotonic_map_fixes_the_scale_without_changing_the_ranking(ensemble, dat
     )
 
 
-def test_same_seed_gives_bit_identical_predictions(ensemble, data):
-    again = train_refinement(data[0], CFG)
+def test_same_seed_gives_bit_identical_predictions(ensemble, data, caplog):
+    with caplog.at_level(logging.INFO, logger="dwise_predict"):
+        again = train_refinement(data[0], CFG)
+    # each member says it starts (minutes on a CPU at real sizes); cross-fitted calibration
+    # trains each on the other folds, so the counts add up to two passes over the traces
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refinement")]
+    assert [m.split(":")[0] for m in said] == [f"refinement member {i} of 3" for i in (1, 2, 3)]
+    counts = [int(m.split(" over ")[1].split()[0]) for m in said]
+    assert sum(counts) == 2 * 1200 and all("12 epochs" in m for m in said)
     ev = data[1]
     a = ensemble.predict(ev.hidden, ev.prompt_tokens, ev.output_budget)
     b = again.predict(ev.hidden, ev.prompt_tokens, ev.output_budget)

@@ -31,6 +31,7 @@ to be retrained for another deployment, which is what DWS avoids).
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -50,6 +51,8 @@ from dwise_predict.predictors.dws import DWSConfig, DWSTokenizer, Truncation
 from .devices import DeviceConfig
 from .dws_data import DWSArrays
 from .refinement import _quiet_lightning
+
+log = logging.getLogger(__name__)
 
 STAGE_A_KINDS = ("multi_horizon", "total_steps", "none")
 
@@ -636,14 +639,28 @@ def train_dws(
         encoder = PooledEncoder(raw)
         seconds: dict[str, float] = {}
         if config.stage_a != "none":
+            log.info(
+                "DWS stage A: adapting the encoder, %d epoch%s over %d prompts",
+                config.stage_a_epochs,
+                "" if config.stage_a_epochs == 1 else "s",
+                arrays.n,
+            )
             t = time.perf_counter()
             _stage_a(encoder, tokenizer, arrays, config, devices)
             seconds["stage_a"] = time.perf_counter() - t
         for p in encoder.parameters():
             p.requires_grad_(False)
+        log.info("DWS: embedding %d prompts with the frozen encoder", arrays.n)
         t = time.perf_counter()
         emb = embed(encoder, tokenizer, arrays.prompts, device=_embed_device(devices))
         seconds["embed"] = time.perf_counter() - t
+        log.info(
+            "DWS stage B: fitting the %d x %d surface head, %d epoch%s",
+            N,
+            S,
+            config.stage_b_epochs,
+            "" if config.stage_b_epochs == 1 else "s",
+        )
         t = time.perf_counter()
         heads = fit_head(
             DWSHeads(emb, N, S, config.width, config.dropout, arrays.activity),
@@ -661,6 +678,7 @@ def train_dws(
         baseline_heads = None
         constants: dict[str, Any] = {}
         if config.baselines:
+            log.info("DWS: fitting the three scalar baselines (output length, steps, cost)")
             t = time.perf_counter()
             targets = {
                 "output_length": arrays.output_tokens.astype(np.float64),

@@ -72,10 +72,14 @@ def train_models(
     modules: list[BundleModule] = []
     seconds: dict[str, float] = {}
     facts: dict[str, Any] = {}
-    for kind in only:
+    for i, kind in enumerate(only, 1):
+        # the DWS encoder and the refinement ensemble train for minutes on a CPU: say which
+        # step runs, so a long quiet stretch does not read as a hang
+        log.info("training %s (%d of %d) on %d requests", kind, i, len(only), arrays.n)
         t0 = time.perf_counter()
         part = trainer_for(kind).train(arrays, settings)
         seconds[kind] = time.perf_counter() - t0
+        log.info("%s trained in %.1f s", kind, seconds[kind])
         if part.module is not None:
             modules.append(part.module)
         if part.info:

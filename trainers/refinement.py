@@ -54,6 +54,8 @@ from .streaming import ArraySource, RowSource, TraceStats, chunks, scan_stats
 if TYPE_CHECKING:
     from dwise_predict.bundle import Bundle
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class RefinementConfig:
@@ -334,6 +336,14 @@ def train_refinement(
         torch.set_num_threads(config.num_threads)
         with _quiet_lightning():
             for i in range(config.members):
+                log.info(
+                    "refinement member %d of %d: %d epoch%s over %d requests",
+                    i + 1,
+                    config.members,
+                    config.epochs,
+                    "" if config.epochs == 1 else "s",
+                    int(np.count_nonzero(fold != i)) if cross_fit else stats.n,
+                )
                 pl.seed_everything(config.seed + i, workers=True, verbose=False)
                 keep = fold != i if cross_fit else None
                 dm = TraceDataModule(source, norm, config, seed=config.seed + i, keep=keep)
