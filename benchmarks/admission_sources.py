@@ -30,6 +30,7 @@ import dataclasses
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,15 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
     return float(spearmanr(x, y)[0]) if len(x) > 2 else float("nan")
 
 
-def run_sample(reqs: list[Any], estimates: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict:
+def run_sample(
+    reqs: list[Any],
+    estimates: dict[str, tuple[np.ndarray, np.ndarray]],
+    sources: Sequence[str] = SOURCES,
+    policy: str = "dwise",
+) -> dict:
+    """Mean completion rounds under a burst for ``fcfs-mixed``, ``dwise-r0``, ``policy`` with
+    each of ``sources`` (``estimates[source]`` = (admission, refined)) and the oracle, and the
+    share of the gap from ``dwise-r0`` to the oracle each source closes."""
     from dwise_predict.runtime import Arrivals, RoundTimeModel, Workload, make_policy, simulate
 
     rt = RoundTimeModel(overhead_ms=1.0, per_slot_ms=0.0, per_slot_per_1k_context_ms=0.0)
@@ -69,18 +78,62 @@ def run_sample(reqs: list[Any], estimates: dict[str, tuple[np.ndarray, np.ndarra
         )
         return float(np.mean(run.finish_time)) * 1e3
 
+    any_source = next(iter(estimates))  # the baselines read no estimate
     out = {
-        "fcfs-mixed": mean_rounds("fcfs-mixed", "lightgbm"),
-        "dwise-r0": mean_rounds("dwise-r0", "lightgbm"),
-        **{f"dwise ({s})": mean_rounds("dwise", s) for s in SOURCES},
-        "oracle": mean_rounds("oracle", "lightgbm"),
+        "fcfs-mixed": mean_rounds("fcfs-mixed", any_source),
+        "dwise-r0": mean_rounds("dwise-r0", any_source),
+        **{f"{policy} ({s})": mean_rounds(policy, s) for s in sources},
+        "oracle": mean_rounds("oracle", any_source),
     }
     gap = out["dwise-r0"] - out["oracle"]
     return {
         "requests": len(reqs),
         "mean_completion_rounds": {k: round(v, 2) for k, v in out.items()},
-        "gap_closed": {s: round((out["dwise-r0"] - out[f"dwise ({s})"]) / gap, 3) for s in SOURCES},
+        "gap_closed": {
+            s: round((out["dwise-r0"] - out[f"{policy} ({s})"]) / gap, 3) for s in sources
+        },
     }
+
+
+def stratified_traces(n: int, traces: Path | None, workdir: Path) -> Any:
+    """The first ``n`` category-stratified eval requests, traced (into ``workdir/traces``
+    unless ``traces`` names a folder traced before), as a table in the stratified order."""
+    from block_alignment import stratified  # the SGLang harness's order, long contexts too
+
+    from dwise_predict.cli import main as cli
+    from dwise_predict.traces import read_traces
+
+    picked = stratified(n)
+    if traces is None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        workload = workdir / "eval-stratified.jsonl"
+        workload.write_text("".join(json.dumps(r) + "\n" for r in picked), encoding="utf-8")
+        traces = workdir / "traces"
+        t0 = time.perf_counter()
+        argv_trace = ["trace", "--model", "tiny-bd", "--workload", str(workload)]
+        argv_trace += ["--out", str(traces), "--max-new-tokens", "256", "--batch-size", "8"]
+        if cli([*argv_trace, "--resume"] if traces.exists() else argv_trace) != 0:
+            raise SystemExit(f"tracing the stratified eval requests into {traces} failed")
+        print(f"traced {len(picked)} requests in {time.perf_counter() - t0:.0f} s", flush=True)
+    table = read_traces(traces)
+    pos = {r: i for i, r in enumerate(table.column("request_id").to_pylist())}
+    missing = [r["id"] for r in picked if r["id"] not in pos]
+    if missing:
+        raise SystemExit(f"{len(missing)} requests are not in {traces} (e.g. {missing[0]})")
+    return table.take([pos[r["id"]] for r in picked])
+
+
+def burst_requests(table: Any) -> tuple[list[Any], np.ndarray]:
+    """The simulator's requests with SGLang's r + 1 forwards per block (the replay that matches
+    the ladder's served runs), and each request's traced total rounds."""
+    from dwise_predict.runtime import requests_from_traces
+
+    traced = requests_from_traces(table)
+    reqs = [
+        dataclasses.replace(r, rounds_per_block=tuple(x + 1 for x in r.rounds_per_block))
+        for r in traced
+    ]
+    return reqs, np.array([sum(r.rounds_per_block) for r in traced], float)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,42 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="benchmarks/results/admission_sources.json")
     args = ap.parse_args(argv)
 
-    from block_alignment import stratified  # the SGLang harness's order, long contexts too
-
     from dwise_predict import load_bundle
     from dwise_predict.atomic import write_json
-    from dwise_predict.cli import main as cli
-    from dwise_predict.runtime import estimates_from_bundle, requests_from_traces
+    from dwise_predict.runtime import estimates_from_bundle
     from dwise_predict.tables import format_table
-    from dwise_predict.traces import read_traces
 
-    picked = stratified(args.requests)
-    traces = args.traces
-    if traces is None:
-        args.workdir.mkdir(parents=True, exist_ok=True)
-        workload = args.workdir / "eval-stratified.jsonl"
-        workload.write_text("".join(json.dumps(r) + "\n" for r in picked), encoding="utf-8")
-        traces = args.workdir / "traces"
-        t0 = time.perf_counter()
-        argv_trace = ["trace", "--model", "tiny-bd", "--workload", str(workload)]
-        argv_trace += ["--out", str(traces), "--max-new-tokens", "256", "--batch-size", "8"]
-        if cli([*argv_trace, "--resume"] if traces.exists() else argv_trace) != 0:
-            return 1
-        print(f"traced {len(picked)} requests in {time.perf_counter() - t0:.0f} s", flush=True)
-    table = read_traces(traces)
-    pos = {r: i for i, r in enumerate(table.column("request_id").to_pylist())}
-    missing = [r["id"] for r in picked if r["id"] not in pos]
-    if missing:
-        raise SystemExit(f"{len(missing)} requests are not in {traces} (e.g. {missing[0]})")
-    table = table.take([pos[r["id"]] for r in picked])
+    table = stratified_traces(args.requests, args.traces, args.workdir)
     bundle = load_bundle("tiny-bd")
     estimates = {s: estimates_from_bundle(bundle, table, admission_source=s) for s in SOURCES}
-    # SGLang spends r + 1 forwards per block: replay its count, as the ladder's simulator does
-    reqs = [
-        dataclasses.replace(r, rounds_per_block=tuple(x + 1 for x in r.rounds_per_block))
-        for r in requests_from_traces(table)
-    ]
-    true = np.array([sum(r.rounds_per_block) for r in requests_from_traces(table)], float)
+    reqs, true = burst_requests(table)
     cats = np.array(table.column("category").to_pylist())
     quality: dict[str, Any] = {"all": {}}
     for s in SOURCES:
