@@ -16,7 +16,10 @@ category-stratified eval requests of ``admission_sources.py`` (none of them seen
   (the zoo bundle's refinement after each request's first denoising round), per sample: the
   ladder's 256, the next 260, all 516;
 * at ``--dws-sizes`` (default 600 and all): the DWS predictor trained on the same requests
-  (about 3 and 7 minutes on 2 cores), and the ``lightgbm+dws`` source, their mean.
+  (about 3 and 7 minutes on 2 cores), and the ``lightgbm+dws`` source, their mean. DWS draws
+  its batches by row position and these rows are in the split's order, not the order the
+  tracer wrote the zoo's training traces, so the 600 row's DWS is a sibling of the shipped
+  one (docs/training-at-scale.md, "Determinism"), not the same file.
 
     .venv/bin/python benchmarks/training_size.py [--train-traces DIR] [--eval-traces DIR]
 
