@@ -35,13 +35,19 @@ RESULTS = Path(__file__).parent / "results" / "block_alignment.json"
 LAYOUTS = ("response", "absolute")
 
 
-def stratified(n: int) -> list[dict[str, str]]:
-    """``n`` eval-split requests, round-robin over categories (the SGLang benchmark's mix)."""
+def tiny_bd_workload() -> Any:
+    """The default workload tiny-bd's recipe traces (``dwise-predict workload``): its
+    ``train`` and ``eval`` splits, each in its own order."""
     from dwise_predict.tracing.workload import build_workload
     from dwise_predict.zoo.tiny_bd.recipe.data import DataConfig
 
     dc = DataConfig()
-    records = build_workload(dc.workload_train_size, dc.workload_eval_size, dc.workload_seed).eval
+    return build_workload(dc.workload_train_size, dc.workload_eval_size, dc.workload_seed)
+
+
+def stratified(n: int) -> list[dict[str, str]]:
+    """``n`` eval-split requests, round-robin over categories (the SGLang benchmark's mix)."""
+    records = tiny_bd_workload().eval
     by_cat: dict[str, list[Any]] = {}
     for r in records:
         by_cat.setdefault(r.category, []).append(r)

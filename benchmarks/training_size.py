@@ -69,16 +69,9 @@ def train_split_traces(traces: Path | None, workdir: Path) -> Path:
 
 def in_split_order(table: Any) -> Any:
     """The traces in the train split's own order (the recipe's ``--limit N`` takes its first N)."""
-    from dwise_predict.tracing.workload import build_workload
-    from dwise_predict.zoo.tiny_bd.recipe.data import DataConfig
+    from block_alignment import tiny_bd_workload
 
-    dc = DataConfig()
-    ids = [
-        r.id
-        for r in build_workload(
-            dc.workload_train_size, dc.workload_eval_size, dc.workload_seed
-        ).train
-    ]
+    ids = [r.id for r in tiny_bd_workload().train]
     pos = {r: i for i, r in enumerate(table.column("request_id").to_pylist())}
     missing = [r for r in ids if r not in pos]
     if missing:
@@ -204,7 +197,7 @@ def measure(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from admission_sources import burst_requests, run_sample, spearman, stratified_traces
     from dwise_predict.trainers.admission import AdmissionConfig, train_admission
-    from dwise_predict.trainers.dataset import trace_arrays
+    from dwise_predict.trainers.dataset import category_counts, trace_arrays
 
     from dwise_predict import load_bundle
     from dwise_predict.runtime import estimates_from_bundle
@@ -241,9 +234,7 @@ def measure(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
                 "model: these traces are not the ones it was trained on (re-trace the split)"
             )
         sources = {"lightgbm": np.asarray(model.predict_features(ev_arrays.features), float)}
-        row: dict[str, Any] = {"train_requests": n, "categories": {}}
-        for c in sorted(set(train.column("category").to_pylist())):
-            row["categories"][c] = int(np.sum(np.array(train.column("category").to_pylist()) == c))
+        row: dict[str, Any] = {"train_requests": n, "categories": category_counts(arrays.category)}
         if ("all" if size is None else str(size)) in dws_at:
             dws, seconds = dws_rounds(train, prompts, zoo.cost_profile)
             sources["lightgbm+dws"] = 0.5 * (sources["lightgbm"] + dws)
@@ -254,12 +245,9 @@ def measure(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
         row["gap_closed"], row["mean_completion_rounds"] = {}, {}
         for sample, (lo, hi) in SAMPLES.items():
             sub = {s: (est[lo:hi], refined[lo:hi]) for s, est in sources.items()}
-            closed, means = {}, {}
-            for policy in ("dwise-admission", "dwise"):
-                r = run_sample(reqs[lo:hi], sub, sources=tuple(sources), policy=policy)
-                closed[policy] = r["gap_closed"]
-                means.update(r["mean_completion_rounds"])
-            row["gap_closed"][sample], row["mean_completion_rounds"][sample] = closed, means
+            r = run_sample(reqs[lo:hi], sub, tuple(sources), ("dwise-admission", "dwise"))
+            row["gap_closed"][sample] = r["gap_closed"]
+            row["mean_completion_rounds"][sample] = r["mean_completion_rounds"]
         rows.append(row)
         print(
             f"N = {n}: ρ {row['spearman']}, closed (all) {row['gap_closed']['all 516']}", flush=True
