@@ -113,9 +113,9 @@ def test_bad_starvation_settings_are_refused(kwargs, match):
 
 
 def test_make_policy_and_the_plugin_settings_carry_the_cap():
-    p = make_policy("dwise-admission", 0.0, 900, "waited")
+    p = make_policy("dwise-admission", starvation_cap=900, starvation_clock="waited")
     assert (p.name, p.starvation_cap, p.starvation_clock) == ("dwise-admission", 900, "waited")
-    assert make_policy("fcfs-mixed", 0.0, 900).name == "fcfs-mixed"  # others ignore it
+    assert make_policy("fcfs-mixed", starvation_cap=900).name == "fcfs-mixed"  # ignored
     cfg = load_config(
         {
             "DWISE_SGLANG_BUNDLE": "tiny-bd",

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..tables import format_table
+
+if TYPE_CHECKING:
+    from ..bundle import Bundle
 
 
 def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> None:
@@ -126,14 +129,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _evaluate_dws(
-    bundle: Any, args: argparse.Namespace, metrics: dict[str, Any], out: Path
+    bundle: Bundle, args: argparse.Namespace, metrics: dict[str, Any], out: Path
 ) -> list[Path]:
     """metrics[DWS kind] under each profile, a table of it, and the surface heatmaps."""
     from dwise_predict.predictors.dws import DWSPredictor
     from dwise_predict.trainers.dws_data import dws_arrays
     from dwise_predict.trainers.dws_eval import evaluate_dws, write_surface_plot
 
-    cfg = bundle.dws.config
+    cfg = bundle.need(DWSPredictor).config
     arrays = dws_arrays(args.traces, n_blocks=cfg.n_blocks, max_steps=cfg.max_steps)
     dws, surface = evaluate_dws(bundle, arrays)
     metrics[DWSPredictor.kind] = dws

@@ -20,6 +20,15 @@ from ..errors import ConfigError
 log = logging.getLogger(__name__)
 
 
+class _ListPolicies(argparse.Action):
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        from ..runtime.registry import policy_entries
+
+        for e in policy_entries().values():
+            print(f"{e.name:16s} {e.summary}")
+        parser.exit()
+
+
 def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> None:
     p = subparsers.add_parser(
         name,
@@ -51,8 +60,14 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
     p.add_argument(
         "--policies",
         default="fcfs,mlfq,sjf,dwise,oracle",
-        help="comma-separated: fcfs, fcfs-mixed, mlfq, sjf, "
-        "srpt, dwise, oracle, dws-sjf (default: %(default)s)",
+        help="comma-separated registered policy names (default: %(default)s; "
+        "`dwise-predict simulate --list-policies` lists them)",
+    )
+    p.add_argument(
+        "--list-policies",
+        action=_ListPolicies,
+        nargs=0,
+        help="print every registered policy with one line on what it is, and exit",
     )
     p.add_argument(
         "--arrival",
@@ -62,35 +77,35 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
     p.add_argument(
         "--aging",
         type=float,
-        default=0.0,
+        default=None,
         help="DWISE family: work units subtracted per round a request spends without running "
-        "(default: 0 = off)",
+        "(0 = off; default: the policy's own)",
     )
     p.add_argument(
         "--starvation-cap",
         type=int,
-        default=0,
+        default=None,
         metavar="ROUNDS",
         help="DWISE family: a request past ROUNDS on the starvation clock runs ahead of all "
-        "others, in arrival order (default: 0 = off; docs/runtime.md)",
+        "others, in arrival order (0 = off; default: the policy's own; docs/runtime.md)",
     )
     p.add_argument(
         "--starvation-clock",
         choices=["age", "waited", "projected"],
-        default="age",
+        default=None,
         help="what --starvation-cap and --starvation-slack count: rounds since arrival (age), "
         "rounds spent without running (waited; the cap only), or rounds since arrival plus "
         "the estimated work left (projected: promotes a request in time to finish by the "
-        "deadline) (default: %(default)s)",
+        "deadline) (default: the policy's own)",
     )
     p.add_argument(
         "--starvation-slack",
         type=float,
-        default=0.0,
+        default=None,
         metavar="C",
         help="DWISE family: a request in the system longer than C times the rounds FCFS would "
         "take to clear the work present at its arrival runs ahead of all others "
-        "(default: 0 = off; docs/runtime.md)",
+        "(0 = off; default: the policy's own; docs/runtime.md)",
     )
     p.add_argument("--slots", type=int, default=128, help="block slots B per round (default: 128)")
     p.add_argument("--k", type=int, default=8, help="resident-set multiplier k (default: 8)")
@@ -136,7 +151,14 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
     p.set_defaults(func=run)
 
 
-def _workload(args: argparse.Namespace) -> Any:
+def tunables(args: argparse.Namespace) -> dict[str, Any]:
+    """The anti-starvation flags the user set (the others keep each policy's own setting)."""
+    from ..runtime.registry import TUNABLES
+
+    return {k: getattr(args, k) for k in TUNABLES if getattr(args, k, None) is not None}
+
+
+def _workload(args: argparse.Namespace, policies: list[Any]) -> Any:
     from ..runtime import Workload, estimates_from_bundle, requests_from_traces, synthetic_workload
 
     if args.admission != "lightgbm" and not args.bundle:
@@ -165,27 +187,19 @@ def _workload(args: argparse.Namespace) -> Any:
 
         bundle = load_bundle(args.bundle)
         admission, refined = estimates_from_bundle(bundle, table, admission_source=args.admission)
-        if "dws-sjf" in [s.strip() for s in args.policies.split(",")]:
+        if any("cost" in p.needs for p in policies):
             cost = costs_from_bundle(bundle, table)
     workload = Workload.from_requests(requests_from_traces(table, admission, refined))
     return workload if cost is None else workload.with_estimates(cost=cost)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..runtime import compare_policies, make_policy
+    from ..runtime import compare_policies, parse_policies
     from ._common import progress
 
-    names = [s for s in args.policies.split(",") if s.strip()]
-    if not names:
-        raise ConfigError("no policies given; pass e.g. --policies fcfs,dwise,oracle")
-    policies = [
-        make_policy(
-            n, args.aging, args.starvation_cap, args.starvation_clock, args.starvation_slack
-        )
-        for n in names
-    ]
-    workload = _workload(args)
-    bar = progress(total=len(names), desc="simulating", unit="policy", quiet=args.quiet)
+    policies = parse_policies(args.policies, **tunables(args))
+    workload = _workload(args, policies)
+    bar = progress(total=len(policies), desc="simulating", unit="policy", quiet=args.quiet)
     round_time = None
     if args.cost_profile:
         from ..cost import load_cost_profile

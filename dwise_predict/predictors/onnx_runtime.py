@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,6 +32,9 @@ from . import refinement as _ref
 from .admission import check_features
 from .calibration import IsotonicMap
 from .refinement import check_hidden, per_row
+
+if TYPE_CHECKING:
+    from ..bundle import Bundle
 
 #: metadata written by the exporters (``dwise.*`` keys in the ONNX model's metadata_props)
 FORMAT = "dwise-onnx"
@@ -204,7 +207,7 @@ class OnnxRefinement:
 
 
 def onnx_predictors(
-    bundle: Any, *, int8: bool = True, threads: int = 1
+    bundle: Bundle, *, int8: bool = True, threads: int = 1
 ) -> tuple[OnnxAdmission | None, OnnxRefinement | None]:
     """The ONNX predictors a loaded, verified bundle carries (``dwise-predict export`` kept them).
 

@@ -10,7 +10,14 @@ from .arrivals import Arrivals, ArrivalSpec, make_arrivals
 from .kv import KVPool
 from .metrics import per_category, summarize
 from .policies import DWISE, DWSSJF, FCFS, MLFQ, SRPT, OracleSRPT, Policy, ScoreSJF
-from .report import POLICY_NAMES, SimulationReport, compare_policies, make_policy, parse_policies
+from .registry import (
+    DEFAULT_POLICY,
+    make_policy,
+    parse_policies,
+    policy_names,
+    register_policy,
+)
+from .report import SimulationReport, compare_policies
 from .request import RoundPlan, RoundResult, SimRequest
 from .roundtime import RoundTimeModel
 from .scheduler import Scheduler
@@ -24,7 +31,7 @@ __all__ = [
     "FCFS",
     "MLFQ",
     "SRPT",
-    "POLICY_NAMES",
+    "DEFAULT_POLICY",
     "Arrivals",
     "ArrivalSpec",
     "KVPool",
@@ -47,6 +54,8 @@ __all__ = [
     "make_policy",
     "parse_policies",
     "per_category",
+    "policy_names",
+    "register_policy",
     "requests_from_traces",
     "simulate",
     "spearman",

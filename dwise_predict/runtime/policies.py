@@ -12,18 +12,27 @@ rest (admission, KV reservations, batch forming, state updates) the same way for
   denoising, in the same round (DWISE); ``"prefill-first"`` = whenever a resident still has
   prompt blocks the round carries only prompt blocks, one per such request (SGLang's dLLM path).
 
-``needs`` names the per-request input a policy reads: ``"estimate"`` (admission estimate of
-total denoising rounds, refined once), ``"true_rounds"`` (oracle), ``"score"`` (SJF/SRPT).
+``needs`` names the per-request inputs a policy reads, so that every driver (the simulator, the
+SGLang plugin, a scheduler of your own) feeds it without knowing its name: ``"estimate"``
+(admission estimate of total denoising rounds), ``"refined"`` (the estimate is refined after the
+first denoising round), ``"true_rounds"`` (oracle), ``"score"`` (SJF/SRPT by a per-request
+score), ``"cost"`` (that score is the DWS surface priced by the cost profile). The names and
+where drivers find them: :data:`.registry.NEEDS`.
+
+Each shipped policy registers its name(s) at the bottom of this module
+(:func:`.registry.register_policy`); adding one is a class plus a registration.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
 from ..errors import ConfigError
+from .registry import register_policy
 from .table import RequestTable
 
 BATCH_FORMERS = ("mixed", "prefill-first")
@@ -31,10 +40,14 @@ BATCH_FORMERS = ("mixed", "prefill-first")
 
 @runtime_checkable
 class Policy(Protocol):
-    name: str
-    preemptive: bool
-    batch_former: str
-    needs: frozenset[str]
+    @property
+    def name(self) -> str: ...
+    @property
+    def preemptive(self) -> bool: ...
+    @property
+    def batch_former(self) -> str: ...
+    @property
+    def needs(self) -> frozenset[str]: ...
 
     def key(self, table: RequestTable, rows: np.ndarray, round_index: int) -> np.ndarray: ...
 
@@ -70,29 +83,42 @@ STARVED_KEY = -1e18
 
 #: what a DWISE policy ranks by, from the full algorithm down (see ``DWISE.estimates``)
 ESTIMATE_LEVELS = ("refined", "admission", "none")
+_ESTIMATE = frozenset({"estimate"})
+_REFINED = frozenset({"estimate", "refined"})
 
 
-def _starved(
-    table: RequestTable,
-    rows: np.ndarray,
-    round_index: int,
-    remaining: np.ndarray,
-    cap: int,
-    clock: str,
-    slack: float,
-) -> np.ndarray:
-    """Which ``rows`` an anti-starvation rule promotes (see :class:`DWISE`); ``remaining`` is
-    the work left the ``"projected"`` clock adds (estimated for DWISE, true for the oracle)."""
-    elapsed = (round_index - table.arrival_round[rows]).astype(np.float64)
-    if clock == "projected":
-        elapsed += remaining
-    starved = np.zeros(rows.size, dtype=bool)
-    if cap:
-        starved |= (elapsed - table.attained[rows] if clock == "waited" else elapsed) > cap
-    if slack:
-        # NaN (no horizon yet: not planned since it arrived) compares False
-        starved |= elapsed > slack * table.fcfs_rounds[rows]
-    return starved
+class _StarvationRule:
+    """The cap-and-slack promotion both SRPT policies share (see :class:`DWISE`): a request
+    whose clock passes its deadline outranks every request that is not starved, in arrival
+    order among the starved. ``remaining`` is the work left the ``"projected"`` clock adds:
+    estimated for DWISE, true for the oracle."""
+
+    starvation_cap: int
+    starvation_clock: str
+    starvation_slack: float
+
+    def _promote_starved(
+        self,
+        table: RequestTable,
+        rows: np.ndarray,
+        round_index: int,
+        key: np.ndarray,
+        remaining: np.ndarray,
+    ) -> np.ndarray:
+        if not (self.starvation_cap or self.starvation_slack):
+            return key
+        elapsed = (round_index - table.arrival_round[rows]).astype(np.float64)
+        if self.starvation_clock == "projected":
+            elapsed += remaining
+        starved = np.zeros(rows.size, dtype=bool)
+        if self.starvation_cap:
+            clock = elapsed - table.attained[rows] if self.starvation_clock == "waited" else elapsed
+            starved |= clock > self.starvation_cap
+        if self.starvation_slack:
+            # NaN (no horizon yet: not planned since it arrived) compares False
+            starved |= elapsed > self.starvation_slack * table.fcfs_rounds[rows]
+        # one key for all the starved: the tie-break (arrival order) ranks them, FCFS
+        return np.where(starved, STARVED_KEY, key) if starved.any() else key
 
 
 def _check_starvation(cap: object, clock: str, slack: float) -> None:
@@ -114,7 +140,7 @@ def _check_starvation(cap: object, clock: str, slack: float) -> None:
 
 
 @dataclass(frozen=True)
-class DWISE:
+class DWISE(_StarvationRule):
     """Remaining-work SRPT, R = P + r̂, preemptive, mixed-phase (paper Algorithm 1).
 
     Two anti-starvation rules, both off by default (as in the paper), may be combined:
@@ -155,7 +181,10 @@ class DWISE:
     #: read it (:func:`~.simulator.policy_inputs`, the SGLang plugin)
     estimates: str = "refined"
     preemptive: ClassVar[bool] = True
-    needs: ClassVar[frozenset[str]] = frozenset({"estimate"})
+
+    @property
+    def needs(self) -> frozenset[str]:
+        return _REFINED if self.estimates == "refined" else _ESTIMATE
 
     def __post_init__(self) -> None:
         _check_former(self.batch_former)
@@ -171,28 +200,16 @@ class DWISE:
         _check_starvation(self.starvation_cap, self.starvation_clock, self.starvation_slack)
 
     def key(self, table: RequestTable, rows: np.ndarray, round_index: int) -> np.ndarray:
-        k = table.prompt_blocks[rows] + table.r_hat[rows]
+        work = table.prompt_blocks[rows] + table.r_hat[rows]
+        k = work
         if self.aging:
             waited = round_index - table.arrival_round[rows] - table.attained[rows]
             k = k - self.aging * waited
-        if self.starvation_cap or self.starvation_slack:
-            starved = _starved(
-                table,
-                rows,
-                round_index,
-                table.prompt_blocks[rows] + table.r_hat[rows],  # before aging's discount
-                self.starvation_cap,
-                self.starvation_clock,
-                self.starvation_slack,
-            )
-            if starved.any():
-                # one key for all the starved: the tie-break (arrival order) ranks them, FCFS
-                k = np.where(starved, STARVED_KEY, k)
-        return k
+        return self._promote_starved(table, rows, round_index, k, work)  # work before aging
 
 
 @dataclass(frozen=True)
-class OracleSRPT:
+class OracleSRPT(_StarvationRule):
     """SRPT by the TRUE remaining work P + r (the driver passes ``true_rounds`` at arrival).
 
     ``starvation_cap`` / ``starvation_clock`` / ``starvation_slack`` as for :class:`DWISE`, with
@@ -212,20 +229,8 @@ class OracleSRPT:
         _check_starvation(self.starvation_cap, self.starvation_clock, self.starvation_slack)
 
     def key(self, table: RequestTable, rows: np.ndarray, round_index: int) -> np.ndarray:
-        k = table.prompt_blocks[rows] + table.r_true[rows]
-        if self.starvation_cap or self.starvation_slack:
-            starved = _starved(
-                table,
-                rows,
-                round_index,
-                k,
-                self.starvation_cap,
-                self.starvation_clock,
-                self.starvation_slack,
-            )
-            if starved.any():
-                k = np.where(starved, STARVED_KEY, k)
-        return k
+        work = table.prompt_blocks[rows] + table.r_true[rows]
+        return self._promote_starved(table, rows, round_index, work, work)
 
 
 @dataclass(frozen=True)
@@ -278,11 +283,51 @@ class ScoreSJF:
         return table.score[rows]
 
 
-def DWSSJF(batch_former: str = "prefill-first") -> ScoreSJF:  # noqa: N802 - a policy constructor
-    """DWS-guided SJF: non-preemptive, by predicted request cost (passed as the score)."""
-    return ScoreSJF(preemptive=False, batch_former=batch_former, name="dws-sjf")
+@dataclass(frozen=True)
+class DWSSJF(ScoreSJF):
+    """DWS-guided SJF: non-preemptive, by the request's predicted cost in ms (its DWS surface
+    priced by the deployment's cost profile; the driver computes it, see ``"cost"`` in
+    :data:`.registry.NEEDS`)."""
+
+    name: str = "dws-sjf"
+    needs: ClassVar[frozenset[str]] = frozenset({"score", "cost"})
 
 
 def SRPT(batch_former: str = "mixed") -> ScoreSJF:  # noqa: N802 - a policy constructor
     """Preemptive SRPT by a driver-maintained score, on the mixed-phase batch former."""
     return ScoreSJF(preemptive=True, batch_former=batch_former, name="srpt")
+
+
+# -- the registry's shipped names (the CLI lists them in this order) ---------------------------
+register_policy("fcfs", FCFS, "SGLang's default: arrival order, prefill-first rounds")
+register_policy(
+    "fcfs-mixed",
+    partial(FCFS, batch_former="mixed", name="fcfs-mixed"),
+    "arrival order, prompt and denoising blocks in one round (mixed-phase FCFS)",
+)
+register_policy("mlfq", MLFQ, "FastServe's skip-join multi-level feedback queue, prefill-first")
+register_policy(
+    "mlfq-mixed",
+    partial(MLFQ, batch_former="mixed", name="mlfq-mixed"),
+    "skip-join MLFQ on mixed-phase rounds",
+)
+register_policy("sjf", ScoreSJF, "shortest job first by a per-request score (output length)")
+register_policy("srpt", SRPT, "preemptive SRPT by a driver-maintained score")
+register_policy(
+    "dwise-r0",
+    partial(DWISE, estimates="none", name="dwise-r0"),
+    "DWISE ranked by prompt blocks left alone (no estimate)",
+)
+register_policy(
+    "dwise-admission",
+    partial(DWISE, estimates="admission", name="dwise-admission"),
+    "DWISE with the admission estimate, never refined",
+)
+register_policy(
+    "dwise-uncapped",
+    partial(DWISE, name="dwise-uncapped"),
+    "the paper's DWISE: P + r-hat, refined once, no tail rule",
+)
+register_policy("dwise", DWISE, "DWISE, the default")
+register_policy("oracle", OracleSRPT, "SRPT by true remaining work (replays only)")
+register_policy("dws-sjf", DWSSJF, "non-preemptive SJF by the DWS cost estimate (ms)")

@@ -37,9 +37,9 @@ class ArrivalFeed:
     """Hands requests to the scheduler in arrival order as the clock passes their times.
 
     ``priced_late_when_full`` models how the SGLang plugin takes arrivals it prices with a text
-    encoder (``dws-sjf``, the ``lightgbm+dws`` admission source): while fewer than B requests
-    are resident they are priced at once; once B are, a round's arrivals are priced on a worker
-    thread during the round's forward and join the queue at the next round.
+    encoder (a policy ranked by DWS cost, the ``lightgbm+dws`` admission source): while fewer
+    than B requests are resident they are priced at once; once B are, a round's arrivals are
+    priced on a worker thread during the round's forward and join the queue at the next round.
     """
 
     workload: Workload

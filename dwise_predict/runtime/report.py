@@ -7,7 +7,6 @@ DWISE-vs-FCFS gain beside the paper's LLaDA2.1-mini figures.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,7 +18,8 @@ from ..errors import ConfigError
 from .arrivals import ArrivalSpec
 from .costtime import ProfileRoundTime
 from .metrics import per_category, summarize
-from .policies import DWISE, DWSSJF, FCFS, MLFQ, SRPT, OracleSRPT, Policy, ScoreSJF
+from .policies import Policy
+from .registry import parse_policies
 from .request import SimRequest
 from .roundtime import RoundTimeModel
 from .simulator import DEFAULT_KV_POOL_TOKENS, SimulationRun, simulate
@@ -44,72 +44,6 @@ PAPER_LLADA21 = {
     "dwise_filled_slots_per_round": 113.2,
     "dwise_preemptions_per_request": 0.34,
 }
-
-POLICY_NAMES = (
-    "fcfs",
-    "fcfs-mixed",
-    "mlfq",
-    "mlfq-mixed",
-    "sjf",
-    "srpt",
-    "dwise-r0",
-    "dwise-admission",
-    "dwise",
-    "oracle",
-    "dws-sjf",
-)
-
-
-def make_policy(
-    name: str,
-    aging: float = 0.0,
-    starvation_cap: int = 0,
-    starvation_clock: str = "age",
-    starvation_slack: float = 0.0,
-) -> Policy:
-    """A policy by its CLI name (see ``POLICY_NAMES``); ``aging``, ``starvation_cap``,
-    ``starvation_clock`` and ``starvation_slack`` set the DWISE family's anti-starvation rules
-    (see :class:`DWISE`; ``oracle`` takes the cap, clock and slack too, with the true work;
-    other policies ignore them).
-
-    ``dwise-r0``, ``dwise-admission`` and ``dwise`` are the paper's component ladder: ranked by
-    prompt blocks left alone, plus the admission estimate, plus the refined one."""
-    table: dict[str, Any] = {
-        "fcfs": FCFS,
-        "fcfs-mixed": lambda: FCFS(batch_former="mixed", name="fcfs-mixed"),
-        "mlfq": MLFQ,
-        "mlfq-mixed": lambda: MLFQ(batch_former="mixed", name="mlfq-mixed"),
-        "dwise-r0": lambda: DWISE(estimates="none", name="dwise-r0"),
-        "dwise-admission": lambda: DWISE(estimates="admission", name="dwise-admission"),
-        "sjf": ScoreSJF,
-        "srpt": SRPT,
-        "dwise": DWISE,
-        "oracle": OracleSRPT,
-        "dws-sjf": DWSSJF,
-    }
-    key = name.strip().lower()
-    if key not in table:
-        raise ConfigError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
-    policy = table[key]()
-    if isinstance(policy, DWISE) and aging:
-        policy = dataclasses.replace(policy, aging=float(aging))
-    if isinstance(policy, (DWISE, OracleSRPT)) and (
-        starvation_cap or starvation_slack or starvation_clock != "age"
-    ):
-        policy = dataclasses.replace(
-            policy,
-            starvation_cap=starvation_cap,
-            starvation_clock=starvation_clock,
-            starvation_slack=float(starvation_slack),
-        )
-    return policy  # type: ignore[no-any-return]
-
-
-def parse_policies(text: str | Sequence[str | Policy]) -> list[Policy]:
-    items = [s for s in text.split(",") if s.strip()] if isinstance(text, str) else list(text)
-    if not items:
-        raise ConfigError("no policies given; pass e.g. --policies fcfs,dwise,oracle")
-    return [p if not isinstance(p, str) else make_policy(p) for p in items]
 
 
 @dataclass

@@ -82,34 +82,32 @@ def policy_inputs(workload: Workload, policy: Policy) -> dict[str, np.ndarray | 
         "true_rounds": None,
         "score": None,
     }
-    if "estimate" in policy.needs:
+    needs = policy.needs
+    if "estimate" in needs:
         if workload.admission is None:
             raise ConfigError(
                 f"policy {policy.name!r} needs admission estimates; give a bundle (--bundle) "
                 "or use the synthetic workload, which carries noisy estimates"
             )
-        out["admission"], out["refined"] = workload.admission, workload.refined
-        level = getattr(policy, "estimates", "refined")
-        if level != "refined":  # a rung of the ladder: no refinement, or no estimate at all
-            out["refined"] = None
-        if level == "none":
+        out["admission"] = workload.admission
+        if "refined" in needs:
+            out["refined"] = workload.refined
+        if getattr(policy, "estimates", None) == "none":  # ranked by prompt blocks alone
             out["admission"] = np.zeros_like(np.asarray(workload.admission, dtype=np.float64))
-    if "true_rounds" in policy.needs:
+    if "true_rounds" in needs:
         out["true_rounds"] = workload.total_rounds.astype(np.float64)
-    if "score" in policy.needs:
-        if policy.name == "dws-sjf":
-            if workload.cost is None:
-                raise ConfigError(
-                    "policy 'dws-sjf' needs a predicted cost per "
-                    "request (Workload.cost, from a DWS predictor)"
-                )
-            out["score"] = workload.cost
-        elif workload.score is not None:
+    if "cost" in needs:
+        if workload.cost is None:
+            raise ConfigError(
+                f"policy {policy.name!r} ranks by a predicted cost per request "
+                "(Workload.cost: a bundle with a DWS predictor and a cost profile)"
+            )
+        out["score"] = workload.cost
+    elif "score" in needs:
+        if workload.score is not None:
             out["score"] = workload.score
-        elif np.all(workload.output_tokens >= 0):
-            out["score"] = workload.output_tokens.astype(
-                np.float64
-            )  # an oracle output-length ranker
+        elif np.all(workload.output_tokens >= 0):  # an oracle output-length ranker
+            out["score"] = workload.output_tokens.astype(np.float64)
         else:
             raise ConfigError(
                 f"policy {policy.name!r} needs a score per "
@@ -137,8 +135,9 @@ def simulate(
     Each round: admit the arrivals (:class:`~.replay.ArrivalFeed`), plan, advance the planned
     requests' true state (:class:`~.replay.RequestProgress`), charge the round's time
     (:class:`~.replay.RoundLog`), and report finishes and refined estimates to the scheduler.
-    ``priced_late_when_full`` replays the SGLang plugin's encoder-priced arrivals (``dws-sjf``,
-    the ``lightgbm+dws`` admission source): with B residents, arrivals join a round later.
+    ``priced_late_when_full`` replays the SGLang plugin's encoder-priced arrivals (a policy
+    that needs ``"cost"``, the ``lightgbm+dws`` admission source): with B residents, arrivals
+    join a round later.
     """
     n = workload.n
     arr = arrivals if isinstance(arrivals, Arrivals) else make_arrivals(arrivals, n, seed)

@@ -67,7 +67,8 @@ def sjf_oracle_share(
     lat = {"fcfs": run(workload, FCFS())}
     for name, s in {**scores, ORACLE: true_cost}.items():
         a = np.asarray(s, dtype=np.float64)
-        w = workload.with_estimates(score=a, cost=a)  # "dws-sjf" reads cost, other names score
+        # a policy that needs "cost" reads cost, the others score
+        w = workload.with_estimates(score=a, cost=a)
         lat[name] = run(w, ScoreSJF(name=name))
     base, best = lat["fcfs"]["mean_latency"], lat[ORACLE]["mean_latency"]
     rows = []

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
 from ..errors import SchedulerError, TraceError
 from .request import SimRequest
+
+if TYPE_CHECKING:
+    from ..bundle import Bundle
 
 #: trace columns the simulator replays
 SIM_COLUMNS = (
@@ -208,12 +211,13 @@ def as_workload(requests: Workload | Sequence[SimRequest]) -> Workload:
     return requests if isinstance(requests, Workload) else Workload.from_requests(list(requests))
 
 
-def costs_from_bundle(bundle: Any, table: pa.Table) -> np.ndarray:
-    """DWS-SJF's score for every trace row: the bundle's DWS surface of the prompt priced by
-    the bundle's cost profile (ms), with the traced prompt blocks as ``m``."""
+def costs_from_bundle(bundle: Bundle, table: pa.Table) -> np.ndarray:
+    """The predicted cost (ms) of every trace row, for a policy that needs ``"cost"``: the
+    bundle's DWS surface of the prompt priced by the bundle's cost profile, with the traced
+    prompt blocks as ``m``."""
     if bundle.dws is None or bundle.cost_profile is None:
         raise TraceError(
-            "policy 'dws-sjf' needs a bundle with a DWS predictor and a cost profile "
+            "pricing requests by cost needs a bundle with a DWS predictor and a cost profile "
             "(`dwise-predict train --cost-profile ...`)"
         )
     for c in ("prompt", "prompt_blocks"):
@@ -281,7 +285,7 @@ def requests_from_traces(
 
 
 def estimates_from_bundle(
-    bundle: Any, table: pa.Table, *, admission_source: str = "lightgbm"
+    bundle: Bundle, table: pa.Table, *, admission_source: str = "lightgbm"
 ) -> tuple[np.ndarray, np.ndarray]:
     """(admission, refined) estimates for every trace row from a loaded predictor bundle.
 

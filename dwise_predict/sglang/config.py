@@ -11,7 +11,6 @@ stock.
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -20,24 +19,32 @@ from typing import Any
 
 from ..bundle.bundle import ADMISSION_SOURCES
 from ..errors import ConfigError
-from ..runtime.policies import STARVATION_CLOCKS
+from ..runtime.policies import Policy
+from ..runtime.registry import TUNABLES, make_policy, policy_entries
 
 PREFIX = "DWISE_SGLANG_"
-#: the policies whose rounds the plugin composes from the core scheduler's plan: DWISE, its
-#: component ladder (ranked by prompt blocks alone, by the admission estimate alone), and the
-#: peers it is measured against in SGLang's loop (the same names as the simulator's)
-PLANNED = (
-    "dwise",
-    "dwise-admission",
-    "dwise-r0",
-    "oracle",
-    "fcfs-mixed",
-    "mlfq-mixed",
-    "dws-sjf",
-)
 #: the policies that leave SGLang's rounds alone and only watch (fcfs: the older name)
 OBSERVED = ("observe", "fcfs")
-POLICIES = (*PLANNED, *OBSERVED)
+#: what the plugin can feed a policy in SGLang's loop (a bundle's estimates, the DWS cost, an
+#: oracle file); a policy that needs anything else (a score from outside) cannot serve here
+SERVABLE_NEEDS = frozenset({"estimate", "refined", "true_rounds", "cost"})
+
+
+def unmet_needs(policy: Policy) -> frozenset[str]:
+    """What ``policy`` reads that the plugin cannot compute (a score is fine when it is the
+    DWS cost the plugin prices)."""
+    needs = policy.needs - ({"score"} if "cost" in policy.needs else set())
+    return needs - SERVABLE_NEEDS
+
+
+def planned_policies() -> tuple[str, ...]:
+    """The registered policies whose rounds the plugin composes from the core scheduler's
+    plan: every one whose ``needs`` the plugin can feed (the simulator's names)."""
+    return tuple(
+        name
+        for name, entry in policy_entries().items()
+        if name not in OBSERVED and not unmet_needs(entry.build())
+    )
 
 
 @dataclass(frozen=True)
@@ -47,11 +54,10 @@ class PluginConfig:
     ``policy="observe"`` (or its older name ``"fcfs"``) leaves SGLang's own round composition
     in place and writes serving traces (``trace_dir``); it needs no bundle, and with one the
     monitor compares its estimates with what requests took. ``"dwise"`` ranks waiting ∪
-    resident by P + r̂ and runs the B smallest in one mixed-phase round; ``"dws-sjf"`` admits
-    in order of the bundle's DWS cost estimate (non-preemptive shortest job first on
-    prefill-first rounds, as the DWS paper runs it; the bundle needs a DWS predictor and a cost
-    profile). ``slots`` = B block slots per round, ``k``
-    the resident multiplier (at most k·B residents: launch SGLang with
+    resident by P + r̂ and runs the B smallest in one mixed-phase round; any policy of
+    :func:`planned_policies` serves the same way (one that needs ``"cost"`` needs a bundle
+    with a DWS predictor and a cost profile). ``slots`` = B block slots per round, ``k`` the
+    resident multiplier (at most k·B residents: launch SGLang with
     ``--max-running-requests`` at least k·B).
     """
 
@@ -64,14 +70,12 @@ class PluginConfig:
     #: ``lightgbm`` (the paper's, microseconds) or ``lightgbm+dws`` (its mean with the DWS
     #: surface's expected rounds: ranks better, an encoder pass per arrival)
     admission: str = "lightgbm"
-    aging: float = 0.0
-    #: DWISE family: a request past this many rounds on ``starvation_clock`` runs ahead of all
-    #: others, in arrival order (0 = off; see ``runtime.policies.DWISE``)
-    starvation_cap: int = 0
-    starvation_clock: str = "age"
-    #: DWISE family: a request in the system longer than this multiple of its FCFS horizon
-    #: (the rounds FCFS would take to clear the work present at its arrival) is starved too
-    starvation_slack: float = 0.0
+    #: the DWISE family's anti-starvation settings (``runtime.registry.TUNABLES``, see
+    #: ``runtime.policies.DWISE``); None keeps the policy's own
+    aging: float | None = None
+    starvation_cap: int | None = None
+    starvation_clock: str | None = None
+    starvation_slack: float | None = None
     allow_mismatch: bool = False
     trace_dir: str | None = None
     trace_prompt_text: bool = False
@@ -86,37 +90,17 @@ class PluginConfig:
     oracle: str | None = None
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ConfigError(f"{PREFIX}POLICY={self.policy!r} is not one of {POLICIES}")
+        if self.policy not in OBSERVED:
+            self.make_policy()  # refuses an unknown name or a bad setting, naming it
         for name in ("slots", "k", "monitor_window", "monitor_every"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{PREFIX}{name.upper()}={v!r} must be a positive integer")
-        if not math.isfinite(self.aging) or self.aging < 0:
-            raise ConfigError(
-                f"{PREFIX}AGING={self.aging!r} must be a finite number >= 0 (0 = off)"
-            )
-        if self.starvation_cap < 0:
-            raise ConfigError(
-                f"{PREFIX}STARVATION_CAP={self.starvation_cap!r} must be a whole number of "
-                "rounds >= 0 (0 = off)"
-            )
-        if not math.isfinite(self.starvation_slack) or self.starvation_slack < 0:
-            raise ConfigError(
-                f"{PREFIX}STARVATION_SLACK={self.starvation_slack!r} must be a finite number "
-                ">= 0 (a multiple of the FCFS horizon; 0 = off)"
-            )
         if self.admission not in ADMISSION_SOURCES:
             raise ConfigError(
                 f"{PREFIX}ADMISSION={self.admission!r} is not one of {ADMISSION_SOURCES} "
                 "(lightgbm = the admission model alone; lightgbm+dws = its mean with the DWS "
                 "surface's expected rounds)"
-            )
-        if self.starvation_clock not in STARVATION_CLOCKS:
-            raise ConfigError(
-                f"{PREFIX}STARVATION_CLOCK={self.starvation_clock!r} is not one of "
-                f"{STARVATION_CLOCKS} (age = rounds since arrival, waited = rounds not run, "
-                "projected = age plus the estimated work left)"
             )
         if not self.drift_threshold > 1.0:
             raise ConfigError(
@@ -140,6 +124,28 @@ class PluginConfig:
                 f"{PREFIX}POLICY={self.policy} without a bundle only writes serving traces: "
                 f"set {PREFIX}TRACE_DIR (or {PREFIX}BUNDLE to monitor a bundle's estimates)"
             )
+
+    @property
+    def planned(self) -> bool:
+        """Whether the plugin composes SGLang's rounds (False: it only observes)."""
+        return self.policy not in OBSERVED
+
+    def make_policy(self) -> Policy:
+        """The core policy this configuration serves (the simulator's, by the same name)."""
+        options = {k: getattr(self, k) for k in TUNABLES}
+        try:
+            policy = make_policy(self.policy, **options)
+        except ConfigError as e:  # name the variable the policy refused
+            bad = next((k for k in TUNABLES if f"{k}=" in str(e)), None)
+            where = f"POLICY={self.policy}" if bad is None else f"{bad.upper()}={options[bad]!r}"
+            raise ConfigError(f"{PREFIX}{where}: {e}") from None
+        if unmet_needs(policy):
+            raise ConfigError(
+                f"{PREFIX}POLICY={self.policy} ranks by inputs the plugin cannot compute in "
+                f"SGLang's loop ({sorted(unmet_needs(policy))}); choose one of "
+                f"{planned_policies()} or observe"
+            )
+        return policy
 
     @property
     def max_residents(self) -> int:

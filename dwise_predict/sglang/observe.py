@@ -25,13 +25,16 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..features import PromptFeaturizer
 from . import seam
 from .config import PluginConfig
 from .prompt import served_prompt, text_features
 from .state import PluginState, RequestTrack
+
+if TYPE_CHECKING:
+    from ..bundle import Bundle
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +57,7 @@ class ObserveServing(PluginState):
     def __init__(
         self,
         config: PluginConfig,
-        bundle: Any,
+        bundle: Bundle | None,
         *,
         block_size: int,
         featurizer: PromptFeaturizer | None,

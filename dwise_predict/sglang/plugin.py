@@ -31,11 +31,11 @@ a hook on ``Scheduler.__init__`` that raises it there.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BundleError, ConfigError, DwisePredictError
 from . import seam
-from .config import OBSERVED, PLANNED, PluginConfig, load_config
+from .config import OBSERVED, PluginConfig, load_config
 from .metrics import gauges_for
 from .seam import (
     LOGITS,
@@ -46,6 +46,11 @@ from .seam import (
     missing_names,
     server_fingerprint,
 )
+
+if TYPE_CHECKING:
+    from ..bundle import Bundle
+    from .observe import ObserveServing
+    from .serving import DwiseServing
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +91,8 @@ def attach(scheduler: Any, config: PluginConfig) -> Any:
     if config.bundle:
         bundle = load_bundle(config.bundle)
         bundle.check(server_fingerprint(scheduler), allow_mismatch=config.allow_mismatch)
-    if config.policy == "dws-sjf" and bundle is not None:
-        _check_dws(bundle)
+    if config.planned and "cost" in config.make_policy().needs and bundle is not None:
+        _check_priced(bundle, config.policy)
     if bundle is not None:
         try:
             bundle.check_admission_source(config.admission)
@@ -103,7 +108,7 @@ def attach(scheduler: Any, config: PluginConfig) -> Any:
     tokenizer = seam.tokenizer(scheduler)
     state = (
         _planned_state(scheduler, config, bundle, refine)
-        if config.policy in PLANNED
+        if config.planned
         else _observed_state(scheduler, config, bundle, tokenizer)
     )
     state.set_tokenizer(tokenizer)
@@ -133,10 +138,10 @@ def attach(scheduler: Any, config: PluginConfig) -> Any:
     return state
 
 
-def _check_dws(bundle: Any) -> None:
+def _check_priced(bundle: Bundle, policy: str) -> None:
     if bundle.dws is None or bundle.cost_profile is None:
         raise ConfigError(
-            f"DWISE_SGLANG_POLICY=dws-sjf ranks by the DWS cost estimate, but bundle "
+            f"DWISE_SGLANG_POLICY={policy} ranks by the DWS cost estimate, but bundle "
             f"'{bundle.name}' has no "
             f"{'DWS predictor' if bundle.dws is None else 'cost profile'}: train one with "
             "`dwise-predict train --only dws --cost-profile ...` (and profile the "
@@ -144,9 +149,13 @@ def _check_dws(bundle: Any) -> None:
         )
 
 
-def _planned_state(scheduler: Any, config: PluginConfig, bundle: Any, refine: bool) -> Any:
+def _planned_state(
+    scheduler: Any, config: PluginConfig, bundle: Bundle | None, refine: bool
+) -> DwiseServing:
     from .serving import DwiseServing
 
+    if bundle is None:  # PluginConfig refuses a composing policy without a bundle
+        raise ConfigError(f"DWISE_SGLANG_POLICY={config.policy} needs DWISE_SGLANG_BUNDLE")
     state = DwiseServing(
         config,
         bundle,
@@ -162,7 +171,9 @@ def _planned_state(scheduler: Any, config: PluginConfig, bundle: Any, refine: bo
     return state
 
 
-def _observed_state(scheduler: Any, config: PluginConfig, bundle: Any, tokenizer: Any) -> Any:
+def _observed_state(
+    scheduler: Any, config: PluginConfig, bundle: Bundle | None, tokenizer: Any
+) -> ObserveServing:
     from .observe import ObserveServing
     from .prompt import featurizer_of
 
@@ -232,7 +243,7 @@ def register() -> None:
 
     seam.register_hook(f"{MIXIN}.process_batch_result_dllm", batch_result, "AROUND")
 
-    if config.policy in PLANNED:
+    if config.planned:
 
         def fetch_waiting(original_fn: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
             return None  # admission is the plan's (compose_round), not SGLang's FIFO top-up

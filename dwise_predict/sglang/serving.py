@@ -43,16 +43,19 @@ import math
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import ConfigError
-from ..runtime import DWSSJF, RoundPlan, RoundResult, Scheduler, make_policy
+from ..runtime import RoundPlan, RoundResult, Scheduler
 from . import seam
-from .config import PLANNED, PluginConfig
+from .config import PluginConfig
 from .prompt import served_prompt, text_features
 from .state import PluginState, RequestTrack
+
+if TYPE_CHECKING:
+    from ..bundle import Bundle
 
 log = logging.getLogger(__name__)
 
@@ -79,41 +82,36 @@ class _Pending:
 class DwiseServing(PluginState):
     """The plugin's state inside one SGLang scheduler process (see the module docstring)."""
 
+    #: a composing plugin always ranks by a bundle's estimates (``PluginConfig`` requires one)
+    bundle: Bundle
+
     def __init__(
         self,
         config: PluginConfig,
-        bundle: Any,
+        bundle: Bundle,
         *,
         block_size: int,
         kv_pool_tokens: int,
         req_slots: int,
         refine: bool,
     ) -> None:
-        if config.policy in PLANNED and req_slots < config.max_residents:
+        if req_slots < config.max_residents:
             raise ConfigError(
                 f"SGLang has {req_slots} request slots but the plugin keeps up to k*B = "
                 f"{config.k}*{config.slots} = {config.max_residents} residents: launch with "
                 f"--max-running-requests {config.max_residents} (or lower DWISE_SGLANG_K)"
             )
         super().__init__(config, bundle, block_size=block_size)
-        admission = None if bundle is None else bundle.admission
+        admission = bundle.admission
         #: unwraps served prompts from the chat template the bundle was traced with
         self.featurizer = getattr(admission, "featurizer", None)
-        # the same policy the simulator runs under this name (dws-sjf: priced by DWS)
-        policy: Any = (
-            DWSSJF()
-            if config.policy == "dws-sjf"
-            else make_policy(
-                config.policy,
-                config.aging,
-                config.starvation_cap,
-                config.starvation_clock,
-                config.starvation_slack,
-            )
-        )
+        # the same policy the simulator runs under this name
+        policy = config.make_policy()
         #: what the core ranks by: estimates (the DWISE family), truth (oracle), or neither
         self.estimates = getattr(policy, "estimates", None)
-        self.refine = refine and self.estimates == "refined"
+        self.refine = refine and "refined" in policy.needs
+        #: the policy ranks by the DWS cost of each prompt (an encoder pass per arrival)
+        self.priced = "cost" in policy.needs
         #: policy "oracle": each request's true denoising forwards, by request id
         self.oracle: dict[str, float] = {}
         self.oracle_missing = 0
@@ -136,7 +134,7 @@ class DwiseServing(PluginState):
         self._aborted = False  # an abort arrived while a round was out: reconcile next round
         #: (length, last request) of SGLang's waiting list when the plugin last looked
         self._seen: tuple[int, Any] = (0, None)
-        #: dws-sjf under load: arrivals priced while the round runs, registered at the next
+        #: priced arrivals under load: priced while the round runs, registered at the next
         self._worker: ThreadPoolExecutor | None = None
         self._scoring: tuple[list[tuple[int, Any]], int, Future[_Scored], int] | None = None
         #: counts changes to SGLang's queues the plugin did not make (aborts)
@@ -205,7 +203,7 @@ class DwiseServing(PluginState):
     @property
     def _encodes(self) -> bool:
         """Whether pricing an arrival runs the DWS text encoder (milliseconds, not µs)."""
-        return self.config.policy == "dws-sjf" or self._blends
+        return self.priced or self._blends
 
     @property
     def _blends(self) -> bool:
@@ -214,7 +212,7 @@ class DwiseServing(PluginState):
         return self.config.admission == "lightgbm+dws" and self.estimates != "none"
 
     def _score(self, new: list[Any]) -> _Scored:
-        """Features, admission estimates and (dws-sjf) DWS cost scores of ``new``."""
+        """Features, admission estimates and (a priced policy) DWS cost scores of ``new``."""
         texts = [served_prompt(req, self.decoder, self.featurizer) for req in new]
         rows = [text_features(t, seam.prompt_ids(r)) for t, r in zip(texts, new)]
         if len(rows) <= 8:  # the usual few arrivals a round: no batch-call overhead
@@ -226,7 +224,7 @@ class DwiseServing(PluginState):
         if self._blends:  # an encoder pass per prompt
             est = self.bundle.admission_from_source(est, texts, self.config.admission).tolist()
         scores: list[float | None] = [None] * len(new)
-        if self.config.policy == "dws-sjf":  # the DWS surface priced by the cost profile, in ms
+        if self.priced:  # the DWS surface priced by the cost profile, in ms
             tokens = np.array([r[2] for r in rows], dtype=np.int64)
             cost = self.bundle.predict_cost(texts, prompt_tokens=tokens)
             scores = [float(c) if math.isfinite(c) and c >= 0 else 0.0 for c in cost.tolist()]
@@ -251,7 +249,7 @@ class DwiseServing(PluginState):
         for (pos, req), x, e, score in zip(new, scored.rows, scored.estimates, scored.scores):
             rid = seam.rid(req)
             if rid in self.reqs:
-                continue  # registered already (a dws-sjf arrival scored twice)
+                continue  # registered already (a priced arrival scored twice)
             n_prompt = int(x[2])
             budget = seam.max_new_tokens(req)
             worst = kv.worst_case(n_prompt, budget, bs)
@@ -319,11 +317,11 @@ class DwiseServing(PluginState):
     def _arrivals(self, sched: Any) -> None:
         """Register this round's arrivals with their estimates.
 
-        Under dws-sjf, or with the ``lightgbm+dws`` admission source, pricing a prompt runs a
-        text encoder (milliseconds), so once the round is full (B residents) new arrivals are
-        priced on a worker thread while the round's forward runs, and join the plan at the next
-        round: the same round on every TP rank, whatever the threads' timing. While the round
-        has room they are priced at once.
+        Under a policy ranked by DWS cost, or with the ``lightgbm+dws`` admission source, pricing
+        a prompt runs a text encoder (milliseconds), so once the round is full (B residents) new
+        arrivals are priced on a worker thread while the round's forward runs, and join the plan
+        at the next round: the same round on every TP rank, whatever the threads' timing. While
+        the round has room they are priced at once.
         """
         waiting = seam.waiting(sched)
         if self._scoring is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from .background import Background
 from .config import PluginConfig
 from .monitor import QualityMonitor
 from .prompt import PromptDecoder
+
+if TYPE_CHECKING:
+    from ..bundle import Bundle
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +44,7 @@ class RequestTrack:
     first_round: int | None = None
     finish_round: int | None = None
     hidden: np.ndarray | None = None
-    #: the DWS cost estimate the request was ranked by (policy dws-sjf), else None
+    #: the DWS cost estimate the request was ranked by (a policy that needs "cost"), else None
     cost_ms: float | None = None
     #: denoising forwards run when its current block began
     block_start: int = 0
@@ -69,7 +72,7 @@ class ServingStats:
 class PluginState:
     """The parts of a plugin state that do not depend on who composes the rounds."""
 
-    def __init__(self, config: PluginConfig, bundle: Any, *, block_size: int) -> None:
+    def __init__(self, config: PluginConfig, bundle: Bundle | None, *, block_size: int) -> None:
         self.config = config
         self.bundle = bundle
         self.block_size = int(block_size)
@@ -110,7 +113,7 @@ class PluginState:
             self._hidden_off()
             return
         refined: list[float | None] = [None] * len(todo)
-        if self.refine:
+        if self.refine and self.bundle is not None:
             est = self.bundle.predict_refined(
                 H,
                 np.array([t.prompt_tokens for t in todo]),

@@ -1,0 +1,129 @@
+"""The policy registry: every scheduling policy by name, in one place.
+
+Why: the simulator, ``dwise-predict simulate``/``demo``, :func:`make_policy` and the SGLang
+plugin all pick a policy by name. They read this one table, so a new policy is one class plus
+one :func:`register_policy` line, and nothing else in the library names it. A driver learns
+what to feed a policy from the policy itself (its ``needs``, see
+:class:`~dwise_predict.runtime.policies.Policy`), never from its name.
+
+The shipped policies register at the bottom of :mod:`.policies`. ``"dwise"`` is the library's
+default policy: the name the CLI, the simulator and the plugin's ``DWISE_SGLANG_POLICY``
+default to. Which policy it means is the
+one ``register_policy("dwise", ...)`` line; the paper's plain DWISE stays available as
+``"dwise-uncapped"``.
+
+A registry of names is process-wide by nature (like timm's model names); it holds only
+constructors, never state, and :func:`make_policy` builds a fresh, frozen policy per call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from .policies import Policy
+
+#: the name every entry point defaults to
+DEFAULT_POLICY = "dwise"
+
+#: the per-request inputs a policy may list in ``needs``, and where a driver finds them
+NEEDS = {
+    "estimate": "the admission estimate of total denoising rounds (a bundle)",
+    "refined": "the refined estimate after the first denoising round (a refinement predictor)",
+    "true_rounds": "each request's true denoising rounds (oracle; replays only)",
+    "score": "a per-request score, lower first (the driver supplies it)",
+    "cost": "the score is the DWS surface priced by the cost profile, in ms (an encoder pass "
+    "per arrival; the bundle needs a DWS predictor and a cost profile)",
+}
+
+#: anti-starvation settings a policy takes as dataclass fields; :func:`make_policy` applies the
+#: ones a policy has and leaves the others (so ``--aging`` can ride along with ``fcfs``)
+TUNABLES = ("aging", "starvation_cap", "starvation_clock", "starvation_slack")
+
+
+@dataclass(frozen=True)
+class PolicyEntry:
+    """One registered name: how to build the policy, and one line saying what it is."""
+
+    name: str
+    build: Callable[[], Policy]
+    summary: str
+
+
+_ENTRIES: dict[str, PolicyEntry] = {}
+
+
+def register_policy(name: str, build: Callable[[], Policy], summary: str) -> None:
+    """Make ``build()`` available as policy ``name``; a name taken by another is refused."""
+    key = name.strip().lower()
+    if not key or key != name:
+        raise ConfigError(f"policy name {name!r} must be lower case with no spaces around it")
+    taken = _ENTRIES.get(key)
+    if taken is not None and taken.build is not build:
+        raise ConfigError(f"policy {name!r} is already registered; choose another name")
+    _ENTRIES[key] = PolicyEntry(key, build, summary)
+
+
+def unregister_policy(name: str) -> None:
+    """Forget ``name`` (for tests and plug-ins that add a policy for a while)."""
+    _ENTRIES.pop(name, None)
+
+
+def _ensure_builtin() -> None:
+    from . import policies  # noqa: F401 - registers the shipped policies on import
+
+
+def policy_entries() -> dict[str, PolicyEntry]:
+    """Every registered policy, in registration order (the shipped ones first)."""
+    _ensure_builtin()
+    return dict(_ENTRIES)
+
+
+def policy_names() -> tuple[str, ...]:
+    return tuple(policy_entries())
+
+
+def make_policy(name: str, **options: Any) -> Policy:
+    """A fresh policy by its registered name.
+
+    ``options`` are the anti-starvation settings of :data:`TUNABLES` (``aging``,
+    ``starvation_cap``, ``starvation_clock``, ``starvation_slack``); each is applied to a
+    policy that has it as a field and ignored by one that has not, so one command line can set
+    them for a list of policies. An unknown option is refused.
+    """
+    unknown = sorted(set(options) - set(TUNABLES))
+    if unknown:
+        raise ConfigError(f"unknown policy options {unknown}; known: {list(TUNABLES)}")
+    entries = policy_entries()
+    entry = entries.get(name.strip().lower())
+    if entry is None:
+        raise ConfigError(f"unknown policy {name!r}; choose from {', '.join(entries)}")
+    policy = entry.build()
+    if dataclasses.is_dataclass(policy):
+        have = {f.name for f in dataclasses.fields(policy)}
+        given = {k: v for k, v in options.items() if k in have and v is not None}
+        if given:
+            policy = dataclasses.replace(policy, **given)
+    return policy
+
+
+def parse_policies(text: str | Sequence[str | Policy], **options: Any) -> list[Policy]:
+    """Policies from ``"fcfs,dwise"`` or a list of names and policies (names built with
+    ``options``, see :func:`make_policy`)."""
+    items: Iterable[str | Policy] = (
+        [s.strip() for s in text.split(",") if s.strip()] if isinstance(text, str) else text
+    )
+    out = [p if not isinstance(p, str) else make_policy(p, **options) for p in items]
+    if not out:
+        raise ConfigError("no policies given; pass e.g. --policies fcfs,dwise,oracle")
+    return out
+
+
+def policy_help() -> str:
+    """``name: summary`` lines for ``--help`` and error messages."""
+    return "; ".join(f"{e.name}: {e.summary}" for e in policy_entries().values())
