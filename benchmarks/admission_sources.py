@@ -36,15 +36,17 @@ from typing import Any
 
 import numpy as np
 
+from dwise_predict.ranking import spearman
+
 SAMPLE = 256  # the SGLang ladder's request count
 SLOTS, K = 16, 8
 SOURCES = ("lightgbm", "lightgbm+dws")
 
 
-def spearman(x: np.ndarray, y: np.ndarray) -> float:
-    from scipy.stats import spearmanr
-
-    return float(spearmanr(x, y)[0]) if len(x) > 2 else float("nan")
+def rho3(x: np.ndarray, y: np.ndarray) -> float | None:
+    """Spearman's ρ to 3 places (None when undefined: too few requests or a constant side)."""
+    rho = spearman(x, y)
+    return None if rho is None else round(rho, 3)
 
 
 def run_sample(
@@ -158,10 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     cats = np.array(table.column("category").to_pylist())
     quality: dict[str, Any] = {"all": {}}
     for s in SOURCES:
-        quality["all"][s] = round(spearman(estimates[s][0], true), 3)
+        quality["all"][s] = rho3(estimates[s][0], true)
         for c in sorted(set(cats)):
             m = cats == c
-            quality.setdefault(c, {})[s] = round(spearman(estimates[s][0][m], true[m]), 3)
+            quality.setdefault(c, {})[s] = rho3(estimates[s][0][m], true[m])
     samples = {
         "ladder's 256": list(range(min(SAMPLE, len(reqs)))),
         "the next ones": list(range(SAMPLE, len(reqs))),

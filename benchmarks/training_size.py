@@ -98,7 +98,7 @@ def dws_rounds(train: Any, prompts: list[str], profile: Any) -> tuple[np.ndarray
             only="dws",
             cost_profile=profile,
             seed=0,
-            dws_config=DWSTrainConfig(int8_only=True),
+            configs={"dws": DWSTrainConfig(int8_only=True)},
         )
         rounds = load_bundle(out).predict_dws_rounds(prompts)
     return np.asarray(rounds, dtype=np.float64), time.perf_counter() - t0
@@ -195,11 +195,12 @@ def main(argv: list[str] | None = None) -> int:
 def measure(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
     """Train at every size and score each on the stratified eval requests (the JSON's shape)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from admission_sources import burst_requests, run_sample, spearman, stratified_traces
+    from admission_sources import burst_requests, rho3, run_sample, stratified_traces
     from dwise_predict.trainers.admission import AdmissionConfig, train_admission
     from dwise_predict.trainers.dataset import category_counts, trace_arrays
 
     from dwise_predict import load_bundle
+    from dwise_predict.ranking import spearman
     from dwise_predict.runtime import estimates_from_bundle
     from dwise_predict.traces import read_traces
 
@@ -220,7 +221,8 @@ def measure(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
         # a small training set can leave the estimate constant within a category: it ranks
         # nothing there, so its undefined ρ counts as 0
         within = [spearman(est[cats == c], true[cats == c]) for c in sorted(set(cats))]
-        return round(spearman(est, true), 3), round(float(np.mean(np.nan_to_num(within))), 3)
+        mean_within = float(np.mean([0.0 if r is None else r for r in within]))
+        return rho3(est, true), round(mean_within, 3)
 
     rows: list[dict[str, Any]] = []
     for size in SIZES:

@@ -176,13 +176,9 @@ class BaseAdapter:
         return int(block_size)
 
 
-@runtime_checkable
-class StepAdapter(Protocol):
-    """A model the engine drives one block per request per round (mask-predict dLLMs).
-
-    The adapter keeps one cache per *slot* (a seat in the running batch); the engine assigns
-    requests to slots, resets a slot when a new request takes it, and never reads the cache.
-    """
+class TracedModel(Protocol):
+    """What the tracer asks of every model, whoever runs its generation loop: its identity and
+    featurizer, its tokenizer, and the fingerprint and block layout its traces record."""
 
     info: AdapterInfo
     featurizer: PromptFeaturizer
@@ -206,6 +202,15 @@ class StepAdapter(Protocol):
     def resolve_block_size(self, block_size: int | None) -> int: ...
 
     def resolve_block_alignment(self, block_alignment: str | None) -> str: ...
+
+
+@runtime_checkable
+class StepAdapter(TracedModel, Protocol):
+    """A model the engine drives one block per request per round (mask-predict dLLMs).
+
+    The adapter keeps one cache per *slot* (a seat in the running batch); the engine assigns
+    requests to slots, resets a slot when a new request takes it, and never reads the cache.
+    """
 
     def open_slots(self, n_slots: int, capacity: int) -> None:
         """Allocate caches for ``n_slots`` requests of at most ``capacity`` tokens each."""
@@ -218,32 +223,10 @@ class StepAdapter(Protocol):
 
 
 @runtime_checkable
-class NativeLoopAdapter(Protocol):
+class NativeLoopAdapter(TracedModel, Protocol):
     """A model whose own generation loop is traced (it has its own sampler and stopping rule)."""
 
-    info: AdapterInfo
-    featurizer: PromptFeaturizer
     native_loop: bool
-
-    def encode_prompt(self, prompt: str) -> list[int]: ...
-
-    def decode(self, ids: list[int]) -> str: ...
-
-    def fingerprint(
-        self,
-        *,
-        block_size: int,
-        threshold: float,
-        max_new_tokens: int,
-        extra: dict[str, Any] | None = None,
-        decoding: str | None = None,
-        max_steps_per_block: int | None = None,
-        block_alignment: str | None = None,
-    ) -> ModelFingerprint: ...
-
-    def resolve_block_size(self, block_size: int | None) -> int: ...
-
-    def resolve_block_alignment(self, block_alignment: str | None) -> str: ...
 
     def decoding_threshold(self, threshold: float | None) -> float:
         """The threshold recorded in traces (the model's own acceptance parameter)."""
