@@ -1,0 +1,333 @@
+"""Dispatch across data-parallel replicas by predicted work, and a fleet replay to measure it.
+
+Why: a request's work varies more than 100x, so the replica it lands on decides its latency as
+much as its place in that replica's queue. The dispatchers servers ship count requests or
+tokens; a replica's plugin knows the *work* it still holds (prompt blocks left plus r̂ over its
+waiting and resident requests), and a request is priced at arrival in microseconds. Three
+pieces, usable from any router:
+
+* :class:`ReplicaLoad`: one replica's load snapshot (what a plugin exports as gauges);
+* :class:`Dispatcher`: snapshots in, a replica out. It keeps SGLang's ``DPBudget`` shape
+  (per-replica counters refreshed from snapshots, bumped locally by each dispatch until the next
+  snapshot, so a burst between two reports does not pile onto one replica) and adds the
+  ``dwise`` method (least outstanding predicted work) and ``oracle`` (the same with true work,
+  for replays). A replica whose snapshot is missing or stale sends every choice back to round
+  robin (logged once), as SGLang's controller does before its first load report;
+* :func:`simulate_fleet`: R replicas, each a :class:`~.scheduler.Scheduler` under one policy,
+  run in lockstep one round per tick behind a dispatcher, on the same workloads and arrival
+  processes as :func:`~.simulator.simulate`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import ConfigError, SchedulerError
+from .arrivals import Arrivals, ArrivalSpec, make_arrivals
+from .policies import Policy
+from .replay import ARRIVAL_TOLERANCE_S, RequestProgress
+from .request import RoundResult
+from .scheduler import Scheduler
+from .simulator import DEFAULT_KV_POOL_TOKENS, policy_inputs
+from .workload import Workload
+
+log = logging.getLogger(__name__)
+
+#: SGLang's own methods, then the work-aware ones
+DISPATCH_METHODS = ("round_robin", "total_requests", "total_tokens", "dwise", "oracle")
+
+
+@dataclass(frozen=True)
+class ReplicaLoad:
+    """One replica's load, as its plugin reports it at ``timestamp`` (seconds)."""
+
+    replica: int
+    #: waiting + resident requests
+    requests: int
+    #: KV tokens those requests hold or will hold (the core's worst-case reservations)
+    tokens: int
+    #: predicted outstanding work in rounds: prompt blocks left + r̂, over those requests
+    work_rounds: float
+    #: true outstanding work in rounds (replays only, for the ``oracle`` method; NaN when
+    #: unknown)
+    true_work_rounds: float = math.nan
+    timestamp: float = 0.0
+
+
+def replica_load(
+    sched: Scheduler, replica: int, timestamp: float = 0.0, true_work_rounds: float = math.nan
+) -> ReplicaLoad:
+    """The load snapshot of a core scheduler: what a plugin reports for its replica."""
+    t = sched.table
+    live = np.concatenate([t.waiting, t.resident])
+    return ReplicaLoad(
+        replica=replica,
+        requests=int(live.size),
+        tokens=int(t.kv_tokens[live].sum()),
+        work_rounds=float((t.prompt_blocks[live] + t.r_hat[live]).sum()),
+        true_work_rounds=float(true_work_rounds),
+        timestamp=float(timestamp),
+    )
+
+
+@dataclass
+class Dispatcher:
+    """Chooses a replica per arrival from the replicas' latest :class:`ReplicaLoad`.
+
+    ``method``: ``round_robin``, ``total_requests`` and ``total_tokens`` (SGLang's, same
+    tie-breaks), ``dwise`` (least predicted outstanding work, ties to fewer requests) or
+    ``oracle`` (least true outstanding work). A snapshot older than ``stale_after`` seconds,
+    or none at all, sends the choice to round robin until every replica reports again.
+    """
+
+    replicas: int
+    method: str = "dwise"
+    stale_after: float = math.inf
+    _requests: list[float] = field(init=False)
+    _tokens: list[float] = field(init=False)
+    _work: list[float] = field(init=False)
+    _seen: list[float] = field(init=False)
+    _next_rr: int = field(init=False, default=0)
+    _warned: bool = field(init=False, default=False)
+    #: choices made by round robin because a report was missing or stale
+    fallbacks: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        if self.method not in DISPATCH_METHODS:
+            raise ConfigError(f"dispatch method {self.method!r} is not one of {DISPATCH_METHODS}")
+        if self.replicas < 1:
+            raise ConfigError(f"a fleet needs at least one replica, got {self.replicas}")
+        if not self.stale_after > 0:
+            raise ConfigError(f"stale_after={self.stale_after} must be > 0 seconds")
+        n = self.replicas
+        self._requests, self._tokens, self._work = [0.0] * n, [0.0] * n, [0.0] * n
+        self._seen = [-math.inf] * n
+
+    def update(self, loads: Iterable[ReplicaLoad]) -> None:
+        """Fold in the replicas' snapshots (replacing the local bumps since their last one)."""
+        for load in loads:
+            r = load.replica
+            if not 0 <= r < self.replicas:
+                raise ConfigError(f"load report of replica {r}; the fleet has {self.replicas}")
+            self._requests[r], self._tokens[r] = float(load.requests), float(load.tokens)
+            self._work[r] = load.true_work_rounds if self.method == "oracle" else load.work_rounds
+            self._seen[r] = load.timestamp
+
+    def choose(self, *, work_rounds: float = 0.0, tokens: int = 0, now: float = 0.0) -> int:
+        """The replica for one arrival, whose own work (``work_rounds``: prompt blocks plus its
+        admission estimate, or its true work under ``oracle``) and prompt ``tokens`` are then
+        counted on that replica until its next snapshot."""
+        if self.method == "round_robin" or self._stale(now):
+            target = self._next_rr
+            self._next_rr = (self._next_rr + 1) % self.replicas
+        elif self.method == "total_requests":
+            target = min(range(self.replicas), key=lambda i: self._requests[i])
+        elif self.method == "total_tokens":
+            target = min(range(self.replicas), key=lambda i: (self._tokens[i], self._requests[i]))
+        else:  # dwise, oracle: least outstanding work, fewer requests on a tie
+            target = min(range(self.replicas), key=lambda i: (self._work[i], self._requests[i]))
+        self._requests[target] += 1
+        self._tokens[target] += tokens
+        self._work[target] += max(float(work_rounds), 0.0)
+        return target
+
+    def _stale(self, now: float) -> bool:
+        if self.method == "round_robin":
+            return False
+        stale = [r for r, t in enumerate(self._seen) if now - t > self.stale_after]
+        if not stale:
+            return False
+        self.fallbacks += 1
+        if not self._warned:
+            log.warning(
+                "dispatch %s: no fresh load report from replica(s) %s; round robin until "
+                "every replica reports",
+                self.method,
+                stale[:8],
+            )
+            self._warned = True
+        return True
+
+
+@dataclass
+class FleetRun:
+    """Outcome of one fleet replay; times in rounds (one tick = one round on every replica)."""
+
+    method: str
+    policy: str
+    replicas: int
+    arrival_round: np.ndarray
+    finish_round: np.ndarray
+    replica_of: np.ndarray
+    fallbacks: int
+
+    @property
+    def completion_rounds(self) -> np.ndarray:
+        return self.finish_round - self.arrival_round
+
+    def summary(self) -> dict[str, float | int | list[int]]:
+        c = self.completion_rounds
+        done = np.isfinite(c)
+        return {
+            "mean_completion_rounds": float(c[done].mean()) if done.any() else math.nan,
+            "p99_completion_rounds": float(np.percentile(c[done], 99)) if done.any() else math.nan,
+            "finished": int(done.sum()),
+            "requests": int(c.size),
+            "requests_per_replica": np.bincount(self.replica_of, minlength=self.replicas).tolist(),
+            "fallbacks": self.fallbacks,
+        }
+
+
+def simulate_fleet(
+    workload: Workload,
+    policy: Policy,
+    *,
+    replicas: int,
+    method: str = "dwise",
+    arrivals: Arrivals | ArrivalSpec | str = "burst",
+    round_ms: float = 1.0,
+    slots: int = 16,
+    k: int = 8,
+    kv_pool_tokens: int = DEFAULT_KV_POOL_TOKENS,
+    seed: int = 0,
+) -> FleetRun:
+    """Replay ``workload`` on ``replicas`` schedulers under ``policy`` behind ``method``.
+
+    Every tick, each replica reports its load, the arrivals of the tick are dispatched in
+    arrival order, and each replica with live requests runs one round (``round_ms`` of the
+    arrival clock). Each request's true work is the workload's, whichever replica runs it.
+    """
+    n = workload.n
+    arr = arrivals if isinstance(arrivals, Arrivals) else make_arrivals(arrivals, n, seed)
+    if arr.order.size != n:
+        raise ConfigError(f"arrivals cover {arr.order.size} requests but the workload has {n}")
+    if not round_ms > 0:
+        raise ConfigError(f"round_ms={round_ms} must be > 0")
+    inputs = policy_inputs(workload, policy)
+    fleet = _Fleet(workload, policy, inputs, replicas, slots, k, kv_pool_tokens)
+    dispatcher = Dispatcher(replicas, method)
+    dt = round_ms / 1000.0
+    arrival_round = np.full(n, np.nan)
+    progress = RequestProgress(workload)
+    tick, nxt, cap = 0, 0, int(workload.work.sum()) + n + 1
+    while not progress.all_finished:
+        if fleet.idle and nxt < n:  # an empty fleet waits for the next arrival
+            tick = max(tick, int(math.ceil(arr.times[nxt] / dt - 1e-9)))
+        now = tick * dt + ARRIVAL_TOLERANCE_S
+        dispatcher.update(fleet.loads(tick * dt))
+        while nxt < n and arr.times[nxt] <= now:
+            i = int(arr.order[nxt])
+            fleet.admit(i, dispatcher)
+            arrival_round[i] = tick
+            nxt += 1
+        fleet.run_round(progress, float(tick + 1))
+        tick += 1
+        if tick > cap:
+            raise SchedulerError(f"fleet replay passed {cap} rounds with requests unfinished")
+    return FleetRun(
+        method,
+        policy.name,
+        replicas,
+        arrival_round,
+        progress.finish_time,  # stamped with the round count, see run_round
+        fleet.replica_of,
+        dispatcher.fallbacks,
+    )
+
+
+class _Fleet:
+    """The replicas' schedulers and which row of which replica holds each request."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        policy: Policy,
+        inputs: dict[str, np.ndarray | None],
+        replicas: int,
+        slots: int,
+        k: int,
+        kv_pool_tokens: int,
+    ) -> None:
+        self.w, self.inputs = workload, inputs
+        self.scheds = [
+            Scheduler(policy, slots=slots, k=k, kv_pool_tokens=kv_pool_tokens, capacity=1024)
+            for _ in range(replicas)
+        ]
+        self.request_of_row: list[dict[int, int]] = [{} for _ in range(replicas)]
+        self.replica_of = np.full(workload.n, -1, dtype=np.int64)
+        #: true work left on each replica: every block a replica runs is one round of it
+        self.true_left = np.zeros(replicas)
+
+    @property
+    def idle(self) -> bool:
+        return all(s.idle for s in self.scheds)
+
+    def loads(self, timestamp: float) -> list[ReplicaLoad]:
+        return [
+            replica_load(s, r, timestamp, float(self.true_left[r]))
+            for r, s in enumerate(self.scheds)
+        ]
+
+    def admit(self, i: int, dispatcher: Dispatcher) -> None:
+        w, inp = self.w, self.inputs
+        adm, truth, score = inp["admission"], inp["true_rounds"], inp["score"]
+        true_work = float(w.prompt_blocks[i] + w.total_rounds[i])
+        if dispatcher.method == "oracle":
+            own = true_work
+        else:
+            own = float(w.prompt_blocks[i]) + (0.0 if adm is None else float(adm[i]))
+        r = dispatcher.choose(work_rounds=own, tokens=int(w.prompt_tokens[i]))
+        self.true_left[r] += true_work
+        row = self.scheds[r].add_request(
+            w.request_ids[i],
+            int(w.prompt_blocks[i]),
+            None if adm is None else float(adm[i]),
+            prompt_tokens=int(w.prompt_tokens[i]),
+            output_budget=int(w.output_budget[i]),
+            block_size=int(w.block_size[i]),
+            score=None if score is None else float(score[i]),
+            true_rounds=None if truth is None else float(truth[i]),
+        )
+        self.request_of_row[r][row] = i
+        self.replica_of[i] = r
+
+    def run_round(self, progress: RequestProgress, finish_stamp: float) -> None:
+        refined = self.inputs["refined"]
+        for r, sched in enumerate(self.scheds):
+            if sched.idle:
+                continue
+            plan = sched.plan_round()
+            self.true_left[r] -= plan.rows.size
+            rows_map = self.request_of_row[r]
+            req = np.fromiter((rows_map[int(x)] for x in plan.rows), np.int64, plan.rows.size)
+            finished = progress.advance(req, plan.prompt, finish_stamp)
+            ref = None
+            if refined is not None and plan.first_denoise.any():
+                ref = np.full(plan.rows.size, np.nan)
+                ref[plan.first_denoise] = refined[req[plan.first_denoise]]
+            sched.update(RoundResult(plan.rows, finished, ref))
+            for x in plan.rows[finished].tolist():
+                rows_map.pop(int(x), None)
+
+
+def fleet_table(runs: Sequence[FleetRun]) -> str:
+    """A plain table of fleet runs: method, mean and p99 completion, finished."""
+    from ..tables import format_table
+
+    rows = []
+    for run in runs:
+        s = run.summary()
+        rows.append(
+            [
+                run.method,
+                f"{s['mean_completion_rounds']:.1f}",
+                f"{s['p99_completion_rounds']:.1f}",
+                f"{s['finished']}/{s['requests']}",
+            ]
+        )
+    return format_table(["method", "mean_rounds", "p99_rounds", "finished"], rows)
