@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, str] = {
     "traces": ".traces",
     "profile": ".profile",
     "train": ".train",
+    "refresh": ".refresh",
     "eval": ".evaluate",
     "export": ".export",
     "push": ".hub",
