@@ -75,6 +75,7 @@ def describe(wheel: Path) -> dict[str, object]:
         "binaries": sorted(n for n in names if n.endswith(BINARY_SUFFIXES)),
         "has_zoo_package": any(n.startswith("dwise_predict/zoo/") for n in names),
         "has_recipe": any("/recipe/" in n for n in names),
+        "training_logs": sorted(n for n in names if Path(n).name.startswith("train_log")),
     }
 
 
@@ -141,8 +142,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result["clean_venv"], indent=2))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
-    core = result["wheels"]["core"]  # type: ignore[index]
+    core, zoo = (result["wheels"][k] for k in ("core", "zoo"))  # type: ignore[index]
     ok = core["bytes"] <= CORE_LIMIT_BYTES and not core["binaries"] and not core["has_zoo_package"]
+    ok = ok and not zoo["training_logs"] and not zoo["has_recipe"]
     return 0 if ok else 1
 
 

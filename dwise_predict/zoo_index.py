@@ -58,8 +58,8 @@ class Shipment:
 
     def install_hint(self) -> str:
         return (
-            f"pip install {self.distribution} (from a checkout of dwise-predict: "
-            f"pip install -e ./zoo)"
+            f"pip install {self.distribution} (from a checkout of dwise-predict, "
+            f"`pip install -e .` includes zoo/)"
         )
 
 

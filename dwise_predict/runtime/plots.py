@@ -1,4 +1,8 @@
-"""Plots of a policy comparison (matplotlib, imported only here and only when plotting)."""
+"""Plots of a policy comparison (matplotlib, imported only here and only when plotting).
+
+matplotlib is no core dependency: ``pip install 'dwise-predict[plots]'`` (``train`` includes it).
+:func:`pyplot` is the one way the library imports it, so a missing install is a clear error.
+"""
 
 from __future__ import annotations
 
@@ -13,14 +17,18 @@ from ..errors import MissingDependencyError
 from .simulator import SimulationRun
 
 
-def _pyplot():
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the file-only Agg backend, or :class:`MissingDependencyError`
+    naming the extra to install."""
     try:
         import matplotlib
 
         matplotlib.use("Agg", force=False)
         import matplotlib.pyplot as plt
-    except ImportError as e:  # pragma: no cover - matplotlib is in the dev/train extras
-        raise MissingDependencyError("plotting needs matplotlib: pip install matplotlib") from e
+    except ImportError as e:
+        raise MissingDependencyError(
+            "plots need matplotlib: pip install 'dwise-predict[plots]'"
+        ) from e
     return plt
 
 
@@ -34,7 +42,7 @@ def save_figure(fig: Any, path: str | Path, **savefig: Any) -> Path:
 
 def latency_cdf(runs: Mapping[str, SimulationRun], path: str | Path, title: str = "") -> Path:
     """Empirical CDF of end-to-end latency, one line per policy (log-scale time axis)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for name, run in runs.items():
         lat = np.sort(run.finish_time - run.arrival_time)
@@ -57,7 +65,7 @@ def latency_cdf(runs: Mapping[str, SimulationRun], path: str | Path, title: str 
 def round_composition(runs: Mapping[str, SimulationRun], path: str | Path, title: str = "") -> Path:
     """Per policy: share of rounds and of time by kind (prefill-only / mixed / denoise-only), and
     the mean filled slots per round against B."""
-    plt = _pyplot()
+    plt = pyplot()
     names = list(runs)
     kinds = ("prefill-only", "mixed", "denoise-only")
     colors = ("#d95f02", "#7570b3", "#1b9e77")
