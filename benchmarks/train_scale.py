@@ -235,7 +235,7 @@ def ddp_comparison(work: Path, epochs: int) -> dict[str, Any]:
         train,
         work / "ddp-one",
         only="refinement",
-        refinement_config=RefinementConfig(epochs=epochs),
+        configs={"refinement": RefinementConfig(epochs=epochs)},
         overwrite=True,
     )
     one_s = time.perf_counter() - t0

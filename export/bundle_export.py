@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from dwise_predict.bundle.modules import hook
+from dwise_predict.bundle.modules import BundleModule, hook
 from dwise_predict.errors import BundleError
 
 from .parity import ExportCheck, OnnxExporter, gate_int8
@@ -105,7 +105,7 @@ class BundleExporter(Protocol):
     ) -> None: ...
 
 
-def exporter_for(cls: Any) -> OnnxExporter | BundleExporter | None:
+def exporter_for(cls: type[BundleModule]) -> OnnxExporter | BundleExporter | None:
     """The exporter a module class names in ``onnx_exporter`` (``"module:ATTRIBUTE"``,
     resolved by the kind registry), or None."""
     exporter = hook(cls, "onnx_exporter")

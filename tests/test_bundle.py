@@ -38,7 +38,7 @@ def bundle_dir(traces, tmp_path_factory):
         out,
         seed=0,
         featurizer=synthetic_featurizer(),
-        refinement_config=RefinementConfig(epochs=4),
+        configs={"refinement": RefinementConfig(epochs=4)},
     )
 
 

@@ -39,7 +39,7 @@ def trained(tmp_path_factory):
         root / "fresh",
         seed=0,
         featurizer=synthetic_featurizer(),
-        refinement_config=RefinementConfig(epochs=2),
+        configs={"refinement": RefinementConfig(epochs=2)},
         name="tiny-card-test",
     )
     evals = make_traces(150, H, seed=1)

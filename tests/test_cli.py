@@ -11,6 +11,7 @@ NAMES = [
     "traces",
     "profile",
     "train",
+    "refresh",
     "eval",
     "export",
     "push",

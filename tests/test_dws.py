@@ -82,7 +82,7 @@ def trained(tiny_encoder: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
         only="admission,dws",
         cost_profile=planted_profile(),
         featurizer=synthetic_featurizer(),
-        dws_config=cfg,
+        configs={"dws": cfg},
     )
     return {"path": out, "eval": labelled_traces(96, seed=1), "train": traces, "config": cfg}
 
@@ -323,7 +323,7 @@ def test_dws_only_bundle_evaluates_and_prices_dws_sjf(
             out,
             only="dws",
             cost_profile=planted_profile(),
-            dws_config=cfg,
+            configs={"dws": cfg},
         )
     said = [r.getMessage() for r in caplog.records]
     steps = [
@@ -442,7 +442,7 @@ train_bundle(
     out,
     only="dws",
     cost_profile=profile,
-    dws_config=DWSTrainConfig(encoder_path=encoder, **{DDP_CONFIG!r}),
+    configs={{"dws": DWSTrainConfig(encoder_path=encoder, **{DDP_CONFIG!r})}},
     devices=DeviceConfig(accelerator="cpu", devices=2, strategy="ddp"),
 )
 """
@@ -483,7 +483,7 @@ def test_dws_trains_with_ddp_on_two_cpu_processes(tiny_encoder: Path, tmp_path: 
         tmp_path / "one",
         only="dws",
         cost_profile=args[2],
-        dws_config=DWSTrainConfig(encoder_path=str(tiny_encoder), **DDP_CONFIG),
+        configs={"dws": DWSTrainConfig(encoder_path=str(tiny_encoder), **DDP_CONFIG)},
     )
     one, ddp = (dwise_predict.load_bundle(tmp_path / n) for n in ("one", "ddp"))
     info = ddp.manifest["training"]["dws"]

@@ -11,6 +11,7 @@ import ast
 import inspect
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -19,15 +20,24 @@ import onnxruntime as ort
 import pytest
 from dwise_predict.export.bundle_export import export_bundle
 from dwise_predict.export.parity import ExportCheck, OnnxExporter, Tolerance, compare, decide
+from dwise_predict.trainers.admission import AdmissionConfig
 from dwise_predict.trainers.dataset import TraceArrays, trace_arrays
 from dwise_predict.trainers.evaluate import evaluate_arrays
-from dwise_predict.trainers.kind import KindTrainer, TrainedPart, TrainSettings, trainable
+from dwise_predict.trainers.kind import (
+    KindTrainer,
+    TrainedPart,
+    TrainSettings,
+    trainable,
+    trainer_for,
+)
 from dwise_predict.trainers.pipeline import parse_only, train_bundle
+from dwise_predict.trainers.refinement import RefinementConfig
 from onnx import TensorProto, helper
 from synthetic_traces import make_traces
 
 from dwise_predict.atomic import write_json
 from dwise_predict.bundle import load_bundle
+from dwise_predict.bundle.hooks import Evaluator, Exporter, Trainer
 from dwise_predict.bundle.modules import (
     HOOKS,
     BundleFolder,
@@ -189,6 +199,84 @@ def test_a_hook_that_does_not_resolve_names_the_fix(tmp_path, monkeypatch):
     with pytest.raises(MissingDependencyError, match="absent_pkg_for_dwise_tests"):
         hook(Broken, "trainer")
     sys.modules.pop("needs_absent_pkg", None)
+
+
+#: a hook name that resolves, but to the wrong kind of object
+NOT_A_TRAINER = "just a string"
+
+
+def toy_not_an_evaluator() -> None: ...
+
+
+def test_a_hook_naming_the_wrong_kind_of_object_is_refused_with_the_protocol():
+    class Mistyped(ToyLinear):
+        kind: ClassVar[str] = "toy_mistyped"
+        trainer: ClassVar[str | None] = f"{__name__}:NOT_A_TRAINER"
+        onnx_exporter: ClassVar[str | None] = f"{__name__}:TOY_TRAINER"
+        evaluator: ClassVar[str | None] = f"{__name__}:TOY_TOLERANCES"
+
+    with pytest.raises(
+        ConfigError, match=r"Mistyped.trainer names .*a str, which is not a .*\.Trainer"
+    ):
+        hook(Mistyped, "trainer")
+    with pytest.raises(ConfigError, match=r"a KindTrainer, which is not a .*\.Exporter"):
+        hook(Mistyped, "onnx_exporter")
+    with pytest.raises(ConfigError, match=r"a dict, which is not a .*\.Evaluator"):
+        hook(Mistyped, "evaluator")
+    register(Mistyped)
+    try:
+        with pytest.raises(ConfigError, match="Adding a predictor kind"):
+            parse_only(None)  # the pipeline asks every trainable kind's trainer
+    finally:
+        unregister(Mistyped.kind)
+
+
+def test_the_shipped_hooks_follow_their_protocols():
+    assert isinstance(hook("admission", "trainer"), Trainer)
+    assert isinstance(hook("refinement", "evaluator"), Evaluator)
+    for kind in ("admission", "refinement", "dws"):
+        assert isinstance(hook(kind, "onnx_exporter"), Exporter)
+    assert trainer_for("admission").config_type is AdmissionConfig
+    assert trainer_for("refinement").config_type is RefinementConfig
+
+
+def test_a_config_of_the_wrong_class_is_refused_naming_the_expected_one(tmp_path):
+    traces = make_traces(120, seed=0)
+    with pytest.raises(
+        ConfigError, match=r"trained with a .*RefinementConfig, got a AdmissionConfig"
+    ):
+        train_bundle(
+            traces, tmp_path / "b", only="admission", configs={"refinement": AdmissionConfig()}
+        )
+    with pytest.raises(ConfigError, match="not a trainable predictor kind"):
+        train_bundle(
+            traces, tmp_path / "b", only="admission", configs={"admision": AdmissionConfig()}
+        )
+    assert not (tmp_path / "b").exists()  # refused before anything trained
+    settings = TrainSettings(configs={"admission": RefinementConfig()})
+    with pytest.raises(ConfigError, match=r"AdmissionConfig, got a RefinementConfig"):
+        settings.config("admission", AdmissionConfig)
+    assert settings.config("refinement", RefinementConfig) == RefinementConfig()
+
+
+def test_a_config_reaches_its_kinds_trainer(toy_kind, tmp_path, monkeypatch):
+    seen = []
+
+    def train(arrays: TraceArrays, s: TrainSettings) -> TrainedPart:
+        seen.append(s.config(ToyLinear.kind, ToyConfig))
+        return _toy_train(arrays, s)
+
+    monkeypatch.setitem(globals(), "_CONFIGURED_TRAINER", KindTrainer(train, ToyConfig))
+    monkeypatch.setattr(ToyLinear, "trainer", f"{__name__}:_CONFIGURED_TRAINER")
+    traces = make_traces(120, seed=0)
+    config = ToyConfig(slope_only=True)
+    train_bundle(traces, tmp_path / "b", only=ToyLinear.kind, configs={ToyLinear.kind: config})
+    assert seen == [config]
+
+
+@dataclass(frozen=True)
+class ToyConfig:
+    slope_only: bool = False
 
 
 def test_every_shipped_hook_resolves():

@@ -225,7 +225,7 @@ def test_ddp_on_two_cpu_processes_matches_one_process(tmp_path):
         train,
         tmp_path / "one",
         only="refinement",
-        refinement_config=RefinementConfig(epochs=10),
+        configs={"refinement": RefinementConfig(epochs=10)},
         allow_single_category=True,
     )
     one, ddp = load_bundle(tmp_path / "one"), load_bundle(tmp_path / "ddp")

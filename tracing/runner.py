@@ -15,6 +15,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -125,70 +126,95 @@ def trace_workload(
 ) -> TraceSummary:
     """Decode ``records`` with ``adapter`` and write one trace row per request under ``out_dir``.
 
-    ``limit`` keeps the first N records of the workload (so an interrupted ``--limit N`` run
-    is completed by the same command with ``resume=True``). ``progress`` is a tqdm-like bar
+    ``limit`` keeps the first N records of the workload (so an interrupted ``--limit N`` run is
+    completed by the same command with ``resume=True``). ``progress`` is a tqdm-like bar
     (``update``, ``set_postfix``) or None. ``decoding`` picks the engine's decoder
     (``low_confidence``, the default, or ``joint_threshold`` with ``edit_threshold`` and
     ``max_post_edit_steps``); ``threshold`` defaults to that decoder's SGLang default. A
-    native-loop model (DiffusionGemma) decodes with its own sampler unless ``decoding`` names
-    an engine decoder (:mod:`.plans` has one function per adapter kind).
-    ``block_alignment`` is the block layout (``absolute`` or ``response``, docs/tracing.md);
-    None takes the adapter's default, how its model is served. It is recorded in the
-    fingerprint, so a bundle trained on these traces is refused by a server of the other
-    layout.
-    Shards are written every ``shard_size`` requests and at least every
-    ``flush_interval_s`` seconds (see :class:`TraceWriter`). While it runs, SIGTERM stops it
-    like Ctrl-C: the finished requests are written and
-    :class:`~dwise_predict.errors.Terminated` propagates. Returns a :class:`TraceSummary`.
+    native-loop model (DiffusionGemma) decodes with its own sampler unless ``decoding`` names an
+    engine decoder (:mod:`.plans` has one function per adapter kind). ``block_alignment`` is the
+    block layout (``absolute`` or ``response``, docs/tracing.md); None takes the adapter's
+    default, how its model is served. It is recorded in the fingerprint, so a bundle trained on
+    these traces is refused by a server of the other layout. Shards are written every
+    ``shard_size`` requests and at least every ``flush_interval_s`` seconds (:class:`TraceWriter`);
+    SIGTERM stops it like Ctrl-C (the finished requests are written, then ``Terminated`` raised).
     """
+    recs = _select_records(records, limit)
+    settings = DecodeSettings(
+        max_new_tokens=max_new_tokens,
+        threshold=threshold,
+        block_size=block_size,
+        block_alignment=block_alignment,
+        decoding=decoding,
+        edit_threshold=edit_threshold,
+        max_post_edit_steps=max_post_edit_steps,
+        batch_size=batch_size,
+        seed=seed,
+    )
+    plan = plan_decoding(adapter, settings)
+    requests = _checked_requests(adapter, recs, plan, out_dir, resume)
+    make_row = partial(_row_of, {r.id: r for r in recs}, adapter, plan, seed, redact_prompts)
+    open_writer = partial(
+        TraceWriter,
+        out_dir,
+        plan.fingerprint,
+        shard_size=shard_size,
+        flush_interval_s=flush_interval_s,
+        resume=resume,
+    )
+    return _decode_into(open_writer, out_dir, plan, recs, requests, make_row, progress)
+
+
+def _row_of(
+    by_id: dict[str, TraceRecord],
+    adapter: Adapter,
+    plan: DecodePlan,
+    seed: int,
+    redact_prompts: bool,
+    res: RequestResult,
+) -> dict[str, Any]:
+    """The trace row of a finished request (:func:`build_row` with its workload record)."""
+    rec = by_id[res.request_id]
+    return build_row(res, rec, adapter, plan.config, plan.fingerprint, seed, redact_prompts)
+
+
+def _select_records(records: Iterable[Any], limit: int | None) -> list[TraceRecord]:
+    """The workload's first ``limit`` records (all without one), each checked."""
     if limit is not None and limit < 0:
         raise ConfigError(f"--limit must be >= 0, got {limit}")
     recs = [as_trace_record(r, f"workload record #{i}") for i, r in enumerate(records)]
-    if limit is not None:
-        recs = recs[:limit]
-    plan = plan_decoding(
-        adapter,
-        DecodeSettings(
-            max_new_tokens=max_new_tokens,
-            threshold=threshold,
-            block_size=block_size,
-            block_alignment=block_alignment,
-            decoding=decoding,
-            edit_threshold=edit_threshold,
-            max_post_edit_steps=max_post_edit_steps,
-            batch_size=batch_size,
-            seed=seed,
-        ),
-    )
+    return recs if limit is None else recs[:limit]
 
-    # 1. every prompt checked and tokenized before anything is written
+
+def _checked_requests(
+    adapter: Adapter, recs: list[TraceRecord], plan: DecodePlan, out_dir: str | Path, resume: bool
+) -> list[DecodeRequest]:
+    """Every prompt checked (not empty, within the model's context) and tokenized, then the
+    output folder checked: all before anything is written."""
     for r in recs:
         if not r.prompt.strip():
             raise WorkloadError(f"request {r.id!r} has an empty prompt; drop it from the workload")
     requests = [DecodeRequest(r.id, adapter.encode_prompt(r.prompt)) for r in recs]
     validate_requests(requests, plan.config, adapter.info.max_context)
     check_output(out_dir, resume)
+    return requests
 
-    # 2. decode what is not traced yet, one row per finished request
+
+def _decode_into(
+    open_writer: Callable[[], TraceWriter],
+    out_dir: str | Path,
+    plan: DecodePlan,
+    recs: list[TraceRecord],
+    requests: list[DecodeRequest],
+    make_row: Callable[[RequestResult], dict[str, Any]],
+    progress: Any,
+) -> TraceSummary:
+    """Decode the requests ``out_dir`` does not hold yet, shortest prompts first, and write a
+    row for each through the writer ``open_writer`` opens; SIGTERM stops it like Ctrl-C."""
     summary = TraceSummary(
         out_dir=Path(out_dir), fingerprint=plan.fingerprint, traced=0, skipped=0, total=len(recs)
     )
-    by_id = {r.id: r for r in recs}
-
-    def make_row(res: RequestResult) -> dict[str, Any]:
-        rec = by_id[res.request_id]
-        return build_row(res, rec, adapter, plan.config, plan.fingerprint, seed, redact_prompts)
-
-    with (
-        terminate_as_interrupt(),
-        TraceWriter(
-            out_dir,
-            plan.fingerprint,
-            shard_size=shard_size,
-            flush_interval_s=flush_interval_s,
-            resume=resume,
-        ) as writer,
-    ):
+    with terminate_as_interrupt(), open_writer() as writer:
         check_reused_ids(recs, writer.done_ids, out_dir)
         todo = [q for q in requests if q.request_id not in writer.done_ids]
         # Requests of similar prompt length share a batch: a row attends only its own cache, but the

@@ -108,13 +108,13 @@ def train_admission(
 
 
 def _train(arrays: TraceArrays, s: TrainSettings) -> TrainedPart:
-    cfg = replace(s.config(AdmissionModel.kind) or AdmissionConfig(), seed=s.seed)
+    cfg = replace(s.config(AdmissionModel.kind, AdmissionConfig), seed=s.seed)
     model = train_admission((arrays.features, arrays.total_rounds), cfg, featurizer=s.featurizer)
     return TrainedPart(model)
 
 
 #: the admission kind's trainer (named by ``AdmissionModel.trainer``)
-TRAINER = KindTrainer(train=_train)
+TRAINER = KindTrainer(train=_train, config_type=AdmissionConfig)
 
 
 def evaluate_estimates(

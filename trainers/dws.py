@@ -607,6 +607,30 @@ def train_dws(
     """
     config = config or DWSTrainConfig()
     devices = devices or DeviceConfig()
+    _check_training_inputs(arrays, profile, config)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, config.num_threads))
+    t0 = time.perf_counter()
+    seconds: dict[str, float] = {}
+    try:
+        pl.seed_everything(config.seed, workers=True, verbose=False)
+        encoder, tok, dws_config = _load_encoder(arrays, config)
+        tokenizer = DWSTokenizer(tok, dws_config)
+        emb = _adapt_and_embed(encoder, tokenizer, arrays, config, devices, seconds)
+        heads = _fit_surface_head(emb, arrays, config, devices, seconds)
+        baseline_heads, constants = _fit_baselines(
+            emb, arrays, profile, profiles, config, devices, seconds
+        )
+        model = DWSModel(encoder, heads, baseline_heads).eval()
+    finally:
+        torch.set_num_threads(threads)
+    info = _training_info(arrays, config, devices, model, seconds, time.perf_counter() - t0)
+    dws_config = replace(dws_config, baselines=constants, info=info)
+    return DWSTrained(model, dws_config, DWSTokenizer(tok, dws_config), info)
+
+
+def _check_training_inputs(arrays: DWSArrays, profile: Any, config: DWSTrainConfig) -> None:
+    """Refuse too few requests, or baselines without the cost profile they are priced by."""
     if arrays.n < config.min_samples:
         raise TrainingError(
             f"{arrays.n} requests are too few to train the DWS predictor (need >= "
@@ -617,104 +641,145 @@ def train_dws(
             "the DWS baselines need a cost profile (their costs are in ms); pass "
             "one (--cost-profile), or train without baselines"
         )
-    N, S = arrays.shape  # noqa: N806
-    threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, config.num_threads))
-    t0 = time.perf_counter()
-    try:
-        pl.seed_everything(config.seed, workers=True, verbose=False)
-        raw, tok, folder = load_encoder(config.encoder_path)
-        cls_id, sep_id, pad_id = special_ids(tok)
-        dws_config = DWSConfig(
-            n_blocks=N,
-            max_steps=S,
-            block_size=arrays.block_size,
-            truncation=Truncation(window=config.window, head_tokens=config.head_tokens),
-            encoder=encoder_name(config.encoder_path, folder),
-            cls_token_id=cls_id,
-            sep_token_id=sep_id,
-            pad_token_id=pad_id,
-        )
-        tokenizer = DWSTokenizer(tok, dws_config)
-        encoder = PooledEncoder(raw)
-        seconds: dict[str, float] = {}
-        if config.stage_a != "none":
-            log.info(
-                "DWS stage A: adapting the encoder, %d epoch%s over %d prompts",
-                config.stage_a_epochs,
-                "" if config.stage_a_epochs == 1 else "s",
-                arrays.n,
-            )
-            t = time.perf_counter()
-            _stage_a(encoder, tokenizer, arrays, config, devices)
-            seconds["stage_a"] = time.perf_counter() - t
-        for p in encoder.parameters():
-            p.requires_grad_(False)
-        log.info("DWS: embedding %d prompts with the frozen encoder", arrays.n)
-        t = time.perf_counter()
-        emb = embed(encoder, tokenizer, arrays.prompts, device=_embed_device(devices))
-        seconds["embed"] = time.perf_counter() - t
+
+
+def _load_encoder(
+    arrays: DWSArrays, config: DWSTrainConfig
+) -> tuple[PooledEncoder, Any, DWSConfig]:
+    """The pretrained encoder (mean pooled), its tokenizer and the predictor's config."""
+    n_blocks, max_steps = arrays.shape
+    raw, tok, folder = load_encoder(config.encoder_path)
+    cls_id, sep_id, pad_id = special_ids(tok)
+    dws_config = DWSConfig(
+        n_blocks=n_blocks,
+        max_steps=max_steps,
+        block_size=arrays.block_size,
+        truncation=Truncation(window=config.window, head_tokens=config.head_tokens),
+        encoder=encoder_name(config.encoder_path, folder),
+        cls_token_id=cls_id,
+        sep_token_id=sep_id,
+        pad_token_id=pad_id,
+    )
+    return PooledEncoder(raw), tok, dws_config
+
+
+def _adapt_and_embed(
+    encoder: PooledEncoder,
+    tokenizer: DWSTokenizer,
+    arrays: DWSArrays,
+    config: DWSTrainConfig,
+    devices: DeviceConfig,
+    seconds: dict[str, float],
+) -> np.ndarray:
+    """Stage A (adapt the encoder to the workload), then freeze it and embed every prompt."""
+    if config.stage_a != "none":
         log.info(
-            "DWS stage B: fitting the %d x %d surface head, %d epoch%s",
-            N,
-            S,
-            config.stage_b_epochs,
-            "" if config.stage_b_epochs == 1 else "s",
+            "DWS stage A: adapting the encoder, %d epoch%s over %d prompts",
+            config.stage_a_epochs,
+            "" if config.stage_a_epochs == 1 else "s",
+            arrays.n,
         )
         t = time.perf_counter()
-        heads = fit_head(
-            DWSHeads(emb, N, S, config.width, config.dropout, arrays.activity),
-            emb,
-            arrays.activity.astype(np.float32),
-            loss="brier",
-            epochs=config.stage_b_epochs,
-            batch_size=config.stage_b_batch_size,
-            lr=config.head_lr,
-            weight_decay=config.weight_decay,
-            seed=config.seed,
-            devices=devices,
-        )
-        seconds["stage_b"] = time.perf_counter() - t
-        baseline_heads = None
-        constants: dict[str, Any] = {}
-        if config.baselines:
-            log.info("DWS: fitting the three scalar baselines (output length, steps, cost)")
-            t = time.perf_counter()
-            targets = {
-                "output_length": arrays.output_tokens.astype(np.float64),
-                "total_steps": arrays.total_steps.astype(np.float64),
-                "direct_cost": true_costs(arrays, profile),
-            }
-            baseline_heads = [
-                train_scalar_head(emb, targets[name], config, i, devices)
-                for i, name in enumerate(targets)
-            ]
-            seconds["baselines"] = time.perf_counter() - t
-            constants = {
-                name: baseline_constants(arrays, p)
-                for name, p in {**(profiles or {}), "bundle": profile}.items()
-            }
-            constants["direct_cost_profile"] = "bundle"
-        model = DWSModel(encoder, cast(DWSHeads, heads), baseline_heads).eval()
-    finally:
-        torch.set_num_threads(threads)
-    info = {
+        _stage_a(encoder, tokenizer, arrays, config, devices)
+        seconds["stage_a"] = time.perf_counter() - t
+    for p in encoder.parameters():
+        p.requires_grad_(False)
+    log.info("DWS: embedding %d prompts with the frozen encoder", arrays.n)
+    t = time.perf_counter()
+    emb = embed(encoder, tokenizer, arrays.prompts, device=_embed_device(devices))
+    seconds["embed"] = time.perf_counter() - t
+    return emb
+
+
+def _fit_surface_head(
+    emb: np.ndarray,
+    arrays: DWSArrays,
+    config: DWSTrainConfig,
+    devices: DeviceConfig,
+    seconds: dict[str, float],
+) -> DWSHeads:
+    """Stage B: the surface heads on the frozen encoder's embeddings (Brier loss)."""
+    n_blocks, max_steps = arrays.shape
+    log.info(
+        "DWS stage B: fitting the %d x %d surface head, %d epoch%s",
+        n_blocks,
+        max_steps,
+        config.stage_b_epochs,
+        "" if config.stage_b_epochs == 1 else "s",
+    )
+    t = time.perf_counter()
+    heads = fit_head(
+        DWSHeads(emb, n_blocks, max_steps, config.width, config.dropout, arrays.activity),
+        emb,
+        arrays.activity.astype(np.float32),
+        loss="brier",
+        epochs=config.stage_b_epochs,
+        batch_size=config.stage_b_batch_size,
+        lr=config.head_lr,
+        weight_decay=config.weight_decay,
+        seed=config.seed,
+        devices=devices,
+    )
+    seconds["stage_b"] = time.perf_counter() - t
+    return cast(DWSHeads, heads)
+
+
+def _fit_baselines(
+    emb: np.ndarray,
+    arrays: DWSArrays,
+    profile: Any,
+    profiles: dict[str, Any] | None,
+    config: DWSTrainConfig,
+    devices: DeviceConfig,
+    seconds: dict[str, float],
+) -> tuple[list[ScalarHead] | None, dict[str, Any]]:
+    """The three scalar baselines on the same embeddings, and their per-profile constants
+    (none when ``config.baselines`` is off)."""
+    if not config.baselines:
+        return None, {}
+    log.info("DWS: fitting the three scalar baselines (output length, steps, cost)")
+    t = time.perf_counter()
+    targets = {
+        "output_length": arrays.output_tokens.astype(np.float64),
+        "total_steps": arrays.total_steps.astype(np.float64),
+        "direct_cost": true_costs(arrays, profile),
+    }
+    baseline_heads = [
+        train_scalar_head(emb, targets[name], config, i, devices) for i, name in enumerate(targets)
+    ]
+    seconds["baselines"] = time.perf_counter() - t
+    constants: dict[str, Any] = {
+        name: baseline_constants(arrays, p)
+        for name, p in {**(profiles or {}), "bundle": profile}.items()
+    }
+    constants["direct_cost_profile"] = "bundle"
+    return baseline_heads, constants
+
+
+def _training_info(
+    arrays: DWSArrays,
+    config: DWSTrainConfig,
+    devices: DeviceConfig,
+    model: DWSModel,
+    seconds: dict[str, float],
+    train_seconds: float,
+) -> dict[str, Any]:
+    """What the module's config records about its training (``manifest["training"]["dws"]``)."""
+    n_blocks, max_steps = arrays.shape
+    return {
         "config": asdict(config),
         "n_train": arrays.n,
-        "N": N,
-        "S": S,
-        "encoder_params": int(sum(p.numel() for p in encoder.parameters())),
-        "head_params": int(sum(p.numel() for p in heads.parameters())),
+        "N": n_blocks,
+        "S": max_steps,
+        "encoder_params": int(sum(p.numel() for p in model.encoder.parameters())),
+        "head_params": int(sum(p.numel() for p in model.heads.parameters())),
         "seconds": {k: round(v, 2) for k, v in seconds.items()},
-        "train_seconds": round(time.perf_counter() - t0, 2),
+        "train_seconds": round(train_seconds, 2),
         "torch": torch.__version__,
         "pytorch_lightning": pl.__version__,
         "devices": asdict(devices),
         "processes": _processes(),
     }
-    dws_config = replace(dws_config, baselines=constants, info=info)
-    tokenizer = DWSTokenizer(tok, dws_config)
-    return DWSTrained(model, dws_config, tokenizer, info)
 
 
 def train_scalar_head(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
@@ -32,9 +32,23 @@ from .dws_data import DWSArrays, dws_arrays
 from .kind import KindTrainer, TrainedPart, TrainSettings
 
 if TYPE_CHECKING:
+    from dwise_predict.export.onnx_dws import DWSExportCheck
+
     from .dataset import TraceArrays
 
 log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class TrainedModelExporter(Protocol):
+    """What the DWS kind's ``onnx_exporter`` must do besides reporting at ``export`` time:
+    write and gate the files of a freshly trained torch model (``export/onnx_dws.py``)."""
+
+    def export_trained(
+        self, trained: DWSTrained, folder: str | Path, probes: list[str], **kwargs: Any
+    ) -> tuple[DWSPredictor, Path | None, list[DWSExportCheck]]: ...
+
+
 #: the shipped example profile the DWS baselines are also calibrated for (evaluation)
 PAPER_PROFILE = "paper-llada2.0-mini"
 
@@ -102,6 +116,11 @@ def export_trained(
     exporter = hook(DWSPredictor, "onnx_exporter")
     if exporter is None:  # ONNX is its only runtime form: the kind must name its exporter
         raise ConfigError("DWSPredictor names no onnx_exporter; restore its exporter's name")
+    if not isinstance(exporter, TrainedModelExporter):
+        raise ConfigError(
+            f"DWSPredictor.onnx_exporter names a {type(exporter).__name__}, which cannot export "
+            "a trained model (no export_trained); point it at export.onnx_dws:EXPORTER"
+        )
     fp32, q, checks = exporter.export_trained(
         trained,
         folder,
@@ -129,7 +148,7 @@ def _train(arrays: TraceArrays, s: TrainSettings) -> TrainedPart:
             "training DWS needs a cost profile (its baselines and evaluation are in ms): "
             "pass --cost-profile FILE (from `dwise-predict profile`)"
         )
-    config = replace(s.config(DWSPredictor.kind) or DWSTrainConfig(), seed=s.seed)
+    config = replace(s.config(DWSPredictor.kind, DWSTrainConfig), seed=s.seed)
     data, trained = fit_dws(s.table, s.cost_profile, config, devices=s.devices)
     if not is_global_zero():
         return TrainedPart(None, trained.info)  # rank 0 exports and writes the bundle
@@ -138,4 +157,6 @@ def _train(arrays: TraceArrays, s: TrainSettings) -> TrainedPart:
 
 
 #: the DWS kind's trainer (named by ``DWSPredictor.trainer``)
-TRAINER = KindTrainer(train=_train, needs_cost_profile=True, reads_text=True)
+TRAINER = KindTrainer(
+    train=_train, config_type=DWSTrainConfig, needs_cost_profile=True, reads_text=True
+)

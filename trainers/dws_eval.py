@@ -24,6 +24,7 @@ from dwise_predict.bundle import Bundle
 from dwise_predict.cost import CostProfile, load_cost_profile
 from dwise_predict.errors import BundleError
 from dwise_predict.predictors.dws import BASELINE_NAMES
+from dwise_predict.runtime.plots import pyplot
 
 from .dws import true_costs
 from .dws_data import DWSArrays, dws_arrays
@@ -124,10 +125,7 @@ def write_surface_plot(
     surface: np.ndarray, arrays: DWSArrays, path: str | Path, n: int = 4
 ) -> Path:
     """Predicted vs true surface heatmaps for ``n`` requests spread over the workload range."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     order = np.argsort(arrays.total_steps, kind="stable")
     pick = order[np.linspace(0, len(order) - 1, min(n, len(order))).astype(int)]

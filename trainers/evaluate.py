@@ -18,13 +18,15 @@ import numpy as np
 import pyarrow as pa
 
 from dwise_predict.bundle import Bundle
-from dwise_predict.bundle.modules import all_estimates, hook
+from dwise_predict.bundle.modules import all_estimates
 from dwise_predict.errors import ConfigError, TrainingError
+from dwise_predict.predictors import AdmissionModel, RefinementEnsemble
 from dwise_predict.ranking import spearman
-from dwise_predict.runtime.plots import save_figure
+from dwise_predict.runtime.plots import pyplot, save_figure
 
 from .admission import AdmissionConfig
 from .dataset import TraceArrays, category_counts, trace_arrays
+from .kind import evaluator_for
 from .refinement import RefinementConfig
 from .streaming import ArraySource, RowSource, chunks
 
@@ -61,7 +63,7 @@ def predictions(bundle: Bundle, arrays: TraceArrays) -> dict[str, tuple[np.ndarr
     DWS by :mod:`.dws_eval`)."""
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for kind in bundle.modules:
-        evaluator = hook(kind, "evaluator")
+        evaluator = evaluator_for(kind)
         if evaluator is not None:
             out.update(evaluator(bundle, arrays))
     return out
@@ -160,16 +162,8 @@ def holdout_evaluation(
             f"category {category!r} is not in the evaluation traces; pass traces that contain it"
         )
     only = [
-        kind
-        for kind in bundle.modules
-        if kind in trainable() and hook(kind, "evaluator") is not None
+        kind for kind in bundle.modules if kind in trainable() and evaluator_for(kind) is not None
     ]
-    cfg_r = refinement_config
-    if cfg_r is None and bundle.refinement is not None:
-        saved = dict(bundle.refinement.info.get("config", {}))
-        cfg_r = RefinementConfig(
-            **{k: v for k, v in saved.items() if k in RefinementConfig.__dataclass_fields__}
-        )
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         keep = train.category != category
         table = _table_without(train_traces, category)
@@ -178,8 +172,7 @@ def holdout_evaluation(
             Path(tmp) / "holdout",
             only=only,
             seed=seed,
-            admission_config=admission_config,
-            refinement_config=cfg_r and replace(cfg_r, seed=seed),
+            configs=_holdout_configs(bundle, admission_config, refinement_config, seed),
             allow_single_category=len(cats) == 2,
         )
         held = load_bundle(path)
@@ -202,6 +195,26 @@ def holdout_evaluation(
     return result
 
 
+def _holdout_configs(
+    bundle: Bundle,
+    admission_config: AdmissionConfig | None,
+    refinement_config: RefinementConfig | None,
+    seed: int,
+) -> dict[str, object]:
+    """The retraining's configs: those given, else the bundle's own refinement config."""
+    cfg_r = refinement_config
+    if cfg_r is None and bundle.refinement is not None:
+        saved = dict(bundle.refinement.info.get("config", {}))
+        cfg_r = RefinementConfig(
+            **{k: v for k, v in saved.items() if k in RefinementConfig.__dataclass_fields__}
+        )
+    given = {
+        AdmissionModel.kind: admission_config,
+        RefinementEnsemble.kind: cfg_r and replace(cfg_r, seed=seed),
+    }
+    return {kind: cfg for kind, cfg in given.items() if cfg is not None}
+
+
 def _table_without(traces: str | Path | pa.Table, category: str) -> pa.Table:
     import pyarrow.compute as pc
 
@@ -216,10 +229,7 @@ def write_plots(
 ) -> list[Path]:
     """Predicted-vs-actual scatter per estimate and a calibration curve, as PNG files in
     ``out_dir``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

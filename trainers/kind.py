@@ -3,8 +3,12 @@
 Why here: the one registry of kinds is :mod:`dwise_predict.bundle.modules`; a kind's class
 names its trainer there as ``trainer = "module:ATTRIBUTE"``, pointing at a :class:`KindTrainer`
 beside the kind's training code (``trainers/admission.py:TRAINER`` and so on). The pipeline
-(:mod:`.pipeline`) asks the registry which kinds can be trained and what each needs, so a new
-kind trains without any change to the pipeline.
+(:mod:`.pipeline`) asks the registry which kinds can be trained, what each needs and which
+config class each takes, so a new kind trains without any change to the pipeline.
+
+The core types the hooks as Protocols (:mod:`dwise_predict.bundle.hooks`) over data types it
+may not name; :func:`trainer_for` and :func:`evaluator_for` bind them to ``TraceArrays`` and
+:class:`TrainSettings`.
 """
 
 from __future__ import annotations
@@ -12,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar, cast
 
-from dwise_predict.bundle.modules import BundleModule, hook, with_hook
+from dwise_predict.bundle.hooks import Evaluator, TrainedPart, Trainer
+from dwise_predict.bundle.modules import hook, with_hook
 from dwise_predict.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -27,6 +32,18 @@ if TYPE_CHECKING:
     from .devices import DeviceConfig
     from .streaming import RowSource
 
+__all__ = [
+    "KindTrainer",
+    "TrainSettings",
+    "TrainedPart",
+    "check_configs",
+    "evaluator_for",
+    "trainable",
+    "trainer_for",
+]
+
+C = TypeVar("C")
+
 
 @dataclass(frozen=True)
 class TrainSettings:
@@ -35,8 +52,9 @@ class TrainSettings:
 
     seed: int = 0
     featurizer: PromptFeaturizer | None = None
-    #: kind -> that kind's training config (e.g. an ``AdmissionConfig``); absent = its default
-    configs: Mapping[str, Any] = field(default_factory=dict)
+    #: kind -> that kind's training config, of its trainer's ``config_type`` (e.g. an
+    #: ``AdmissionConfig``); absent = its default
+    configs: Mapping[str, object] = field(default_factory=dict)
     #: streamed traces feed the refinement predictor instead of the in-memory arrays
     source: RowSource | None = None
     devices: DeviceConfig | None = None
@@ -48,30 +66,37 @@ class TrainSettings:
     #: writes at training, e.g. an ONNX file, live here meanwhile)
     workdir: Path | None = None
 
-    def config(self, kind: str) -> Any:
-        """The config given for ``kind`` (None: its trainer uses its default)."""
-        return self.configs.get(kind)
+    def config(self, kind: str, config_type: type[C]) -> C:
+        """The config given for ``kind``, else ``config_type()`` (the kind's default); a config
+        of another class is refused, naming the one expected."""
+        given = self.configs.get(kind)
+        if given is None:
+            return config_type()
+        if not isinstance(given, config_type):
+            raise ConfigError(_wrong_config(kind, given, config_type))
+        return given
 
 
-@dataclass
-class TrainedPart:
-    """What one kind's trainer returns: the bundle module, and facts for the manifest's
-    ``training[kind]`` (e.g. DWS's stage timings). ``module`` is None only in a process of a
-    multi-process run that does not write the bundle (global rank > 0)."""
-
-    module: BundleModule | None
-    info: dict[str, Any] = field(default_factory=dict)
+def _wrong_config(kind: str, given: object, expected: type) -> str:
+    return (
+        f"the {kind} predictor is trained with a {expected.__module__}.{expected.__name__}, "
+        f"got a {type(given).__name__}; pass configs={{{kind!r}: {expected.__name__}(...)}}"
+    )
 
 
 @dataclass(frozen=True)
 class KindTrainer:
-    """How ``dwise-predict train`` builds one kind (named by the kind class's ``trainer``).
+    """How ``dwise-predict train`` builds one kind (named by the kind class's ``trainer``): the
+    shipped implementation of :class:`dwise_predict.bundle.hooks.Trainer`.
 
     ``train(arrays, settings)`` runs in every process of a multi-process run (DDP needs them
     all) and returns a :class:`TrainedPart`. The flags tell the pipeline what to read first.
     """
 
     train: Callable[[TraceArrays, TrainSettings], TrainedPart]
+    #: the class of the kind's training config (``TrainSettings.config`` and ``train_bundle``
+    #: refuse any other); None: the kind takes no config
+    config_type: type | None = None
     #: reads ``first_round_hidden`` (the traces must carry it)
     needs_hidden: bool = False
     #: priced in ms: trained only with a cost profile, and by default whenever one is given
@@ -95,6 +120,37 @@ def trainer_for(kind: str) -> KindTrainer:
     return trainer
 
 
+def evaluator_for(kind: str) -> Evaluator[TraceArrays] | None:
+    """The evaluator ``kind`` names (checked by the registry), or None when it names none."""
+    # the registry checked it is an Evaluator; what it reads are the trainers' TraceArrays
+    return cast("Evaluator[TraceArrays] | None", hook(kind, "evaluator"))
+
+
+def check_configs(configs: Mapping[str, object]) -> None:
+    """Refuse, before anything trains, a config for a kind that cannot be trained, or of
+    another class than its trainer's ``config_type``. (A config for a trainable kind left out
+    of ``--only`` is fine: it is not used.)"""
+    known = trainable()
+    for kind, config in configs.items():
+        if kind not in known:
+            raise ConfigError(
+                f"a training config was given for {kind!r}, which is not a trainable "
+                f"predictor kind; key configs by one of {known}"
+            )
+        expected = trainer_for(kind).config_type
+        if expected is None:
+            raise ConfigError(f"the {kind} predictor takes no training config; drop it")
+        if not isinstance(config, expected):
+            raise ConfigError(_wrong_config(kind, config, expected))
+
+
 def trainable() -> list[str]:
     """Every known kind that names a trainer, in card order."""
     return with_hook("trainer")
+
+
+if TYPE_CHECKING:
+
+    def _is_a_trainer(t: KindTrainer) -> Trainer[TraceArrays, TrainSettings]:
+        """mypy's proof that :class:`KindTrainer` follows the core's ``Trainer`` Protocol."""
+        return t

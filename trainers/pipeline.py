@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,18 +15,15 @@ import pyarrow as pa
 
 from dwise_predict.bundle import save_bundle
 from dwise_predict.bundle.modules import BundleModule
+from dwise_predict.cost import CostProfile, load_cost_profile
 from dwise_predict.errors import ConfigError, TrainingError
 from dwise_predict.features import PromptFeaturizer
 from dwise_predict.fingerprint import ModelFingerprint
-from dwise_predict.predictors import AdmissionModel, RefinementEnsemble
-from dwise_predict.predictors.dws import DWSPredictor
 from dwise_predict.traces import META_FINGERPRINT, TRACE_SCHEMA_VERSION
 
-from .admission import AdmissionConfig
 from .dataset import TraceArrays, as_table, category_counts, trace_arrays
 from .devices import DeviceConfig, is_global_zero
-from .kind import TrainSettings, trainable, trainer_for
-from .refinement import RefinementConfig
+from .kind import KindTrainer, TrainSettings, check_configs, trainable, trainer_for
 from .streaming import ARRAY_COLUMNS, ParquetSource
 
 __all__ = ["TrainSettings", "parse_only", "train_bundle", "train_models"]
@@ -87,6 +84,18 @@ def train_models(
     return modules, seconds, facts
 
 
+@dataclass(frozen=True)
+class TrainingData:
+    """The traces as the selected trainers need them: ``arrays`` (hidden states only when a
+    trainer reads them), ``table`` (the columns read, prompt text included), ``head`` (rows
+    the fingerprint and the featurizer check read) and the streamed ``source``, if any."""
+
+    arrays: TraceArrays
+    table: pa.Table
+    head: pa.Table
+    source: ParquetSource | None = None
+
+
 def train_bundle(
     traces: str | Path | pa.Table,
     out: str | Path,
@@ -94,115 +103,141 @@ def train_bundle(
     only: str | Sequence[str] | None = None,
     seed: int = 0,
     featurizer: PromptFeaturizer | None = None,
-    admission_config: AdmissionConfig | None = None,
-    refinement_config: RefinementConfig | None = None,
+    configs: Mapping[str, object] | None = None,
     allow_single_category: bool = False,
     overwrite: bool = False,
     name: str | None = None,
-    cost_profile: Any = None,
-    dws_config: Any = None,
+    cost_profile: CostProfile | str | Path | None = None,
     devices: DeviceConfig | None = None,
     streaming: bool = False,
     filesystem: Any = None,
-    configs: Mapping[str, Any] | None = None,
 ) -> Path:
     """Train the selected predictors on ``traces`` and write a bundle folder at ``out``.
 
-    ``cost_profile`` (a ``CostProfile``, a file or a shipped name) prices the kinds that work
-    in ms (DWS: its baselines and evaluation) and is stored in the bundle; with one and
+    Each kind is trained by the trainer its class names in the kind registry
+    (:mod:`dwise_predict.bundle.modules`); ``configs`` maps a kind to its training config, of
+    the class its trainer declares (``configs={RefinementEnsemble.kind: RefinementConfig(...)}``;
+    absent: the kind's default). ``cost_profile`` (a ``CostProfile``, a file or a shipped name)
+    prices the kinds that work in ms (DWS) and is stored in the bundle; with one and
     ``only=None``, those kinds are trained too.
 
     ``streaming`` reads the traces (a path or URI; ``filesystem`` a ``pyarrow.fs`` one) in
     record batches: the refinement predictor never holds more than a shuffle window of hidden
-    states, while the admission model (and DWS) load their small columns whole (a few bytes
-    per request). Under several processes (``devices``) every process trains and only global
-    rank 0 writes the bundle; the others return ``out`` unwritten.
-
-    Each kind is trained by the trainer its class names in the kind registry
-    (:mod:`dwise_predict.bundle.modules`); ``configs`` maps a kind to its training config
-    (the shipped kinds' also come as ``admission_config`` and the rest).
+    states, while the admission model (and DWS) load their small columns whole. Under several
+    processes (``devices``) every process trains and only global rank 0 writes the bundle; the
+    others return ``out`` unwritten.
     """
-    profile = None
-    if cost_profile is not None:
-        from dwise_predict.cost import CostProfile, load_cost_profile
-
-        profile = (
-            cost_profile
-            if isinstance(cost_profile, CostProfile)
-            else load_cost_profile(cost_profile)
-        )
+    profile = _load_profile(cost_profile)
     names = parse_only(only, cost_profile=profile is not None)
-    trainers = {k: trainer_for(k) for k in names}
-    priced = [k for k, t in trainers.items() if t.needs_cost_profile]
-    if priced and profile is None:
-        raise TrainingError(
-            f"training {', '.join(priced)} needs a cost profile (its baselines and evaluation "
-            "are in ms): pass --cost-profile FILE (from `dwise-predict profile`)"
+    check_configs(dict(configs or {}))
+    trainers = _trainers(names, priced=profile is not None)
+    data = read_training_data(traces, trainers.values(), streaming=streaming, filesystem=filesystem)
+    check_training_data(data.arrays, allow_single_category=allow_single_category)
+    fingerprint = _checked_fingerprint(data.head, featurizer, profile)
+    with tempfile.TemporaryDirectory(prefix="dwise-train-") as tmp:
+        settings = TrainSettings(
+            seed=seed,
+            featurizer=featurizer,
+            configs=dict(configs or {}),
+            source=data.source,
+            devices=devices,
+            cost_profile=profile,
+            table=data.table,
+            workdir=Path(tmp),
         )
-    needs_hidden = any(t.needs_hidden for t in trainers.values())
-    reads_text = any(t.reads_text for t in trainers.values())
-    source: ParquetSource | None = None
-    if streaming:
-        if isinstance(traces, pa.Table):
-            raise ConfigError(
-                "streaming reads trace files; pass their path (or train the table in memory)"
-            )
-        source = ParquetSource(traces, filesystem=filesystem)
-        small = [c for c in ARRAY_COLUMNS if c != "first_round_hidden"]
-        if reads_text:  # prompt text and rounds per block, never hidden states
-            small = [c for c in source.head(1).column_names if c != "first_round_hidden"]
-        table = source.read_columns(small)
-        arrays = trace_arrays(table)
-        head = source.head(64)
-    else:
+        modules, seconds, facts = train_models(data.arrays, names, settings)
+        if not is_global_zero():
+            return Path(out)  # the other processes of a multi-process run: rank 0 writes
+        training = training_record(data.arrays, names, seed, seconds, facts)
+        parts = [*modules, *([profile] if profile is not None else [])]
+        return save_bundle(
+            out, parts, fingerprint=fingerprint, training=training, overwrite=overwrite, name=name
+        )
+
+
+def _load_profile(cost_profile: CostProfile | str | Path | None) -> CostProfile | None:
+    """The cost profile given (a ``CostProfile``, a file or a shipped name), loaded."""
+    if cost_profile is None or isinstance(cost_profile, CostProfile):
+        return cost_profile
+    return load_cost_profile(cost_profile)
+
+
+def _trainers(names: Sequence[str], *, priced: bool) -> dict[str, KindTrainer]:
+    """The trainers of ``names``; refused when a kind priced in ms has no cost profile."""
+    trainers = {k: trainer_for(k) for k in names}
+    needs_profile = [k for k, t in trainers.items() if t.needs_cost_profile]
+    if needs_profile and not priced:
+        raise TrainingError(
+            f"training {', '.join(needs_profile)} needs a cost profile (its baselines and "
+            "evaluation are in ms): pass --cost-profile FILE (from `dwise-predict profile`)"
+        )
+    return trainers
+
+
+def read_training_data(
+    traces: str | Path | pa.Table,
+    trainers: Iterable[KindTrainer],
+    *,
+    streaming: bool = False,
+    filesystem: Any = None,
+) -> TrainingData:
+    """Read what ``trainers`` need of ``traces``: hidden states only when one reads them; when
+    streaming, the small columns whole (prompt text too when one reads text) and the hidden
+    states left to the streamed source."""
+    trainers = list(trainers)
+    needs_hidden = any(t.needs_hidden for t in trainers)
+    reads_text = any(t.reads_text for t in trainers)
+    if not streaming:
         table = as_table(traces)
-        arrays = trace_arrays(table, need_hidden=needs_hidden)
-        head = table
-    check_training_data(arrays, allow_single_category=allow_single_category)
+        return TrainingData(trace_arrays(table, need_hidden=needs_hidden), table, table)
+    if isinstance(traces, pa.Table):
+        raise ConfigError(
+            "streaming reads trace files; pass their path (or train the table in memory)"
+        )
+    source = ParquetSource(traces, filesystem=filesystem)
+    small = [c for c in ARRAY_COLUMNS if c != "first_round_hidden"]
+    if reads_text:  # prompt text and rounds per block, never hidden states
+        small = [c for c in source.head(1).column_names if c != "first_round_hidden"]
+    table = source.read_columns(small)
+    return TrainingData(trace_arrays(table), table, source.head(64), source)
+
+
+def _checked_fingerprint(
+    head: pa.Table, featurizer: PromptFeaturizer | None, profile: CostProfile | None
+) -> ModelFingerprint:
+    """The traces' fingerprint, after checking the featurizer reproduces their features (a
+    warning) and the cost profile was measured for the same dLLM (refused)."""
     fingerprint = trace_fingerprint(head, featurizer)
     if featurizer is not None:
         check_featurizer(head, featurizer)
     if profile is not None:
         profile.check_compatible(fingerprint)
-    shipped = {
-        AdmissionModel.kind: admission_config,
-        RefinementEnsemble.kind: refinement_config,
-        DWSPredictor.kind: dws_config,
+    return fingerprint
+
+
+def training_record(
+    arrays: TraceArrays,
+    names: Sequence[str],
+    seed: int,
+    seconds: Mapping[str, float],
+    facts: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The manifest's ``training``: what the bundle was trained on, and each kind's facts."""
+    return {
+        "n_requests": arrays.n,
+        "categories": category_counts(arrays.category),
+        "trace_schema_version": TRACE_SCHEMA_VERSION,
+        "seed": seed,
+        "predictors": list(names),
+        "seconds": {k: round(v, 3) for k, v in seconds.items()},
+        "total_rounds": {
+            "min": int(arrays.total_rounds.min()),
+            "median": float(np.median(arrays.total_rounds)),
+            "max": int(arrays.total_rounds.max()),
+        },
+        "hit_budget_fraction": float(arrays.hit_budget.mean()),
+        **facts,
     }
-    given = {k: c for k, c in shipped.items() if c is not None}
-    with tempfile.TemporaryDirectory(prefix="dwise-train-") as tmp:
-        settings = TrainSettings(
-            seed=seed,
-            featurizer=featurizer,
-            configs={**given, **dict(configs or {})},
-            source=source,
-            devices=devices,
-            cost_profile=profile,
-            table=table,
-            workdir=Path(tmp),
-        )
-        modules, seconds, facts = train_models(arrays, names, settings)
-        if not is_global_zero():
-            return Path(out)  # the other processes of a multi-process run: rank 0 writes
-        training: dict[str, Any] = {
-            "n_requests": arrays.n,
-            "categories": category_counts(arrays.category),
-            "trace_schema_version": TRACE_SCHEMA_VERSION,
-            "seed": seed,
-            "predictors": list(names),
-            "seconds": {k: round(v, 3) for k, v in seconds.items()},
-            "total_rounds": {
-                "min": int(arrays.total_rounds.min()),
-                "median": float(np.median(arrays.total_rounds)),
-                "max": int(arrays.total_rounds.max()),
-            },
-            "hit_budget_fraction": float(arrays.hit_budget.mean()),
-            **facts,
-        }
-        parts = [*modules, *([profile] if profile is not None else [])]
-        return save_bundle(
-            out, parts, fingerprint=fingerprint, training=training, overwrite=overwrite, name=name
-        )
 
 
 def trace_fingerprint(table: pa.Table, featurizer: PromptFeaturizer | None) -> ModelFingerprint:

@@ -31,7 +31,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -309,85 +309,17 @@ def train_refinement(
     config = config or RefinementConfig()
     devices = devices or DeviceConfig()
     source = as_source(traces)
-    if source.n < config.min_samples:
-        raise TrainingError(
-            f"{source.n} requests are too few to train the refinement model "
-            f"(need >= {config.min_samples}); trace more requests"
-        )
-    stats = scan_stats(source, config.chunk_rows, progress=progress)
-    K = stats.K  # noqa: N806
-    if K < 1:
-        raise TrainingError(
-            "every training request finished in its first denoising round (K = 0): nothing to "
-            "refine; trace requests with longer outputs"
-        )
-    d_in = stats.hidden_size + 2  # hidden vector + normalized prompt length and output budget
-    norm = Normalization.from_stats(stats)
-    censored = stats.hit_budget if config.censor_hit_budget else np.zeros(stats.n, dtype=bool)
-    cross_fit = config.cross_fit_calibration and config.members > 1
-    fold = (
-        fold_ids(stats.category, config.members, config.seed) if cross_fit else np.full(stats.n, -1)
-    )
-    members: list[MLPWeights] = []
+    setup = _MemberSetup.scan(source, config, progress)
     threads = torch.get_num_threads()
-    world = 1
     t0 = time.perf_counter()
     try:
         torch.set_num_threads(config.num_threads)
         with _quiet_lightning():
-            for i in range(config.members):
-                log.info(
-                    "refinement member %d of %d: %d epoch%s over %d requests",
-                    i + 1,
-                    config.members,
-                    config.epochs,
-                    "" if config.epochs == 1 else "s",
-                    int(np.count_nonzero(fold != i)) if cross_fit else stats.n,
-                )
-                pl.seed_everything(config.seed + i, workers=True, verbose=False)
-                keep = fold != i if cross_fit else None
-                dm = TraceDataModule(source, norm, config, seed=config.seed + i, keep=keep)
-                y = stats.remaining.astype(np.int64)
-                hazard = marginal_hazard(
-                    y if keep is None else y[keep], censored if keep is None else censored[keep], K
-                )
-                model = SurvivalMLP(
-                    d_in,
-                    K,
-                    config.width,
-                    config.dropout,
-                    config.lr,
-                    config.weight_decay,
-                    init_hazard=hazard,
-                )
-                trainer = pl.Trainer(
-                    max_epochs=config.epochs,
-                    deterministic=True,
-                    enable_checkpointing=False,
-                    logger=False,
-                    enable_progress_bar=progress,
-                    enable_model_summary=False,
-                    num_sanity_val_steps=0,
-                    reload_dataloaders_every_n_epochs=1,
-                    use_distributed_sampler=False,
-                    **devices.trainer_kwargs(),
-                )
-                trainer.fit(model, datamodule=dm)
-                world = trainer.world_size
-                members.append(model.cpu().to_weights())
+            members, world = _train_members(source, setup, config, devices, progress)
     finally:
         torch.set_num_threads(threads)
-    info = {
-        "config": asdict(config),
-        "n_train": stats.n,
-        "K": K,
-        "train_seconds": time.perf_counter() - t0,
-        "torch": torch.__version__,
-        "pytorch_lightning": pl.__version__,
-        "devices": asdict(devices),
-        "processes": world,
-        "calibration_fit": "out-of-fold" if cross_fit else "in-sample",
-    }
+    info = _training_info(setup, config, devices, world, time.perf_counter() - t0)
+    norm = setup.norm
     ensemble = RefinementEnsemble(
         members,
         norm.hidden_mean,
@@ -398,11 +330,137 @@ def train_refinement(
         info,
     )
     if config.calibration != "none" and is_global_zero():
-        raw = streamed_raw_estimates(
-            ensemble, source, norm, fold if cross_fit else None, config.chunk_rows
-        )
-        ensemble.calibration = fit_isotonic(raw, stats.remaining, config.calibration)
+        fold = setup.fold if setup.cross_fit else None
+        raw = streamed_raw_estimates(ensemble, source, norm, fold, config.chunk_rows)
+        ensemble.calibration = fit_isotonic(raw, setup.stats.remaining, config.calibration)
     return ensemble
+
+
+@dataclass(frozen=True)
+class _MemberSetup:
+    """What every ensemble member trains from: the traces' statistics, the input normalization,
+    which requests are censored, and each request's fold (-1 everywhere without cross-fitting:
+    every member then sees every request)."""
+
+    stats: TraceStats
+    norm: Normalization
+    censored: np.ndarray
+    cross_fit: bool
+    fold: np.ndarray
+
+    @property
+    def K(self) -> int:  # noqa: N802 - the paper's name for the horizon
+        return self.stats.K
+
+    @classmethod
+    def scan(cls, source: RowSource, config: RefinementConfig, progress: bool) -> _MemberSetup:
+        """One pass over ``source``; refused when it is too small or has nothing to refine."""
+        if source.n < config.min_samples:
+            raise TrainingError(
+                f"{source.n} requests are too few to train the refinement model "
+                f"(need >= {config.min_samples}); trace more requests"
+            )
+        stats = scan_stats(source, config.chunk_rows, progress=progress)
+        if stats.K < 1:
+            raise TrainingError(
+                "every training request finished in its first denoising round (K = 0): nothing "
+                "to refine; trace requests with longer outputs"
+            )
+        n = stats.n
+        cross_fit = config.cross_fit_calibration and config.members > 1
+        return cls(
+            stats=stats,
+            norm=Normalization.from_stats(stats),
+            censored=stats.hit_budget if config.censor_hit_budget else np.zeros(n, dtype=bool),
+            cross_fit=cross_fit,
+            fold=fold_ids(stats.category, config.members, config.seed)
+            if cross_fit
+            else np.full(n, -1),
+        )
+
+
+def _train_members(
+    source: RowSource,
+    setup: _MemberSetup,
+    config: RefinementConfig,
+    devices: DeviceConfig,
+    progress: bool,
+) -> tuple[list[MLPWeights], int]:
+    """Train the members one after another (member ``i`` seeded ``seed + i``, without fold
+    ``i`` when cross-fitting); the members' weights and the run's process count."""
+    members: list[MLPWeights] = []
+    world = 1
+    for i in range(config.members):
+        log.info(
+            "refinement member %d of %d: %d epoch%s over %d requests",
+            i + 1,
+            config.members,
+            config.epochs,
+            "" if config.epochs == 1 else "s",
+            int(np.count_nonzero(setup.fold != i)) if setup.cross_fit else setup.stats.n,
+        )
+        pl.seed_everything(config.seed + i, workers=True, verbose=False)
+        keep = setup.fold != i if setup.cross_fit else None
+        dm = TraceDataModule(source, setup.norm, config, seed=config.seed + i, keep=keep)
+        model = _member_model(setup, config, keep)
+        trainer = pl.Trainer(
+            max_epochs=config.epochs,
+            deterministic=True,
+            enable_checkpointing=False,
+            logger=False,
+            enable_progress_bar=progress,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            reload_dataloaders_every_n_epochs=1,
+            use_distributed_sampler=False,
+            **devices.trainer_kwargs(),
+        )
+        trainer.fit(model, datamodule=dm)
+        world = trainer.world_size
+        members.append(model.cpu().to_weights())
+    return members, world
+
+
+def _member_model(
+    setup: _MemberSetup, config: RefinementConfig, keep: np.ndarray | None
+) -> SurvivalMLP:
+    """A fresh member, its output bias set to the marginal hazard of the requests it sees."""
+    y = setup.stats.remaining.astype(np.int64)
+    censored = setup.censored
+    hazard = marginal_hazard(
+        y if keep is None else y[keep], censored if keep is None else censored[keep], setup.K
+    )
+    d_in = setup.stats.hidden_size + 2  # hidden vector + normalized prompt length and budget
+    return SurvivalMLP(
+        d_in,
+        setup.K,
+        config.width,
+        config.dropout,
+        config.lr,
+        config.weight_decay,
+        init_hazard=hazard,
+    )
+
+
+def _training_info(
+    setup: _MemberSetup,
+    config: RefinementConfig,
+    devices: DeviceConfig,
+    world: int,
+    train_seconds: float,
+) -> dict[str, Any]:
+    """What the ensemble records about its training (its manifest entry's ``info``)."""
+    return {
+        "config": asdict(config),
+        "n_train": setup.stats.n,
+        "K": setup.K,
+        "train_seconds": train_seconds,
+        "torch": torch.__version__,
+        "pytorch_lightning": pl.__version__,
+        "devices": asdict(devices),
+        "processes": world,
+        "calibration_fit": "out-of-fold" if setup.cross_fit else "in-sample",
+    }
 
 
 def streamed_raw_estimates(
@@ -583,12 +641,12 @@ def _train(arrays: TraceArrays, s: TrainSettings) -> TrainedPart:
             f"or train only kinds that do not read it (--only {','.join(others)})"
         )
     rows = s.source if s.source is not None else arrays
-    cfg = replace(s.config(RefinementEnsemble.kind) or RefinementConfig(), seed=s.seed)
+    cfg = replace(s.config(RefinementEnsemble.kind, RefinementConfig), seed=s.seed)
     return TrainedPart(train_refinement(rows, cfg, devices=s.devices))
 
 
 #: the refinement kind's trainer (named by ``RefinementEnsemble.trainer``)
-TRAINER = KindTrainer(train=_train, needs_hidden=True)
+TRAINER = KindTrainer(train=_train, config_type=RefinementConfig, needs_hidden=True)
 
 
 def evaluate_estimates(

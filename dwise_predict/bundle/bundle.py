@@ -21,6 +21,7 @@ from ..fingerprint import ModelFingerprint
 from ..predictors import AdmissionModel, RefinementEnsemble
 from ..predictors.dws import DWSPredictor, check_prompts
 from ..traces import prompt_blocks
+from .builtin import ShippedKinds
 from .card import CARD_FILE, render_card
 from .format import (
     FORMAT_NAME,
@@ -52,10 +53,12 @@ def mean_with_dws(admission: Any, dws_rounds: Any) -> np.ndarray:
 
 
 @dataclass
-class Bundle:
+class Bundle(ShippedKinds):
     """A loaded, verified bundle: the predictors of one dLLM + decoding setting.
 
-    ``modules`` maps each declared kind to its loaded predictor. Estimates:
+    ``modules`` maps each declared kind to its loaded predictor; :meth:`module` / :meth:`need`
+    look one up by its class, for every kind, and the shipped kinds are also typed attributes
+    (``.admission``, ``.refinement``, ``.cost_profile``, ``.dws``: :mod:`.builtin`). Estimates:
     :meth:`predict_admission` = TOTAL denoising rounds per prompt; :meth:`predict_refined` =
     rounds STILL TO GO after the first denoising round.
     """
@@ -83,24 +86,6 @@ class Bundle:
                 f"`dwise-predict train --only {cls.kind}`"
             )
         return found
-
-    @property
-    def admission(self) -> AdmissionModel | None:
-        return self.module(AdmissionModel)
-
-    @property
-    def refinement(self) -> RefinementEnsemble | None:
-        return self.module(RefinementEnsemble)
-
-    @property
-    def cost_profile(self) -> CostProfile | None:
-        """The deployment's cost factors (``dwise-predict profile --bundle``), None until then."""
-        return self.module(CostProfile)
-
-    @property
-    def dws(self) -> DWSPredictor | None:
-        """The DWS surface predictor, None when the bundle has none."""
-        return self.module(DWSPredictor)
 
     def with_cost_profile(self, profile: CostProfile, *, allow_mismatch: bool = False) -> Bundle:
         """This bundle priced under another deployment's ``profile``, in memory (the files are

@@ -23,10 +23,14 @@ class (:data:`HOOKS`; each optional, ``None`` or absent when the kind has none),
 depends on nothing heavy while training, export and evaluation find everything a kind needs
 through this registry (:func:`hook`):
 
-* ``trainer``: a ``dwise_predict.trainers.kind.KindTrainer`` (``dwise-predict train``);
-* ``onnx_exporter``: an exporter in :mod:`dwise_predict.export` (``dwise-predict export``);
-* ``evaluator``: ``(bundle, arrays) -> {estimate: (predicted, actual)}`` over trace arrays
-  (``dwise-predict eval``; one pair per name in ``estimates``).
+* ``trainer``: a :class:`~.hooks.Trainer`, e.g. a ``dwise_predict.trainers.kind.KindTrainer``
+  (``dwise-predict train``);
+* ``onnx_exporter``: an :class:`~.hooks.Exporter` in :mod:`dwise_predict.export`
+  (``dwise-predict export``);
+* ``evaluator``: an :class:`~.hooks.Evaluator`, ``(bundle, arrays) -> {estimate: (predicted,
+  actual)}`` over trace arrays (``dwise-predict eval``; one pair per name in ``estimates``).
+
+:func:`hook` checks what it imports against that Protocol (:data:`~.hooks.HOOK_TYPES`).
 
 And one plain name: ``monitor_label``, the ``estimate`` label under which the SGLang plugin's
 quality monitor (and its Prometheus gauges) tracks this kind's total-rounds estimate.
@@ -39,10 +43,11 @@ import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, TypeVar, overload, runtime_checkable
 
 from ..errors import BundleIntegrityError, BundleVersionError, ConfigError, MissingDependencyError
 from ..fingerprint import ModelFingerprint
+from .hooks import HOOK_TYPES, Evaluator, Exporter, Trainer
 
 M = TypeVar("M", bound="BundleModule")
 
@@ -199,13 +204,29 @@ def declared(manifest: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, An
         yield kind, entry
 
 
-def hook(cls: type[BundleModule] | str, name: str) -> Any | None:
+@overload
+def hook(cls: type[BundleModule] | str, name: Literal["trainer"]) -> Trainer[Any, Any] | None: ...
+@overload
+def hook(cls: type[BundleModule] | str, name: Literal["evaluator"]) -> Evaluator[Any] | None: ...
+@overload
+def hook(cls: type[BundleModule] | str, name: Literal["onnx_exporter"]) -> Exporter | None: ...
+@overload
+def hook(cls: type[BundleModule] | str, name: str) -> object | None: ...
+
+
+def hook(cls: type[BundleModule] | str, name: str) -> object | None:
     """The object a kind names in its hook attribute ``name`` (one of :data:`HOOKS`), imported
-    now; ``None`` when the kind names none. ``cls`` is the module class or its kind.
+    now and checked against the hook's Protocol (:data:`~.hooks.HOOK_TYPES`); ``None`` when the
+    kind names none. ``cls`` is the module class or its kind.
+
+    The Protocols leave the trainers' data types open (the core may not import them): the
+    training layer binds them (``trainers.kind.trainer_for`` and ``evaluator_for``), which is
+    where the ``Any`` of the return types ends.
 
     A name whose module needs a package that is not installed is refused with
     :class:`MissingDependencyError` (training and export need the ``train`` extra); a name that
-    does not resolve at all is the kind's own mistake (:class:`ConfigError`).
+    does not resolve at all, or resolves to the wrong kind of object, is the kind's own mistake
+    (:class:`ConfigError`).
     """
     if name not in HOOKS:
         raise ConfigError(f"{name!r} is not a bundle module hook; use one of {HOOKS}")
@@ -214,7 +235,20 @@ def hook(cls: type[BundleModule] | str, name: str) -> Any | None:
     ref = getattr(cls, name, None)
     if not ref:
         return None
-    module_name, sep, attr = str(ref).partition(":")
+    found = _import_ref(cls, name, str(ref))
+    expected = HOOK_TYPES[name]
+    if not isinstance(found, expected):
+        raise ConfigError(
+            f"{cls.__name__}.{name} names {ref!r}, a {type(found).__name__}, which is not a "
+            f"{expected.__module__}.{expected.__name__}; point it at one (see "
+            "docs/bundle-format.md, 'Adding a predictor kind')"
+        )
+    return found
+
+
+def _import_ref(cls: type[BundleModule], name: str, ref: str) -> object:
+    """Import ``"package.module:ATTRIBUTE"`` named by ``cls.<name>``, refusing with the fix."""
+    module_name, sep, attr = ref.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(
             f"{cls.__name__}.{name} is {ref!r}; write it as 'package.module:ATTRIBUTE'"
@@ -233,11 +267,12 @@ def hook(cls: type[BundleModule] | str, name: str) -> Any | None:
             f"({e}); fix {cls.__name__}.{name}"
         ) from e
     try:
-        return getattr(module, attr)
+        found: object = getattr(module, attr)
     except AttributeError as e:
         raise ConfigError(
             f"{module_name} has no {attr!r}, which {cls.__name__}.{name} names; fix the name"
         ) from e
+    return found
 
 
 def with_hook(name: str) -> list[str]:

@@ -26,6 +26,7 @@ import argparse
 import shlex
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -118,147 +119,171 @@ def _prepare(out: Path) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    from . import main
+@dataclass(frozen=True)
+class Stage:
+    """One demo stage: the ``dwise-predict`` command lines it runs, and what it does."""
 
+    name: str
+    title: str
+    commands: list[list[str]]
+
+
+@dataclass(frozen=True)
+class DemoPaths:
+    """Where each stage writes, under the demo's output folder."""
+
+    out: Path
+
+    @property
+    def workload(self) -> Path:
+        return self.out / "workload"
+
+    @property
+    def train_traces(self) -> Path:
+        return self.out / "traces-train"
+
+    @property
+    def eval_traces(self) -> Path:
+        return self.out / "traces-eval"
+
+    @property
+    def bundle(self) -> Path:
+        return self.out / "bundle"
+
+    @property
+    def profile(self) -> Path:
+        return self.out / "profile"
+
+
+def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     _prepare(out)
     common = ["--seed", str(args.seed)] + (["--quiet"] if args.quiet else [])
-    w, tr, te, b = out / "workload", out / "traces-train", out / "traces-eval", out / "bundle"
-    prof = out / "profile"
-    dws = [] if args.dws_encoder is None else ["--dws-encoder", str(args.dws_encoder)]
-    dws += [] if args.dws_epochs is None else ["--dws-epochs", str(args.dws_epochs)]
-    sim = ["simulate", "--traces", str(te), "--bundle", str(b), "--arrival", "burst"]
-    sim += ["--slots", str(args.slots)]
-    trace = [
-        "--model",
-        args.model,
-        "--workload",
-        str(w),
-        "--max-new-tokens",
-        "256",
-        "--batch-size",
-        str(args.batch_size),
-    ]
-    stages: list[tuple[str, str, list[list[str]]]] = [
-        (
-            "workload",
-            "prompts by category from the bundled sources",
-            [
-                [
-                    "workload",
-                    "--out",
-                    str(w),
-                    "--train-size",
-                    str(args.train_size),
-                    "--eval-size",
-                    str(args.eval_size),
-                ]
-            ],
-        ),
-        (
-            "trace",
-            f"{args.model} decodes both splits (LowConfidence, threshold 0.95, 256-token budget)",
-            [
-                ["trace", *trace, "--split", "train", "--out", str(tr)],
-                ["trace", *trace, "--split", "eval", "--out", str(te)],
-            ],
-        ),
-        (
-            "profile",
-            f"{args.model} serves {args.profile_requests} train prompts one at a time; "
-            "alpha, beta, K, delta fitted by NNLS",
-            [
-                [
-                    "profile",
-                    "--model",
-                    args.model,
-                    "--workload",
-                    str(w),
-                    "--limit",
-                    str(args.profile_requests),
-                    "--max-new-tokens",
-                    "256",
-                    "--threads",
-                    "1",
-                    "--clock",
-                    "cpu",
-                    "--out",
-                    str(prof),
-                ]
-            ],
-        ),
-        (
-            "train",
-            "admission LightGBM + survival-MLP ensemble with isotonic calibration; DWS "
-            "(MiniLM-L6 encoder, stage A + B) priced by the measured profile",
-            [
-                [
-                    "train",
-                    "--traces",
-                    str(tr),
-                    "--out",
-                    str(b),
-                    "--model",
-                    args.model,
-                    "--cost-profile",
-                    str(prof / "cost_profile.json"),
-                    *dws,
-                ]
-            ],
-        ),
-        (
-            "eval",
-            "each estimate against the truth on the eval split",
-            [
-                [
-                    "eval",
-                    "--bundle",
-                    str(b),
-                    "--traces",
-                    str(te),
-                    "--out",
-                    str(out / "eval" / "metrics.json"),
-                    "--record",
-                ]
-            ],
-        ),
-        (
-            "export",
-            "ONNX and INT8 files, kept only where parity holds",
-            [["export", str(b), "--int8", "--repeats", "10", "--report", str(out / "export.json")]],
-        ),
-        (
-            "simulate",
-            "scheduling policies on the eval traces, with the bundle's estimates; then rounds "
-            "timed by the measured cost profile",
-            [
-                [*sim, "--policies", args.policies, "--out", str(out / "simulate")],
-                [
-                    *sim,
-                    "--policies",
-                    args.policies,
-                    "--cost-profile",
-                    str(prof / "cost_profile.json"),
-                    "--out",
-                    str(out / "simulate-profiled"),
-                ],
-            ],
-        ),
-    ]
     t_all = time.perf_counter()
-    for i, (name, title, commands) in enumerate(stages, 1):
-        print(f"\n[{i}/{len(stages)}] {name}: {title}", flush=True)
+    run_stages(demo_stages(args, DemoPaths(out)), common, args.stop_after)
+    print(f"\ndemo finished in {time.perf_counter() - t_all:.1f} s; outputs in {out}/")
+    return 0
+
+
+def run_stages(stages: list[Stage], common: list[str], stop_after: str | None) -> None:
+    """Run each stage's commands in-process, printing each command line as a user would type
+    it; stop after the stage named ``stop_after``, or at the first failing command."""
+    from . import main
+
+    for i, stage in enumerate(stages, 1):
+        print(f"\n[{i}/{len(stages)}] {stage.name}: {stage.title}", flush=True)
         t0 = time.perf_counter()
-        for argv in commands:
+        for argv in stage.commands:
             print(f"$ dwise-predict {shlex.join(argv)}", flush=True)
             rc = main([*argv, *common])
             if rc != 0:
                 raise DwisePredictError(
-                    f"demo stage {name!r} failed (exit {rc}); the error is printed above"
+                    f"demo stage {stage.name!r} failed (exit {rc}); the error is printed above"
                 )
         print(f"    ({time.perf_counter() - t0:.1f} s)", flush=True)
-        if name == args.stop_after:
+        if stage.name == stop_after:
             break
-    print(f"\ndemo finished in {time.perf_counter() - t_all:.1f} s; outputs in {out}/")
-    return 0
+
+
+def demo_stages(args: argparse.Namespace, p: DemoPaths) -> list[Stage]:
+    """The seven stages, in order (the module docstring says what each does)."""
+    return [
+        _workload_stage(args, p),
+        _trace_stage(args, p),
+        _profile_stage(args, p),
+        _train_stage(args, p),
+        _eval_stage(p),
+        _export_stage(p),
+        _simulate_stage(args, p),
+    ]
+
+
+def _workload_stage(args: argparse.Namespace, p: DemoPaths) -> Stage:
+    sizes = ["--train-size", str(args.train_size), "--eval-size", str(args.eval_size)]
+    return Stage(
+        "workload",
+        "prompts by category from the bundled sources",
+        [["workload", "--out", str(p.workload), *sizes]],
+    )
+
+
+def _trace_stage(args: argparse.Namespace, p: DemoPaths) -> Stage:
+    trace = ["--model", args.model, "--workload", str(p.workload), "--max-new-tokens", "256"]
+    trace += ["--batch-size", str(args.batch_size)]
+    return Stage(
+        "trace",
+        f"{args.model} decodes both splits (LowConfidence, threshold 0.95, 256-token budget)",
+        [
+            ["trace", *trace, "--split", "train", "--out", str(p.train_traces)],
+            ["trace", *trace, "--split", "eval", "--out", str(p.eval_traces)],
+        ],
+    )
+
+
+def _profile_stage(args: argparse.Namespace, p: DemoPaths) -> Stage:
+    served = ["--model", args.model, "--workload", str(p.workload)]
+    served += ["--limit", str(args.profile_requests), "--max-new-tokens", "256"]
+    clock = ["--threads", "1", "--clock", "cpu", "--out", str(p.profile)]
+    return Stage(
+        "profile",
+        f"{args.model} serves {args.profile_requests} train prompts one at a time; "
+        "alpha, beta, K, delta fitted by NNLS",
+        [["profile", *served, *clock]],
+    )
+
+
+def _train_stage(args: argparse.Namespace, p: DemoPaths) -> Stage:
+    dws = [] if args.dws_encoder is None else ["--dws-encoder", str(args.dws_encoder)]
+    dws += [] if args.dws_epochs is None else ["--dws-epochs", str(args.dws_epochs)]
+    where = ["--traces", str(p.train_traces), "--out", str(p.bundle), "--model", args.model]
+    priced = ["--cost-profile", str(p.profile / "cost_profile.json")]
+    return Stage(
+        "train",
+        "admission LightGBM + survival-MLP ensemble with isotonic calibration; DWS "
+        "(MiniLM-L6 encoder, stage A + B) priced by the measured profile",
+        [["train", *where, *priced, *dws]],
+    )
+
+
+def _eval_stage(p: DemoPaths) -> Stage:
+    metrics = str(p.out / "eval" / "metrics.json")
+    return Stage(
+        "eval",
+        "each estimate against the truth on the eval split",
+        [
+            [
+                "eval",
+                "--bundle",
+                str(p.bundle),
+                "--traces",
+                str(p.eval_traces),
+                "--out",
+                metrics,
+                "--record",
+            ]
+        ],
+    )
+
+
+def _export_stage(p: DemoPaths) -> Stage:
+    report = ["--report", str(p.out / "export.json")]
+    return Stage(
+        "export",
+        "ONNX and INT8 files, kept only where parity holds",
+        [["export", str(p.bundle), "--int8", "--repeats", "10", *report]],
+    )
+
+
+def _simulate_stage(args: argparse.Namespace, p: DemoPaths) -> Stage:
+    sim = ["simulate", "--traces", str(p.eval_traces), "--bundle", str(p.bundle)]
+    sim += ["--arrival", "burst", "--slots", str(args.slots), "--policies", args.policies]
+    priced = ["--cost-profile", str(p.profile / "cost_profile.json")]
+    return Stage(
+        "simulate",
+        "scheduling policies on the eval traces, with the bundle's estimates; then rounds "
+        "timed by the measured cost profile",
+        [
+            [*sim, "--out", str(p.out / "simulate")],
+            [*sim, *priced, "--out", str(p.out / "simulate-profiled")],
+        ],
+    )

@@ -111,6 +111,8 @@ def _add_device_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from dwise_predict.bundle import load_bundle
     from dwise_predict.features import PromptFeaturizer
+    from dwise_predict.predictors import RefinementEnsemble
+    from dwise_predict.predictors.dws import DWSPredictor
     from dwise_predict.trainers.devices import DeviceConfig, is_global_zero
     from dwise_predict.trainers.pipeline import train_bundle
     from dwise_predict.trainers.refinement import RefinementConfig
@@ -130,8 +132,9 @@ def run(args: argparse.Namespace) -> int:
             "admission from feature rows only, not raw text"
         )
     epochs = {"epochs": args.epochs} if args.epochs else {}
-    rcfg = RefinementConfig(**epochs, num_workers=args.workers)
-    dcfg = None
+    configs: dict[str, object] = {
+        RefinementEnsemble.kind: RefinementConfig(**epochs, num_workers=args.workers)
+    }
     if args.dws_encoder or args.dws_epochs or args.dws_int8_only:
         from dataclasses import replace
 
@@ -139,17 +142,17 @@ def run(args: argparse.Namespace) -> int:
 
         dcfg = DWSTrainConfig(encoder_path=args.dws_encoder, int8_only=args.dws_int8_only)
         dcfg = replace(dcfg, stage_a_epochs=args.dws_epochs) if args.dws_epochs else dcfg
+        configs[DWSPredictor.kind] = dcfg
     out = train_bundle(
         args.traces,
         args.out,
         only=args.only,
         seed=args.seed,
         featurizer=featurizer,
-        refinement_config=rcfg,
+        configs=configs,
         allow_single_category=args.allow_single_category,
         overwrite=args.force,
         cost_profile=args.cost_profile,
-        dws_config=dcfg,
         devices=DeviceConfig.from_args(args),
         streaming=args.streaming,
     )

@@ -116,7 +116,7 @@ def test_cold_start_serve_observe_then_train_then_serve_dwise(runner, tmp_path):
     out = train_bundle(
         traces / "dp0",
         tmp_path / "bundle",
-        refinement_config=RefinementConfig(epochs=3, members=2),
+        configs={"refinement": RefinementConfig(epochs=3, members=2)},
     )
     bundle = load_bundle(out)
     assert bundle.fingerprint.model_id == "tiny-bd" and bundle.refinement is not None
