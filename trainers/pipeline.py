@@ -121,9 +121,11 @@ def train_bundle(
     prices the kinds that work in ms (DWS) and is stored in the bundle; with one and
     ``only=None``, those kinds are trained too.
 
-    ``streaming`` reads the traces (a path or URI; ``filesystem`` a ``pyarrow.fs`` one) in
-    record batches: the refinement predictor never holds more than a shuffle window of hidden
-    states, while the admission model (and DWS) load their small columns whole. Under several
+    In memory, the rows are put in :func:`canonical_order` first, so the same requests give the
+    same bundle whatever order or sharding they were written in. ``streaming`` reads the traces
+    (a path or URI; ``filesystem`` a ``pyarrow.fs`` one) in record batches, in file order: the
+    refinement predictor never holds more than a shuffle window of hidden states, while the
+    admission model (and DWS) load their small columns whole. Under several
     processes (``devices``) every process trains and only global rank 0 writes the bundle; the
     others return ``out`` unwritten.
     """
@@ -188,7 +190,7 @@ def read_training_data(
     needs_hidden = any(t.needs_hidden for t in trainers)
     reads_text = any(t.reads_text for t in trainers)
     if not streaming:
-        table = as_table(traces)
+        table = canonical_order(as_table(traces))
         return TrainingData(trace_arrays(table, need_hidden=needs_hidden), table, table)
     if isinstance(traces, pa.Table):
         raise ConfigError(
@@ -200,6 +202,16 @@ def read_training_data(
         small = [c for c in source.head(1).column_names if c != "first_round_hidden"]
     table = source.read_columns(small)
     return TrainingData(trace_arrays(table), table, source.head(64), source)
+
+
+def canonical_order(table: pa.Table) -> pa.Table:
+    """``table`` sorted by request id (stable): the trainers batch and split by row position, so
+    without this the same requests written in another order (finish order, several writers,
+    resumed or compacted shards) would train another bundle."""
+    import pyarrow.compute as pc
+
+    order = pc.sort_indices(table, sort_keys=[("request_id", "ascending")])
+    return table.take(order)
 
 
 def _checked_fingerprint(
