@@ -220,6 +220,12 @@ def test_train_and_eval_cli(traces, tmp_path, capsys):
         assert -1 <= m[name]["spearman"] <= 1
     assert (tmp_path / "m" / "metrics_pred_vs_actual.png").stat().st_size > 1000
     assert (tmp_path / "m" / "metrics_calibration.png").stat().st_size > 1000
+    # rounds or tokens: every score's rho with the rounds it ranks, with and without mcq
+    rvt = m["rounds_vs_tokens"]
+    assert set(rvt) == {"output_length", "admission", "refined_raw", "refined"}
+    assert rvt["admission"]["rho_all"] == pytest.approx(m["admission"]["spearman"], abs=1e-12)
+    assert all(-1 <= v["rho_other"] <= 1 for v in rvt.values())
+    assert "true output length" in out
     # a library error is one line, non-zero
     assert (
         main(

@@ -272,3 +272,32 @@ def write_plots(
     paths.append(save_figure(fig, out_dir / f"{stem}_calibration.png", dpi=110, bbox_inches=None))
     plt.close(fig)
     return paths
+
+
+#: categories whose work is near-constant and tiny (a multiple-choice answer is one block):
+#: ranking them is trivial, so "rounds or tokens" is also reported without them
+TRIVIAL_CATEGORIES = ("mcq",)
+
+
+def rounds_vs_tokens(
+    preds: dict[str, tuple[np.ndarray, np.ndarray]],
+    categories: np.ndarray,
+    output_tokens: np.ndarray,
+    total_rounds: np.ndarray,
+) -> dict[str, dict[str, float | None]]:
+    """Why rounds, not tokens: Spearman ρ with the denoising rounds each score ranks, over all
+    requests (``rho_all``) and without :data:`TRIVIAL_CATEGORIES` (``rho_other``).
+
+    ``output_length`` is each request's TRUE output length: the best score any output-length
+    ranker (SSJF, S³, LTR, TRAIL) can reach, since they all predict it. Each of the bundle's
+    estimates is set against what it predicts (total rounds, or rounds still to go)."""
+    other = ~np.isin(categories.astype(str), TRIVIAL_CATEGORIES)
+    scores = {"output_length": (output_tokens.astype(np.float64), total_rounds)}
+    scores.update(preds)
+    return {
+        name: {
+            "rho_all": spearman(pred, actual),
+            "rho_other": spearman(pred[other], actual[other]),
+        }
+        for name, (pred, actual) in scores.items()
+    }

@@ -82,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         arrays = trace_arrays(args.traces, need_hidden=bundle.refinement is not None)
         metrics, preds = evaluate_arrays(bundle, arrays)
+        metrics["rounds_vs_tokens"] = _rounds_vs_tokens(args.traces, arrays, preds)
     metrics["bundle"] = str(bundle.path)
     metrics["traces"] = Path(args.traces).resolve().name
     out = Path(args.out)
@@ -89,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
     names = [n for n in all_estimates() if n in metrics]
     if names:  # a DWS-only bundle (`train --only dws`) has no round estimates
         _print_round_tables(metrics, names)
+    if "rounds_vs_tokens" in metrics:
+        _print_rounds_vs_tokens(metrics["rounds_vs_tokens"])
     if args.holdout_category:
         h = holdout_evaluation(
             bundle, args.train_traces, args.traces, args.holdout_category, seed=args.seed
@@ -170,6 +173,35 @@ def _evaluate_dws(
     if args.no_plots:
         return []
     return [write_surface_plot(surface, arrays, out.parent / f"{out.stem}_dws_surfaces.png")]
+
+
+def _rounds_vs_tokens(traces: Path, arrays: Any, preds: dict[str, Any]) -> dict[str, Any]:
+    from dwise_predict.traces import read_traces
+    from dwise_predict.trainers.evaluate import rounds_vs_tokens
+
+    tokens = read_traces(traces, columns=["output_tokens"]).column("output_tokens").to_numpy()
+    return rounds_vs_tokens(preds, arrays.category, tokens, arrays.total_rounds)
+
+
+def _print_rounds_vs_tokens(table: dict[str, dict[str, float | None]]) -> None:
+    from dwise_predict.trainers.evaluate import TRIVIAL_CATEGORIES
+
+    print()
+    print(
+        format_table(
+            ["ranks denoising rounds by", "ρ all", f"ρ without {', '.join(TRIVIAL_CATEGORIES)}"],
+            [
+                [
+                    "true output length (any output-length ranker's best)"
+                    if name == "output_length"
+                    else name,
+                    _fmt(v["rho_all"]),
+                    _fmt(v["rho_other"]),
+                ]
+                for name, v in table.items()
+            ],
+        )
+    )
 
 
 def _print_round_tables(metrics: dict[str, Any], names: list[str]) -> None:
