@@ -72,7 +72,7 @@ def run_sample(
         wl = Workload.from_requests(rr)
         run = simulate(
             wl,
-            make_policy(policy),
+            make_policy("dwise-uncapped" if policy == "dwise" else policy),  # the paper's DWISE
             arrivals=Arrivals(np.arange(wl.n), np.zeros(wl.n)),
             slots=SLOTS,
             k=K,

@@ -97,6 +97,11 @@ VARIANT_RULES = {
 }
 
 
+#: the ladder's "dwise" rung is the paper's DWISE, registered as "dwise-uncapped" since the
+#: tail guard became the library's default "dwise" (benchmarks/sglang_tails.py serves that)
+PAPER_NAMES = {"dwise": "dwise-uncapped"}
+
+
 #: the variant whose admission estimate is the mean of the admission model's and DWS's
 #: expected rounds (DWISE_SGLANG_ADMISSION=lightgbm+dws), labelled dwise@dws
 DWS_RULE = "dws"
@@ -252,7 +257,8 @@ def replay(
     from dwise_predict.runtime import FCFS, RoundTimeModel, make_policy, simulate
 
     rule = {key: v for key, v in settings.items() if key != "admission"}
-    policy = FCFS() if label == "stock" else make_policy(label.split("@")[0], **rule)
+    name = label.split("@")[0]
+    policy = FCFS() if label == "stock" else make_policy(PAPER_NAMES.get(name, name), **rule)
     return simulate(
         wl,
         policy,
@@ -595,8 +601,16 @@ def main(argv: list[str] | None = None) -> int:
             if "@" in policy:
                 settings[policy] = variant_settings(policy, runs["fcfs-mixed"]["rounds"])[1]
                 extra = settings[policy]
+            name = policy.split("@")[0]
             res, state = serve_policy(
-                policy.split("@")[0], reqs, arrive, runner, args.slots, args.k, oracle_file, extra
+                PAPER_NAMES.get(name, name),
+                reqs,
+                arrive,
+                runner,
+                args.slots,
+                args.k,
+                oracle_file,
+                extra,
             )
             runs[policy] = summarize(res, reqs)
             runs[policy].update(settings.get(policy, {}))

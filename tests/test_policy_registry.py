@@ -99,16 +99,21 @@ def test_a_taken_name_and_bad_options_are_refused(longest_first):
 
 def test_tunables_reach_the_policies_that_have_them_and_none_keeps_their_own():
     assert set(TUNABLES) == {"aging", "starvation_cap", "starvation_clock", "starvation_slack"}
-    dw, fc = parse_policies("dwise,fcfs-mixed", aging=0.25, starvation_cap=None)
+    dw, fc, tg = parse_policies("dwise-uncapped,fcfs-mixed,dwise", aging=0.25, starvation_cap=None)
     assert isinstance(dw, DWISE) and dw.aging == 0.25
-    assert dw.starvation_cap == make_policy("dwise").starvation_cap  # None: the policy's own
-    assert fc.name == "fcfs-mixed"  # no such field: left alone
+    assert dw.starvation_cap == make_policy("dwise-uncapped").starvation_cap  # None: its own
+    assert (fc.name, tg) == ("fcfs-mixed", make_policy("dwise"))  # no such field: left alone
     with pytest.raises(ConfigError, match="aging"):
-        make_policy("dwise", aging=-1.0)
+        make_policy("dwise-uncapped", aging=-1.0)
+    # a setting no listed policy has is refused, not dropped
+    with pytest.raises(ConfigError, match="no listed policy has the setting starvation_slack"):
+        parse_policies("fcfs-mixed,dwise", starvation_slack=1.0)
+    with pytest.raises(ConfigError, match="policy 'dwise' has no setting aging"):
+        make_policy("dwise", aging=0.5)
 
 
 def test_the_plugin_names_the_variable_a_policy_refuses():
-    env = {"DWISE_SGLANG_BUNDLE": "tiny-bd"}
+    env = {"DWISE_SGLANG_BUNDLE": "tiny-bd", "DWISE_SGLANG_POLICY": "dwise-uncapped"}
     with pytest.raises(ConfigError, match="DWISE_SGLANG_STARVATION_SLACK=-1.0"):
         load_config({**env, "DWISE_SGLANG_STARVATION_SLACK": "-1"})
     with pytest.raises(ConfigError, match="cannot compute in SGLang's loop"):

@@ -115,10 +115,12 @@ def test_bad_starvation_settings_are_refused(kwargs, match):
 def test_make_policy_and_the_plugin_settings_carry_the_cap():
     p = make_policy("dwise-admission", starvation_cap=900, starvation_clock="waited")
     assert (p.name, p.starvation_cap, p.starvation_clock) == ("dwise-admission", 900, "waited")
-    assert make_policy("fcfs-mixed", starvation_cap=900).name == "fcfs-mixed"  # ignored
+    with pytest.raises(ConfigError, match="policies that have it: .*dwise-uncapped"):
+        make_policy("fcfs-mixed", starvation_cap=900)
     cfg = load_config(
         {
             "DWISE_SGLANG_BUNDLE": "tiny-bd",
+            "DWISE_SGLANG_POLICY": "dwise-uncapped",
             "DWISE_SGLANG_STARVATION_CAP": "900",
             "DWISE_SGLANG_STARVATION_CLOCK": "waited",
         }
@@ -130,7 +132,12 @@ def test_make_policy_and_the_plugin_settings_carry_the_cap():
         ({"DWISE_SGLANG_STARVATION_CLOCK": "wall"}, "STARVATION_CLOCK"),
     ):
         with pytest.raises(ConfigError, match=match):
-            load_config({"DWISE_SGLANG_BUNDLE": "tiny-bd", **env})
+            load_config(
+                {"DWISE_SGLANG_BUNDLE": "tiny-bd", "DWISE_SGLANG_POLICY": "dwise-uncapped", **env}
+            )
+    # the default carries its own tail rule: an older rule's setting for it is refused, named
+    with pytest.raises(ConfigError, match="DWISE_SGLANG_POLICY=dwise: .*no setting starvation_cap"):
+        load_config({"DWISE_SGLANG_BUNDLE": "tiny-bd", "DWISE_SGLANG_STARVATION_CAP": "900"})
 
 
 def test_cli_simulate_takes_the_cap(tmp_path, capsys):
@@ -141,7 +148,7 @@ def test_cli_simulate_takes_the_cap(tmp_path, capsys):
         "--requests",
         "300",
         "--policies",
-        "fcfs-mixed,dwise",
+        "fcfs-mixed,dwise-uncapped",
         "--arrival",
         "burst+poisson:16",
         "--slots",
@@ -160,7 +167,7 @@ def test_cli_simulate_takes_the_cap(tmp_path, capsys):
     )
     for metric in ("mean_latency", "p99_latency"):  # the cap is the DWISE family's alone
         assert capped["fcfs-mixed"][metric] == plain["fcfs-mixed"][metric]
-    assert capped["dwise"]["p99_latency"] < plain["dwise"]["p99_latency"]
+    assert capped["dwise-uncapped"]["p99_latency"] < plain["dwise-uncapped"]["p99_latency"]
 
 
 def test_the_fcfs_horizon_is_the_work_live_at_arrival_over_b_and_at_least_its_own():
@@ -200,11 +207,12 @@ def test_the_slack_is_checked_and_carried_by_every_face():
         DWISE(starvation_slack=-0.5)
     with pytest.raises(ConfigError, match="starvation_slack=nan"):
         DWISE(starvation_slack=float("nan"))
-    assert make_policy("dwise", starvation_slack=1.5).starvation_slack == 1.5
-    cfg = load_config({"DWISE_SGLANG_BUNDLE": "tiny-bd", "DWISE_SGLANG_STARVATION_SLACK": "1.5"})
+    assert make_policy("dwise-uncapped", starvation_slack=1.5).starvation_slack == 1.5
+    env = {"DWISE_SGLANG_BUNDLE": "tiny-bd", "DWISE_SGLANG_POLICY": "dwise-uncapped"}
+    cfg = load_config({**env, "DWISE_SGLANG_STARVATION_SLACK": "1.5"})
     assert cfg is not None and cfg.starvation_slack == 1.5
     with pytest.raises(ConfigError, match="STARVATION_SLACK"):
-        load_config({"DWISE_SGLANG_BUNDLE": "tiny-bd", "DWISE_SGLANG_STARVATION_SLACK": "-1"})
+        load_config({**env, "DWISE_SGLANG_STARVATION_SLACK": "-1"})
 
 
 @pytest.mark.parametrize("cap", [30, 60, 150])
@@ -231,6 +239,10 @@ def test_the_projected_slack_and_the_oracle_take_the_same_clock():
     assert 79 <= _serve(reqs, arrive, oracle, slots=2)[0] <= 81
     assert _serve(reqs, arrive, make_policy("oracle"), slots=2)[0] > 300  # SRPT starves it
     cfg = load_config(
-        {"DWISE_SGLANG_BUNDLE": "tiny-bd", "DWISE_SGLANG_STARVATION_CLOCK": "projected"}
+        {
+            "DWISE_SGLANG_BUNDLE": "tiny-bd",
+            "DWISE_SGLANG_POLICY": "dwise-uncapped",
+            "DWISE_SGLANG_STARVATION_CLOCK": "projected",
+        }
     )
     assert cfg is not None and cfg.starvation_clock == "projected"

@@ -297,28 +297,28 @@ def test_spearman_agrees_with_scipy_on_ties_and_is_none_when_undefined():
 
 
 def test_the_component_ladder_rungs_read_what_their_names_say():
-    """dwise-r0 ranks by prompt blocks alone, dwise-admission never refines, dwise does both:
-    the same names the SGLang plugin serves under."""
+    """dwise-r0 ranks by prompt blocks alone, dwise-admission never refines, dwise-uncapped (the
+    paper's DWISE) does both: the same names the SGLang plugin serves under."""
     from dwise_predict.runtime import DWISE, make_policy
     from dwise_predict.runtime.simulator import policy_inputs
 
     w = synthetic_workload(n=400, seed=3)
-    r0, adm, full = (make_policy(n) for n in ("dwise-r0", "dwise-admission", "dwise"))
-    assert (r0.name, adm.name, full.name) == ("dwise-r0", "dwise-admission", "dwise")
+    r0, adm, full = (make_policy(n) for n in ("dwise-r0", "dwise-admission", "dwise-uncapped"))
+    assert (r0.name, adm.name, full.name) == ("dwise-r0", "dwise-admission", "dwise-uncapped")
     i0, ia, i_full = (policy_inputs(w, p) for p in (r0, adm, full))
     assert not np.any(i0["admission"]) and i0["refined"] is None
     assert np.array_equal(ia["admission"], w.admission) and ia["refined"] is None
     assert np.array_equal(i_full["refined"], w.refined)
-    assert make_policy("dwise", aging=0.5).aging == 0.5
+    assert make_policy("dwise-uncapped", aging=0.5).aging == 0.5
     assert make_policy("mlfq-mixed").batch_former == "mixed"
     with pytest.raises(ConfigError, match="estimates="):
         DWISE(estimates="some")
     # on the paper-matched workload, each rung adds to the one below it, and the oracle bounds it
     mean = {
         name: summarize(simulate(w, make_policy(name), arrivals="burst", slots=32))["mean_latency"]
-        for name in ("dwise-r0", "dwise-admission", "dwise", "oracle")
+        for name in ("dwise-r0", "dwise-admission", "dwise-uncapped", "oracle")
     }
-    assert mean["oracle"] <= mean["dwise"] <= mean["dwise-admission"] <= mean["dwise-r0"]
+    assert mean["oracle"] <= mean["dwise-uncapped"] <= mean["dwise-admission"] <= mean["dwise-r0"]
 
 
 def test_arrivals_priced_late_when_full_join_the_next_round():

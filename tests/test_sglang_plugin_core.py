@@ -27,10 +27,11 @@ def test_unset_means_plugin_off():
 def test_env_settings_parse_and_override_the_file(tmp_path):
     f = tmp_path / "dwise.json"
     f.write_text(json.dumps({"bundle": "tiny-bd", "slots": 32, "k": 4, "refine": False}))
-    cfg = load_config(
-        {"DWISE_SGLANG_CONFIG": str(f), "DWISE_SGLANG_SLOTS": "8", "DWISE_SGLANG_AGING": "0.5"}
+    env = {"DWISE_SGLANG_CONFIG": str(f), "DWISE_SGLANG_SLOTS": "8", "DWISE_SGLANG_AGING": "0.5"}
+    cfg = load_config({**env, "DWISE_SGLANG_POLICY": "dwise-uncapped"})
+    assert cfg == PluginConfig(
+        bundle="tiny-bd", policy="dwise-uncapped", slots=8, k=4, refine=False, aging=0.5
     )
-    assert cfg == PluginConfig(bundle="tiny-bd", slots=8, k=4, refine=False, aging=0.5)
     assert cfg.max_residents == 32
 
 
@@ -41,7 +42,8 @@ def test_env_settings_parse_and_override_the_file(tmp_path):
         ({"DWISE_SGLANG_SLOTS": "0"}, "SLOTS"),
         ({"DWISE_SGLANG_K": "two"}, "K="),
         ({"DWISE_SGLANG_REFINE": "maybe"}, "REFINE"),
-        ({"DWISE_SGLANG_AGING": "-1"}, "AGING"),
+        ({"DWISE_SGLANG_AGING": "-1", "DWISE_SGLANG_POLICY": "dwise-uncapped"}, "AGING"),
+        ({"DWISE_SGLANG_AGING": "0.5"}, "POLICY=dwise: policy 'dwise' has no setting aging"),
     ],
 )
 def test_bad_settings_name_the_variable(env, match):

@@ -30,8 +30,8 @@ from typing import Any
 import pyarrow as pa
 
 from dwise_predict.bundle import Bundle, load_bundle
-from dwise_predict.predictors import AdmissionModel
 from dwise_predict.errors import ConfigError, TrainingError
+from dwise_predict.predictors import AdmissionModel
 from dwise_predict.traces import read_trace_fingerprint, read_traces
 
 log = logging.getLogger(__name__)

@@ -34,6 +34,7 @@ import numpy as np
 from ..errors import ConfigError
 from .registry import register_policy
 from .table import RequestTable
+from .tails import TailGuard
 
 BATCH_FORMERS = ("mixed", "prefill-first")
 
@@ -328,6 +329,6 @@ register_policy(
     partial(DWISE, name="dwise-uncapped"),
     "the paper's DWISE: P + r-hat, refined once, no tail rule",
 )
-register_policy("dwise", DWISE, "DWISE, the default")
+register_policy("dwise", TailGuard, "the default: DWISE with the tail guard (runtime/tails.py)")
 register_policy("oracle", OracleSRPT, "SRPT by true remaining work (replays only)")
 register_policy("dws-sjf", DWSSJF, "non-preemptive SJF by the DWS cost estimate (ms)")

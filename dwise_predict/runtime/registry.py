@@ -19,7 +19,7 @@ constructors, never state, and :func:`make_policy` builds a fresh, frozen policy
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -92,36 +92,75 @@ def make_policy(name: str, **options: Any) -> Policy:
     """A fresh policy by its registered name.
 
     ``options`` are the anti-starvation settings of :data:`TUNABLES` (``aging``,
-    ``starvation_cap``, ``starvation_clock``, ``starvation_slack``); each is applied to a
-    policy that has it as a field and ignored by one that has not, so one command line can set
-    them for a list of policies. An unknown option is refused.
+    ``starvation_cap``, ``starvation_clock``, ``starvation_slack``); None keeps the policy's
+    own. A setting the policy does not have is refused, naming the policies that have it (the
+    default ``dwise`` carries its own tail rule; the older rules belong to ``dwise-uncapped``
+    and its family).
     """
-    unknown = sorted(set(options) - set(TUNABLES))
+    policy = _build(name)
+    given = _given(options)
+    unknown = sorted(set(given) - _settings(policy))
     if unknown:
-        raise ConfigError(f"unknown policy options {unknown}; known: {list(TUNABLES)}")
+        having = [n for n in policy_names() if set(unknown) <= _settings(_build(n))]
+        raise ConfigError(
+            f"policy {policy.name!r} has no setting {', '.join(unknown)}; "
+            f"policies that have it: {', '.join(having) or 'none'}"
+        )
+    return _with(policy, given)
+
+
+def parse_policies(text: str | Sequence[str | Policy], **options: Any) -> list[Policy]:
+    """Policies from ``"fcfs,dwise"`` or a list of names and policies. Each setting in
+    ``options`` (see :func:`make_policy`) goes to the policies named here that have it (policy
+    objects are taken as they are); a setting none of them has is refused."""
+    items: list[str | Policy] = (
+        [s.strip() for s in text.split(",") if s.strip()] if isinstance(text, str) else list(text)
+    )
+    if not items:
+        raise ConfigError("no policies given; pass e.g. --policies fcfs,dwise,oracle")
+    given = _given(options)
+    out: list[Policy] = []
+    taken: set[str] = set()
+    for item in items:
+        if isinstance(item, str):
+            policy = _build(item)
+            have = _settings(policy)
+            taken |= have
+            item = _with(policy, {k: v for k, v in given.items() if k in have})
+        out.append(item)
+    unused = sorted(set(given) - taken)
+    if unused:
+        raise ConfigError(
+            f"no listed policy has the setting {', '.join(unused)}; list one that does "
+            "(e.g. dwise-uncapped)"
+        )
+    return out
+
+
+def _build(name: str) -> Policy:
     entries = policy_entries()
     entry = entries.get(name.strip().lower())
     if entry is None:
         raise ConfigError(f"unknown policy {name!r}; choose from {', '.join(entries)}")
-    policy = entry.build()
-    if dataclasses.is_dataclass(policy):
-        have = {f.name for f in dataclasses.fields(policy)}
-        given = {k: v for k, v in options.items() if k in have and v is not None}
-        if given:
-            policy = dataclasses.replace(policy, **given)
-    return policy
+    return entry.build()
 
 
-def parse_policies(text: str | Sequence[str | Policy], **options: Any) -> list[Policy]:
-    """Policies from ``"fcfs,dwise"`` or a list of names and policies (names built with
-    ``options``, see :func:`make_policy`)."""
-    items: Iterable[str | Policy] = (
-        [s.strip() for s in text.split(",") if s.strip()] if isinstance(text, str) else text
-    )
-    out = [p if not isinstance(p, str) else make_policy(p, **options) for p in items]
-    if not out:
-        raise ConfigError("no policies given; pass e.g. --policies fcfs,dwise,oracle")
-    return out
+def _given(options: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(options) - set(TUNABLES))
+    if unknown:
+        raise ConfigError(f"unknown policy options {unknown}; known: {list(TUNABLES)}")
+    return {k: v for k, v in options.items() if v is not None}
+
+
+def _settings(policy: Policy) -> set[str]:
+    """The :data:`TUNABLES` ``policy`` has as fields."""
+    if not dataclasses.is_dataclass(policy):
+        return set()
+    return {f.name for f in dataclasses.fields(policy)} & set(TUNABLES)
+
+
+def _with(policy: Policy, given: dict[str, Any]) -> Policy:
+    return dataclasses.replace(policy, **given) if given else policy  # type: ignore[type-var]
 
 
 def policy_help() -> str:

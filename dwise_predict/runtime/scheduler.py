@@ -85,6 +85,8 @@ class Scheduler:
         self.max_residents = self.slots * self.k if policy.preemptive else self.slots
         self.kv = KVPool(int(kv_pool_tokens), kv_limit_frac, slack_blocks)
         self.table = RequestTable(capacity)
+        self.table.slots = self.slots
+        self.table.throughput = float(self.slots)  # until a round has run
         self._row_of: dict[Hashable, int] = {}
         self._seq = 0
         self.round_index = 0
@@ -170,6 +172,7 @@ class Scheduler:
         t.prompt_blocks[row] = int(prompt_blocks)
         t.prompt_total[row] = int(prompt_blocks)
         t.r_hat[row] = est
+        t.r_hat_arrival[row] = est
         t.r_true[row] = truth
         t.score[row] = sc
         t.seq[row] = self._seq
@@ -453,10 +456,12 @@ class Scheduler:
             t.done_rounds[dec] += 1
             t.r_true[dec] -= 1.0
         t.attained[rows] += 1
+        t.record_round(int(rows.size))
         # last_ran is used only transiently by plan_round; remember this round's rows instead
         self._prev_rows = rows
         if finished.any():
             done = rows[finished]
+            t.record_finished(done)
             self.kv.release(int(t.kv_tokens[done].sum()))
             for rid in t.ids[done].tolist():
                 del self._row_of[rid]

@@ -9,6 +9,8 @@ index arrays of waiting and resident rows are cached and rebuilt only when resid
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .request import FREE, RESIDENT, WAITING
@@ -23,7 +25,10 @@ _INT_FIELDS = (
     "arrival_round",
     "refined_n",
 )
-_FLOAT_FIELDS = ("r_hat", "r_true", "score", "arrival_time", "fcfs_rounds")
+_FLOAT_FIELDS = ("r_hat", "r_true", "score", "arrival_time", "fcfs_rounds", "r_hat_arrival")
+#: rounds over which a round's weight in ``RequestTable.throughput`` halves: long enough to
+#: smooth the rounds where few requests are resident, short enough to follow a change of load
+THROUGHPUT_HALF_LIFE = 32
 
 
 class RequestTable:
@@ -37,7 +42,25 @@ class RequestTable:
     ``fcfs_rounds`` = rounds a B-slot FCFS server would take to clear the estimated work live
     at the request's arrival, its own included (NaN until the scheduler sets it; only for
     policies that read it, see ``DWISE.starvation_slack``).
+
+    ``r_hat_arrival`` = the admission estimate the request arrived with (r̂ before any round).
+
+    Measured scalars of the server the scheduler keeps here, so that a policy's ``key`` can
+    read them (:class:`~.tails.TailGuard`): ``slots`` = B; ``throughput`` = blocks run per
+    round, an exponentially weighted mean over the recent rounds (B until a round has run);
+    ``finished_work`` and ``finished_estimate`` = the rounds the finished requests took (prompt
+    blocks + denoising rounds) and what they were estimated to take on arrival (prompt blocks +
+    ``r_hat_arrival``), summed: their ratio is how far the admission estimates run from the
+    truth, measured.
     """
+
+    #: blocks one round carries (B); set by the scheduler
+    slots: int = 0
+    #: blocks run per round, exponentially weighted (see :data:`THROUGHPUT_HALF_LIFE`)
+    throughput: float = 0.0
+    #: rounds the finished requests took, and their estimate on arrival, summed
+    finished_work: float = 0.0
+    finished_estimate: float = 0.0
 
     prompt_blocks: np.ndarray
     prompt_total: np.ndarray
@@ -52,6 +75,7 @@ class RequestTable:
     score: np.ndarray
     arrival_time: np.ndarray
     fcfs_rounds: np.ndarray
+    r_hat_arrival: np.ndarray
 
     def __init__(self, capacity: int = 256) -> None:
         self.capacity = 0
@@ -64,6 +88,9 @@ class RequestTable:
             setattr(self, name, np.zeros(0, dtype=np.float64))
         self._free: list[int] = []
         self._next = 0
+        #: what a stateful policy keeps about this table's requests, keyed by the policy (the
+        #: tail guard's virtual FCFS server): it lives and dies with the scheduler's table
+        self.policy_state: dict[object, Any] = {}
         self._grow(max(16, int(capacity)))
         self._waiting = np.zeros(0, dtype=np.int64)
         self._resident = np.zeros(0, dtype=np.int64)
@@ -107,6 +134,16 @@ class RequestTable:
 
     def mark_dirty(self) -> None:
         self._dirty = True
+
+    def record_round(self, blocks: int) -> None:
+        """Fold one round's blocks into ``throughput`` (exponentially weighted)."""
+        w = 0.5 ** (1.0 / THROUGHPUT_HALF_LIFE)
+        self.throughput = w * self.throughput + (1.0 - w) * float(blocks)
+
+    def record_finished(self, rows: np.ndarray) -> None:
+        """Add finishing ``rows`` (before their release) to the finished sums."""
+        self.finished_work += float((self.prompt_total[rows] + self.done_rounds[rows]).sum())
+        self.finished_estimate += float((self.prompt_total[rows] + self.r_hat_arrival[rows]).sum())
 
     # -- cached views -----------------------------------------------------------------------
     def _refresh(self) -> None:
