@@ -68,5 +68,7 @@ wheels: $(STAMP)
 bench: $(STAMP)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
+include mk/vllm.mk
+
 clean:
-	rm -rf $(VENV) $(SG_VENV) build *.egg-info zoo/build zoo/*.egg-info dist demo-output .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SG_VENV) $(VL_VENV) build *.egg-info zoo/build zoo/*.egg-info dist demo-output .pytest_cache .mypy_cache .ruff_cache

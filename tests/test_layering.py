@@ -13,6 +13,7 @@ cli                   ``dwise_predict/cli``: composes everything below, features
 features              ``tracing/`` > ``trainers/`` > ``export/``, in that order
 zoo runtime           ``zoo/`` minus the recipe: the reference model's runtime
 sglang                ``dwise_predict/sglang``: the SGLang plugin
+vllm                  ``dwise_predict/vllm``: the vLLM scheduler classes
 runtime               ``dwise_predict/runtime``: scheduler, policies, simulator
 bundle                bundles, predictors, the cost model, the zoo index
 records               traces (reader and writer), features, prompts, fingerprint, hub, ...
@@ -49,6 +50,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("export", ("dwise_predict.export",)),
     ("zoo runtime", ("dwise_predict.zoo",)),
     ("sglang", ("dwise_predict.sglang",)),
+    ("vllm", ("dwise_predict.vllm",)),
     ("runtime", ("dwise_predict.runtime",)),
     (
         "bundle",
@@ -73,6 +75,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "dwise_predict.rounds",
             "dwise_predict.signals",
             "dwise_predict.tables",
+            "dwise_predict.engine_names",
+            "dwise_predict.env_settings",
         ),
     ),
     ("base", ("dwise_predict.errors", "dwise_predict.atomic", "dwise_predict._version")),
@@ -172,7 +176,7 @@ def test_no_layer_imports_a_layer_above_it():
 def test_the_core_imports_no_feature_folder():
     """The core (everything in dwise_predict/ but the CLI) never imports tracing, trainers,
     export or the zoo, not even lazily: a scheduler process has only the core."""
-    core_layers = {"sglang", "runtime", "bundle", "records", "base"}
+    core_layers = {"sglang", "vllm", "runtime", "bundle", "records", "base"}
     bad = [
         _where(i)
         for i in all_imports()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..bundle.bundle import ADMISSION_SOURCES
+from ..env_settings import coerce
 from ..errors import ConfigError
 from ..runtime.policies import Policy
 from ..runtime.registry import TUNABLES, make_policy, policy_entries
@@ -152,31 +153,6 @@ class PluginConfig:
         return self.slots * self.k
 
 
-def _coerce(name: str, kind: type, raw: Any) -> Any:
-    """Parse one setting from an env string or a JSON value; the error names the variable."""
-    try:
-        if kind is bool:
-            if isinstance(raw, bool):
-                return raw
-            text = str(raw).strip().lower()
-            if text in ("1", "true", "yes", "on"):
-                return True
-            if text in ("0", "false", "no", "off", ""):
-                return False
-            raise ValueError(text)
-        if kind is int:
-            if isinstance(raw, float) and not raw.is_integer():
-                raise ValueError(raw)
-            return int(raw)
-        if kind is float:
-            return float(raw)
-        return None if raw is None or str(raw) == "" else str(raw)
-    except (TypeError, ValueError):
-        raise ConfigError(
-            f"{PREFIX}{name.upper()}={raw!r} is not a valid {kind.__name__}"
-        ) from None
-
-
 _KINDS: dict[str, type] = {
     "slots": int,
     "k": int,
@@ -223,5 +199,5 @@ def load_config(env: Mapping[str, str] | None = None) -> PluginConfig | None:
             values[name] = raw
     if not values.get("bundle") and str(values.get("policy", "")).strip() not in OBSERVED:
         return None
-    parsed = {name: _coerce(name, _KINDS.get(name, str), v) for name, v in values.items()}
+    parsed = {name: coerce(PREFIX, name, _KINDS.get(name, str), v) for name, v in values.items()}
     return PluginConfig(**parsed)

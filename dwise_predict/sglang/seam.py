@@ -19,15 +19,13 @@ Hot paths take and return whole lists (a round's requests), not one request per 
 
 from __future__ import annotations
 
-import importlib.metadata
-import inspect
-import pkgutil
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 
+from .. import engine_names
+from ..engine_names import Name, package_version
 from ..errors import ConfigError
 from ..fingerprint import ABSOLUTE, RESPONSE, ModelFingerprint
 
@@ -58,15 +56,6 @@ SERVER_ARGS = "sglang.srt.server_args.ServerArgs"
 MODEL_CONFIG = "sglang.srt.configs.model_config.ModelConfig"
 REPORTER = "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter"
 COLLECTOR = "sglang.srt.observability.metrics_collector.SchedulerMetricsCollector"
-
-
-@dataclass(frozen=True)
-class Name:
-    """One SGLang name the plugin depends on, and how."""
-
-    path: str
-    use: str  # hook | call | read | write | value
-    instance: bool = False  # an attribute of instances (declared by the class, not resolvable)
 
 
 def _n(path: str, use: str, instance: bool = False) -> Name:
@@ -169,47 +158,12 @@ class SGLangIncompatibleError(ConfigError):
 
 # -- verification ---------------------------------------------------------------------------------
 def sglang_version() -> str | None:
-    try:
-        return importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return package_version("sglang")
 
 
-def _declares(cls: type, attr: str) -> bool:
-    """Whether instances of ``cls`` carry ``attr``: a field, an annotation, a class member, or
-    an ``self.<attr> =`` assignment somewhere in the class (or a base class) source."""
-    fields = getattr(cls, "__dataclass_fields__", None) or {}
-    struct = getattr(cls, "__struct_fields__", ()) or ()
-    if attr in fields or attr in struct:
-        return True
-    for klass in cls.__mro__:
-        if klass is object:
-            continue
-        if attr in getattr(klass, "__annotations__", {}) or attr in vars(klass):
-            return True
-        try:
-            source = inspect.getsource(klass)
-        except (OSError, TypeError):
-            continue
-        if f"self.{attr} =" in source or f"self.{attr}: " in source:
-            return True
-    return False
-
-
-def _resolves(name: Name) -> bool:
-    try:
-        if name.instance:
-            owner, attr = name.path.rsplit(".", 1)
-            return _declares(pkgutil.resolve_name(owner), attr)
-        pkgutil.resolve_name(name.path)
-        return True
-    except Exception:  # ImportError, AttributeError, ValueError: all mean "not there"
-        return False
-
-
-def missing_names(surface: tuple[Name, ...] = SURFACE) -> list[str]:
+def missing_names(surface: Iterable[Name] = SURFACE) -> list[str]:
     """The entries of ``surface`` the installed SGLang does not provide (empty = all there)."""
-    return [n.path for n in surface if not _resolves(n)]
+    return engine_names.missing_names(surface)
 
 
 def incompatibility_message(missing: list[str]) -> str:
