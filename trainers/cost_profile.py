@@ -31,6 +31,7 @@ import numpy as np
 
 from dwise_predict.cost import CostProfile
 from dwise_predict.errors import TrainingError
+from dwise_predict.ranking import spearman
 
 #: Fewest requests a profile is fitted from; below it the cross-validation means nothing.
 MIN_REQUESTS = 20
@@ -336,7 +337,6 @@ def cost_metrics(
 
     Pairwise accuracy counts pairs with different true costs whose predicted order agrees
     (sampled when there are more than ``max_pairs`` pairs)."""
-    from scipy.stats import spearmanr
 
     y, p = np.asarray(true_ms, dtype=np.float64), np.asarray(pred_ms, dtype=np.float64)
     ss_res = float(np.sum((y - p) ** 2))
@@ -352,9 +352,13 @@ def cost_metrics(
     return {
         "r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else float("nan"),
         "mape": float(np.mean(np.abs(p - y) / np.abs(y))),
-        "spearman": float(spearmanr(y, p).statistic),
+        "spearman": _nan_if_none(spearman(y, p)),
         "pairwise": float(agree.mean()) if agree.size else float("nan"),
     }
+
+
+def _nan_if_none(x: float | None) -> float:
+    return float("nan") if x is None else x
 
 
 def prompt_coverage_warning(
