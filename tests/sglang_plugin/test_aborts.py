@@ -153,7 +153,10 @@ def test_abort_in_every_state_leaves_sglang_and_the_core_consistent(state):
     runner = ScriptedRunner(
         {f"r{i}": 20 + 5 * i for i in range(8)} | {"long": 40, "s0": 20, "s1": 24}
     )
-    with _server(runner) as srv:
+    # pausing follows the ranking: the paper's DWISE pauses the long request below for the
+    # shorter arrivals, where the default's tail guard may keep it running (its deadline)
+    ranking = {"DWISE_SGLANG_POLICY": "dwise-uncapped"} if state == "paused" else {}
+    with environ(ranking), _server(runner) as srv:
         w = Watch(srv)
         if state == "paused":
             # Pausing depends on the ranking: a resident leaves the round when arrivals rank
