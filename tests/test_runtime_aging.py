@@ -9,51 +9,25 @@ import json
 
 import numpy as np
 import pytest
+from _rounds_helpers import request, serve
 
 from dwise_predict.cli import main
 from dwise_predict.errors import ConfigError
 from dwise_predict.runtime import (
     DWISE,
-    Arrivals,
-    RoundTimeModel,
-    SimRequest,
-    Workload,
     make_policy,
     simulate,
     synthetic_workload,
 )
 from dwise_predict.sglang.config import load_config
 
-ONE_MS_ROUNDS = RoundTimeModel(overhead_ms=1.0, per_slot_ms=0.0, per_slot_per_1k_context_ms=0.0)
-
-
-def _req(rid: str, prompt_blocks: int, rounds: tuple[int, ...]) -> SimRequest:
-    return SimRequest(
-        rid,
-        prompt_blocks,
-        max(1, prompt_blocks * 32),
-        rounds,
-        output_budget=32 * len(rounds),
-        block_size=32,
-        admission_estimate=float(sum(rounds)),
-        refined_estimate=float(sum(rounds) - 1),
-    )
-
-
-def _serve(reqs: list[SimRequest], arrive: list[int], policy, slots: int) -> np.ndarray:
-    """Completion rounds of ``reqs`` (arrival round to the round it finished in, inclusive)."""
-    wl = Workload.from_requests(reqs)
-    arrivals = Arrivals(np.arange(wl.n, dtype=np.int64), np.asarray(arrive, dtype=float) / 1e3)
-    run = simulate(wl, policy, arrivals=arrivals, slots=slots, k=8, round_time=ONE_MS_ROUNDS)
-    return np.rint((run.finish_time - run.arrival_time) * 1e3).astype(int)
-
 
 def _long_under_short_stream(n_long: int = 1, stream_rounds: int = 300):
     """``n_long`` long requests at round 0 (21 rounds of work each: 1 prompt block, 2 output
     blocks of 10), then 2 one-round requests before every round for ``stream_rounds`` rounds:
     with B = 2 the shorts alone fill every round, so SRPT never runs the long ones."""
-    longs = [_req(f"long{i}", 1, (10, 10)) for i in range(n_long)]
-    shorts = [_req(f"s{j}", 0, (1,)) for j in range(2 * stream_rounds)]
+    longs = [request(f"long{i}", 1, (10, 10)) for i in range(n_long)]
+    shorts = [request(f"s{j}", 0, (1,)) for j in range(2 * stream_rounds)]
     arrive = [0] * n_long + [j // 2 for j in range(2 * stream_rounds)]
     return [*longs, *shorts], arrive
 
@@ -61,25 +35,26 @@ def _long_under_short_stream(n_long: int = 1, stream_rounds: int = 300):
 @pytest.mark.parametrize("clock", ["age", "waited"])
 def test_a_long_request_under_a_stream_of_short_ones_finishes_within_the_cap(clock):
     reqs, arrive = _long_under_short_stream()
-    plain = _serve(reqs, arrive, DWISE(), slots=2)
+    plain = serve(reqs, arrive, DWISE(), slots=2)
     assert plain[0] > 300  # SRPT: it waits for the stream to end
     for cap in (20, 50, 120):
-        capped = _serve(reqs, arrive, DWISE(starvation_cap=cap, starvation_clock=clock), slots=2)
+        capped = serve(reqs, arrive, DWISE(starvation_cap=cap, starvation_clock=clock), slots=2)
         # promoted the round after its clock passes the cap, it then runs every round
         assert cap < capped[0] <= cap + 21 + 1
         assert capped[1:].max() < plain[0]  # and the shorts still finish (B = 2, one left)
 
 
 def test_the_starved_run_in_arrival_order_even_when_a_later_one_is_shorter():
-    longs = [_req("first", 1, (15, 15)), _req("second", 1, (5, 5))]  # 31 and 11 rounds of work
-    shorts = [_req(f"s{j}", 0, (1,)) for j in range(200)]
+    # 31 and 11 rounds of work
+    longs = [request("first", 1, (15, 15)), request("second", 1, (5, 5))]
+    shorts = [request(f"s{j}", 0, (1,)) for j in range(200)]
     arrive = [0, 1] + [j for j in range(200)]
-    capped = _serve([*longs, *shorts], arrive, DWISE(starvation_cap=30), slots=1)
+    capped = serve([*longs, *shorts], arrive, DWISE(starvation_cap=30), slots=1)
     done_first, done_second = capped[0], capped[1] + 1  # back on the common round axis
     # both starve behind the stream; once starved, the earlier arrival runs first to the end
     assert 30 < done_first <= 30 + 31 + 1
     assert done_second == done_first + 11
-    plain = _serve([*longs, *shorts], arrive, DWISE(), slots=1)
+    plain = serve([*longs, *shorts], arrive, DWISE(), slots=1)
     assert plain[1] + 1 < plain[0]  # SRPT alone would finish the shorter one first
 
 
@@ -197,9 +172,9 @@ def test_under_a_stream_of_short_ones_the_slack_bounds_the_wait_by_the_fcfs_hori
     # at round 0: the long one's 21 units + two 1-unit shorts over B = 2 is 11.5 rounds, less
     # than its own 21 rounds of work, so its horizon is 21
     horizon = 21
-    capped = _serve(reqs, arrive, DWISE(starvation_slack=slack), slots=2)
+    capped = serve(reqs, arrive, DWISE(starvation_slack=slack), slots=2)
     assert slack * horizon < capped[0] <= slack * horizon + 21 + 1
-    assert capped[0] < _serve(reqs, arrive, DWISE(), slots=2)[0]
+    assert capped[0] < serve(reqs, arrive, DWISE(), slots=2)[0]
 
 
 def test_the_slack_is_checked_and_carried_by_every_face():
@@ -218,8 +193,8 @@ def test_the_slack_is_checked_and_carried_by_every_face():
 @pytest.mark.parametrize("cap", [30, 60, 150])
 def test_the_projected_clock_promotes_a_long_request_in_time_to_finish_by_the_cap(cap):
     reqs, arrive = _long_under_short_stream()
-    by_age = _serve(reqs, arrive, DWISE(starvation_cap=cap), slots=2)
-    projected = _serve(reqs, arrive, DWISE(starvation_cap=cap, starvation_clock="projected"), 2)
+    by_age = serve(reqs, arrive, DWISE(starvation_cap=cap), slots=2)
+    projected = serve(reqs, arrive, DWISE(starvation_cap=cap, starvation_clock="projected"), 2)
     # promoted once its age plus its 21 estimated rounds of work pass the cap, it then runs
     # every round: it finishes at the cap (the age clock finishes it a whole job later)
     assert cap - 1 <= projected[0] <= cap + 2
@@ -231,13 +206,13 @@ def test_the_projected_clock_promotes_a_long_request_in_time_to_finish_by_the_ca
 def test_the_projected_slack_and_the_oracle_take_the_same_clock():
     reqs, arrive = _long_under_short_stream()
     # the long one's FCFS horizon is its own 21 rounds of work (see the slack test above)
-    slack = _serve(reqs, arrive, DWISE(starvation_slack=3.0, starvation_clock="projected"), 2)
+    slack = serve(reqs, arrive, DWISE(starvation_slack=3.0, starvation_clock="projected"), 2)
     assert 3.0 * 21 - 1 <= slack[0] <= 3.0 * 21 + 2
     # the oracle projects with the true work (21 rounds), so it meets the cap exactly
     oracle = make_policy("oracle", starvation_cap=80, starvation_clock="projected")
     assert (oracle.starvation_cap, oracle.starvation_clock) == (80, "projected")
-    assert 79 <= _serve(reqs, arrive, oracle, slots=2)[0] <= 81
-    assert _serve(reqs, arrive, make_policy("oracle"), slots=2)[0] > 300  # SRPT starves it
+    assert 79 <= serve(reqs, arrive, oracle, slots=2)[0] <= 81
+    assert serve(reqs, arrive, make_policy("oracle"), slots=2)[0] > 300  # SRPT starves it
     cfg = load_config(
         {
             "DWISE_SGLANG_BUNDLE": "tiny-bd",

@@ -7,44 +7,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _rounds_helpers import request, serve
 
 from dwise_predict.errors import ConfigError
 from dwise_predict.runtime import (
     DWISE,
     FCFS,
-    Arrivals,
     RoundResult,
-    RoundTimeModel,
     Scheduler,
-    SimRequest,
-    Workload,
-    simulate,
 )
 from dwise_predict.runtime.table import THROUGHPUT_HALF_LIFE
 from dwise_predict.runtime.tails import BIAS_MIN_ROUNDS, TailGuard, estimate_bias
-
-ONE_MS_ROUNDS = RoundTimeModel(overhead_ms=1.0, per_slot_ms=0.0, per_slot_per_1k_context_ms=0.0)
-
-
-def _req(rid: str, prompt_blocks: int, rounds: tuple[int, ...], estimate: float | None = None):
-    return SimRequest(
-        rid,
-        prompt_blocks,
-        max(1, prompt_blocks * 32),
-        rounds,
-        output_budget=32 * len(rounds),
-        block_size=32,
-        admission_estimate=float(sum(rounds)) if estimate is None else estimate,
-        refined_estimate=float(sum(rounds) - 1),
-    )
-
-
-def _serve(reqs: list[SimRequest], arrive: list[int], policy, slots: int) -> np.ndarray:
-    """Completion rounds of ``reqs`` (arrival round to the round it finished in, inclusive)."""
-    wl = Workload.from_requests(reqs)
-    arrivals = Arrivals(np.arange(wl.n, dtype=np.int64), np.asarray(arrive, dtype=float) / 1e3)
-    run = simulate(wl, policy, arrivals=arrivals, slots=slots, k=8, round_time=ONE_MS_ROUNDS)
-    return np.rint((run.finish_time - run.arrival_time) * 1e3).astype(int)
 
 
 def _add(sched: Scheduler, rid: str, prompt_blocks: int, estimate: float) -> int:
@@ -81,11 +54,11 @@ def test_deadlines_come_from_a_virtual_fcfs_server_on_b_rows():
 def test_a_long_request_under_a_stream_of_short_ones_finishes_when_fcfs_would_finish_it():
     # one long request (1 prompt block + 2 blocks of 10 rounds) at round 0, then two one-round
     # requests before every round for 300 rounds: with B = 2 the shorts alone fill every round
-    reqs = [_req("long", 1, (10, 10))] + [_req(f"s{j}", 0, (1,)) for j in range(600)]
+    reqs = [request("long", 1, (10, 10))] + [request(f"s{j}", 0, (1,)) for j in range(600)]
     arrive = [0] + [j // 2 for j in range(600)]
-    plain = _serve(reqs, arrive, DWISE(), slots=2)
-    guarded = _serve(reqs, arrive, TailGuard(), slots=2)
-    fcfs = _serve(reqs, arrive, FCFS(batch_former="mixed"), slots=2)
+    plain = serve(reqs, arrive, DWISE(), slots=2)
+    guarded = serve(reqs, arrive, TailGuard(), slots=2)
+    fcfs = serve(reqs, arrive, FCFS(batch_former="mixed"), slots=2)
     assert plain[0] > 300  # SRPT runs it only once the stream ends
     assert fcfs[0] == 21  # FCFS runs it every round from round 0
     # its virtual FCFS finish is round 21 and its own work 21 rounds: it runs every round
@@ -106,11 +79,11 @@ def test_when_nothing_is_late_it_is_plain_dwise():
     # arrivals 15 rounds apart, each with at most 12 rounds of work: the same schedule
     rng = np.random.default_rng(3)
     reqs = [
-        _req(f"r{i}", int(rng.integers(0, 3)), tuple(int(x) for x in rng.integers(1, 6, 2)))
+        request(f"r{i}", int(rng.integers(0, 3)), tuple(int(x) for x in rng.integers(1, 6, 2)))
         for i in range(40)
     ]
     arrive = [15 * i for i in range(40)]
-    assert np.array_equal(_serve(reqs, arrive, TailGuard(), 2), _serve(reqs, arrive, DWISE(), 2))
+    assert np.array_equal(serve(reqs, arrive, TailGuard(), 2), serve(reqs, arrive, DWISE(), 2))
 
 
 def test_a_late_request_outranks_shorter_ones_earliest_deadline_first():
@@ -183,12 +156,12 @@ def test_a_small_overload_keeps_the_tail_near_fcfs_and_most_of_the_mean_gain():
         blocks = int(rng.integers(4, 9)) if long else int(rng.integers(1, 3))
         rounds = tuple(int(x) for x in rng.integers(2, 9, blocks))
         estimate = float(sum(rounds)) * float(np.exp(rng.normal(0, 0.3)))
-        reqs.append(_req(f"r{i}", int(rng.integers(0, 6 if long else 2)), rounds, estimate))
+        reqs.append(request(f"r{i}", int(rng.integers(0, 6 if long else 2)), rounds, estimate))
     work = np.mean([r.prompt_blocks + sum(r.rounds_per_block) for r in reqs])
     arrive = np.floor(np.cumsum(rng.exponential(work / (1.5 * 4), 240))).astype(int).tolist()
-    fcfs = _serve(reqs, arrive, FCFS(batch_former="mixed"), 4)
-    plain = _serve(reqs, arrive, DWISE(), 4)
-    guarded = _serve(reqs, arrive, TailGuard(), 4)
+    fcfs = serve(reqs, arrive, FCFS(batch_former="mixed"), 4)
+    plain = serve(reqs, arrive, DWISE(), 4)
+    guarded = serve(reqs, arrive, TailGuard(), 4)
 
     def p99(x: np.ndarray) -> float:
         return float(np.percentile(x, 99))

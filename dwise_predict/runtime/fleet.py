@@ -30,10 +30,10 @@ import numpy as np
 from ..errors import ConfigError, SchedulerError
 from .arrivals import Arrivals, ArrivalSpec, make_arrivals
 from .policies import Policy
-from .replay import ARRIVAL_TOLERANCE_S, RequestProgress
+from .replay import ARRIVAL_TOLERANCE_S, RequestProgress, queue_request
 from .request import RoundResult
 from .scheduler import Scheduler
-from .simulator import DEFAULT_KV_POOL_TOKENS, policy_inputs
+from .simulator import DEFAULT_KV_POOL_TOKENS, policy_inputs, refined_estimates
 from .workload import Workload
 
 log = logging.getLogger(__name__)
@@ -274,8 +274,7 @@ class _Fleet:
         ]
 
     def admit(self, i: int, dispatcher: Dispatcher) -> None:
-        w, inp = self.w, self.inputs
-        adm, truth, score = inp["admission"], inp["true_rounds"], inp["score"]
+        w, adm = self.w, self.inputs["admission"]
         true_work = float(w.prompt_blocks[i] + w.total_rounds[i])
         if dispatcher.method == "oracle":
             own = true_work
@@ -283,16 +282,7 @@ class _Fleet:
             own = float(w.prompt_blocks[i]) + (0.0 if adm is None else float(adm[i]))
         r = dispatcher.choose(work_rounds=own, tokens=int(w.prompt_tokens[i]))
         self.true_left[r] += true_work
-        row = self.scheds[r].add_request(
-            w.request_ids[i],
-            int(w.prompt_blocks[i]),
-            None if adm is None else float(adm[i]),
-            prompt_tokens=int(w.prompt_tokens[i]),
-            output_budget=int(w.output_budget[i]),
-            block_size=int(w.block_size[i]),
-            score=None if score is None else float(score[i]),
-            true_rounds=None if truth is None else float(truth[i]),
-        )
+        row = queue_request(self.scheds[r], w, self.inputs, i)
         self.request_of_row[r][row] = i
         self.replica_of[i] = r
 
@@ -306,10 +296,7 @@ class _Fleet:
             rows_map = self.request_of_row[r]
             req = np.fromiter((rows_map[int(x)] for x in plan.rows), np.int64, plan.rows.size)
             finished = progress.advance(req, plan.prompt, finish_stamp)
-            ref = None
-            if refined is not None and plan.first_denoise.any():
-                ref = np.full(plan.rows.size, np.nan)
-                ref[plan.first_denoise] = refined[req[plan.first_denoise]]
+            ref = refined_estimates(plan, req, refined)
             sched.update(RoundResult(plan.rows, finished, ref))
             for x in plan.rows[finished].tolist():
                 rows_map.pop(int(x), None)

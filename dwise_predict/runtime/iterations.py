@@ -55,10 +55,7 @@ class IterationRanker:
         self.policy = policy
         self.prompt_chunk = int(prompt_chunk)
         self.slots = int(slots)
-        self.table = RequestTable(capacity)
-        if hasattr(self.table, "slots"):  # the server scalars a tail rule reads
-            self.table.slots = self.slots
-            self.table.throughput = float(self.slots)
+        self.table = RequestTable(capacity, slots=self.slots)
         self.iteration = 0
         self._row_of: dict[Hashable, int] = {}
         self._seq = 0
@@ -139,9 +136,7 @@ class IterationRanker:
         t.score[row] = est
         t.last_ran[row] = False
         t.fcfs_rounds[row] = math.nan
-        arrival_estimate = getattr(t, "r_hat_arrival", None)
-        if arrival_estimate is not None:
-            arrival_estimate[row] = est
+        t.r_hat_arrival[row] = est
         self._est[row] = est
         self._truth[row] = math.nan if true_rounds is None else float(true_rounds)
         self._committed[row] = 0
@@ -164,12 +159,10 @@ class IterationRanker:
             return
         t = self.table
         live = np.fromiter(self._row_of.values(), dtype=np.int64)
-        work = float((t.prompt_blocks[live] + t.r_hat[live]).sum())
         new = np.asarray([r for r in self._new if t.ids[r] is not None], dtype=np.int64)
         self._new = []
         if new.size:
-            own = t.prompt_blocks[new] + t.r_hat[new]
-            t.fcfs_rounds[new] = np.maximum(work / self.slots, own)
+            t.set_fcfs_horizons(new, self.slots, live)
 
     def remove(self, rid: Hashable, *, finished: bool = False) -> bool:
         """Forget a request (``finished``, or aborted, dropped); False if it was not ranked.
@@ -179,9 +172,8 @@ class IterationRanker:
         if row is None:
             return False
         rows = np.asarray([row], dtype=np.int64)
-        record = getattr(self.table, "record_finished", None)
-        if finished and record is not None:
-            record(rows)
+        if finished:
+            self.table.record_finished(rows)
         self.table.release(rows)
         return True
 
@@ -209,9 +201,7 @@ class IterationRanker:
         rows = [self._row_of[r] for r in rids if r in self._row_of]
         if rows:
             self.table.attained[np.asarray(rows, dtype=np.int64)] += 1
-        record = getattr(self.table, "record_round", None)
-        if record is not None:
-            record(len(rows))
+        self.table.record_round(len(rows))
 
     def denoised(self, rid: Hashable) -> None:
         """One denoising step of the block in progress ran."""

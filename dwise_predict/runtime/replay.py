@@ -89,21 +89,33 @@ class ArrivalFeed:
 
     def _add(self, sched: Scheduler, j: int) -> None:
         """Queue the ``j``-th arrival, with the arrival time it really had."""
-        w, inputs = self.workload, self.inputs
-        adm, truth, score = inputs["admission"], inputs["true_rounds"], inputs["score"]
         i = int(self.arrivals.order[j])
-        row = sched.add_request(
-            w.request_ids[i],
-            int(w.prompt_blocks[i]),
-            None if adm is None else float(adm[i]),
-            prompt_tokens=int(w.prompt_tokens[i]),
-            output_budget=int(w.output_budget[i]),
-            block_size=int(w.block_size[i]),
-            arrival_time=float(self.arrivals.times[j]),
-            score=None if score is None else float(score[i]),
-            true_rounds=None if truth is None else float(truth[i]),
-        )
+        row = queue_request(sched, self.workload, self.inputs, i, float(self.arrivals.times[j]))
         self.request_of_row[row] = i
+
+
+def queue_request(
+    sched: Scheduler,
+    workload: Workload,
+    inputs: dict[str, np.ndarray | None],
+    i: int,
+    arrival_time: float = 0.0,
+) -> int:
+    """Add workload request ``i`` to ``sched``'s waiting queue with the inputs its policy reads
+    (:func:`~.simulator.policy_inputs`); returns its row."""
+    w = workload
+    adm, truth, score = inputs["admission"], inputs["true_rounds"], inputs["score"]
+    return sched.add_request(
+        w.request_ids[i],
+        int(w.prompt_blocks[i]),
+        None if adm is None else float(adm[i]),
+        prompt_tokens=int(w.prompt_tokens[i]),
+        output_budget=int(w.output_budget[i]),
+        block_size=int(w.block_size[i]),
+        arrival_time=arrival_time,
+        score=None if score is None else float(score[i]),
+        true_rounds=None if truth is None else float(truth[i]),
+    )
 
 
 @dataclass

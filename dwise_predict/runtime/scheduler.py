@@ -84,9 +84,7 @@ class Scheduler:
         self.k = int(k)
         self.max_residents = self.slots * self.k if policy.preemptive else self.slots
         self.kv = KVPool(int(kv_pool_tokens), kv_limit_frac, slack_blocks)
-        self.table = RequestTable(capacity)
-        self.table.slots = self.slots
-        self.table.throughput = float(self.slots)  # until a round has run
+        self.table = RequestTable(capacity, slots=self.slots)
         self._row_of: dict[Hashable, int] = {}
         self._seq = 0
         self.round_index = 0
@@ -374,14 +372,8 @@ class Scheduler:
         O(live) once per round with arrivals: the ranking itself is O(live) already."""
         t = self.table
         new = waiting[np.isnan(t.fcfs_rounds[waiting])]
-        if not new.size:
-            return
-        work = float(
-            (t.prompt_blocks[waiting] + t.r_hat[waiting]).sum()
-            + (t.prompt_blocks[resident] + t.r_hat[resident]).sum()
-        )
-        own = t.prompt_blocks[new] + t.r_hat[new]
-        t.fcfs_rounds[new] = np.maximum(work / self.slots, own)
+        if new.size:
+            t.set_fcfs_horizons(new, self.slots, waiting, resident)
 
     _prev_rows: np.ndarray | None = None
 

@@ -165,7 +165,7 @@ def simulate(
         context = float(composition.context.sum())
         dt_ms = log.charge(composition)
         finished = progress.advance(req, plan.prompt, log.now)
-        refined = _refined_estimates(plan, req, inputs["refined"])
+        refined = refined_estimates(plan, req, inputs["refined"])
         upd_s = sched.update(RoundResult(plan.rows, finished, refined))
         if check_invariants:
             sched.check_invariants()
@@ -210,7 +210,7 @@ def _check_nonempty(plan: RoundPlan, sched: Scheduler, unfinished: int) -> None:
         )
 
 
-def _refined_estimates(
+def refined_estimates(
     plan: RoundPlan, req: np.ndarray, refined: np.ndarray | None
 ) -> np.ndarray | None:
     """The refined estimate of each slot that ran its first denoising round (NaN elsewhere)."""

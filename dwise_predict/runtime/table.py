@@ -54,13 +54,13 @@ class RequestTable:
     truth, measured.
     """
 
-    #: blocks one round carries (B); set by the scheduler
-    slots: int = 0
+    #: blocks one round carries (B), given by the driver
+    slots: int
     #: blocks run per round, exponentially weighted (see :data:`THROUGHPUT_HALF_LIFE`)
-    throughput: float = 0.0
+    throughput: float
     #: rounds the finished requests took, and their estimate on arrival, summed
-    finished_work: float = 0.0
-    finished_estimate: float = 0.0
+    finished_work: float
+    finished_estimate: float
 
     prompt_blocks: np.ndarray
     prompt_total: np.ndarray
@@ -77,7 +77,10 @@ class RequestTable:
     fcfs_rounds: np.ndarray
     r_hat_arrival: np.ndarray
 
-    def __init__(self, capacity: int = 256) -> None:
+    def __init__(self, capacity: int = 256, *, slots: int = 0) -> None:
+        self.slots = int(slots)
+        self.throughput = float(slots)  # until a round has run
+        self.finished_work = self.finished_estimate = 0.0
         self.capacity = 0
         self.state = np.zeros(0, dtype=np.int8)
         self.last_ran = np.zeros(0, dtype=bool)
@@ -144,6 +147,15 @@ class RequestTable:
         """Add finishing ``rows`` (before their release) to the finished sums."""
         self.finished_work += float((self.prompt_total[rows] + self.done_rounds[rows]).sum())
         self.finished_estimate += float((self.prompt_total[rows] + self.r_hat_arrival[rows]).sum())
+
+    def set_fcfs_horizons(self, new: np.ndarray, slots: int, *live: np.ndarray) -> None:
+        """``fcfs_rounds`` of the ``new`` rows: the rounds a ``slots``-wide FCFS server needs to
+        clear the estimated work (P + r̂) of the ``live`` rows (given in parts, e.g. waiting
+        and resident), theirs included, and at least their own work (one block a round). Every
+        driver sets it when it next ranks, so all of a burst's arrivals see the whole burst."""
+        work = float(sum((self.prompt_blocks[p] + self.r_hat[p]).sum() for p in live))
+        own = self.prompt_blocks[new] + self.r_hat[new]
+        self.fcfs_rounds[new] = np.maximum(work / slots, own)
 
     # -- cached views -----------------------------------------------------------------------
     def _refresh(self) -> None:
