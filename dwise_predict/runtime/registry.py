@@ -109,6 +109,18 @@ def make_policy(name: str, **options: Any) -> Policy:
     return _with(policy, given)
 
 
+def make_policy_from_env(prefix: str, name: str, **options: Any) -> Policy:
+    """:func:`make_policy` for settings an engine integration read from the environment
+    (``{prefix}POLICY``, ``{prefix}AGING``, ...): a refusal names the variable to fix."""
+    given = _given(options)
+    try:
+        return make_policy(name, **given)
+    except ConfigError as e:
+        bad = next((k for k in TUNABLES if f"{k}=" in str(e)), None)
+        where = f"POLICY={name}" if bad is None else f"{bad.upper()}={given[bad]!r}"
+        raise ConfigError(f"{prefix}{where}: {e}") from None
+
+
 def parse_policies(text: str | Sequence[str | Policy], **options: Any) -> list[Policy]:
     """Policies from ``"fcfs,dwise"`` or a list of names and policies. Each setting in
     ``options`` (see :func:`make_policy`) goes to the policies named here that have it (policy

@@ -21,7 +21,7 @@ from ..bundle.bundle import ADMISSION_SOURCES
 from ..env_settings import coerce
 from ..errors import ConfigError
 from ..runtime.policies import Policy
-from ..runtime.registry import TUNABLES, make_policy, policy_entries
+from ..runtime.registry import TUNABLES, make_policy_from_env, policy_entries
 
 PREFIX = "DWISE_SGLANG_"
 #: the policies that leave SGLang's rounds alone and only watch (fcfs: the older name)
@@ -134,12 +134,7 @@ class PluginConfig:
     def make_policy(self) -> Policy:
         """The core policy this configuration serves (the simulator's, by the same name)."""
         options = {k: getattr(self, k) for k in TUNABLES}
-        try:
-            policy = make_policy(self.policy, **options)
-        except ConfigError as e:  # name the variable the policy refused
-            bad = next((k for k in TUNABLES if f"{k}=" in str(e)), None)
-            where = f"POLICY={self.policy}" if bad is None else f"{bad.upper()}={options[bad]!r}"
-            raise ConfigError(f"{PREFIX}{where}: {e}") from None
+        policy = make_policy_from_env(PREFIX, self.policy, **options)
         if unmet_needs(policy):
             raise ConfigError(
                 f"{PREFIX}POLICY={self.policy} ranks by inputs the plugin cannot compute in "

@@ -11,10 +11,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from ..env_settings import coerce
 from ..errors import ConfigError
+from ..runtime.policies import Policy
+from ..runtime.registry import TUNABLES, make_policy_from_env
 
 PREFIX = "DWISE_VLLM_"
 #: the per-request inputs (a policy's ``needs``) the scheduler can give a policy in vLLM's
@@ -22,7 +23,6 @@ PREFIX = "DWISE_VLLM_"
 #: ``refined`` is accepted and served with the admission estimate, counted down: vLLM 0.33.0
 #: hands the scheduler no hidden state (docs/vllm.md, "Refinement")
 SERVABLE_NEEDS = frozenset({"estimate", "refined", "true_rounds"})
-TUNABLES = ("aging", "starvation_cap", "starvation_clock", "starvation_slack")
 
 
 @dataclass(frozen=True)
@@ -45,15 +45,10 @@ class VllmConfig:
     starvation_clock: str | None = None
     starvation_slack: float | None = None
 
-    def make_policy(self) -> Any:
+    def make_policy(self) -> Policy:
         """The runtime policy, by name, with the tunables that were set."""
-        from ..runtime import make_policy
-
-        options = {k: getattr(self, k) for k in TUNABLES if getattr(self, k) is not None}
-        try:
-            return make_policy(self.policy, **options)
-        except ConfigError as e:
-            raise ConfigError(f"{PREFIX}POLICY={self.policy} {options or ''}: {e}") from None
+        options = {k: getattr(self, k) for k in TUNABLES}
+        return make_policy_from_env(PREFIX, self.policy, **options)
 
     def __post_init__(self) -> None:
         policy = self.make_policy()  # refuses an unknown name or a bad setting
