@@ -1,6 +1,8 @@
 """Scheduler overhead per round and simulator wall time (DWISE paper: ranking + reorder 1.16 ms).
 
-1. Per-round scheduling time (plan_round + update, median over rounds) with 1,024 residents and
+1. Per-round scheduling time (plan_round + update, median over rounds) of plain DWISE (the
+   paper's; ``dwise-uncapped``) and of the library's default ``dwise`` (DWISE with the tail
+   guard), with 1,024 residents and
    3,072 waiting requests, B = 128, k = 8, in two states: "churn" (2 requests finish and 2
    arrive every round, so the admission path ranks waiting ∪ resident every round) and "at cap"
    (1,024 residents, no admission possible). Peers measured in the same run on the same state:
@@ -29,6 +31,7 @@ import numpy as np
 from dwise_predict.atomic import write_json
 from dwise_predict.runtime import (
     DWISE,
+    Policy,
     RoundResult,
     Scheduler,
     make_policy,
@@ -40,10 +43,12 @@ from dwise_predict.tables import format_table
 B, K, RESIDENTS, WAITING = 128, 8, 1024, 3072
 
 
-def _populated(seed: int = 0) -> tuple[Scheduler, np.random.Generator, list[int]]:
-    """A DWISE scheduler holding 1,024 residents and 3,072 waiting requests."""
+def _populated(
+    seed: int = 0, policy: Policy | None = None
+) -> tuple[Scheduler, np.random.Generator, list[int]]:
+    """A scheduler (plain DWISE unless ``policy``) holding 1,024 residents and 3,072 waiting."""
     rng = np.random.default_rng(seed)
-    s = Scheduler(DWISE(), slots=B, k=K, kv_pool_tokens=1 << 22, capacity=8192)
+    s = Scheduler(policy or DWISE(), slots=B, k=K, kv_pool_tokens=1 << 22, capacity=8192)
     nid = [0]
 
     def add(est: float) -> None:
@@ -68,8 +73,8 @@ def _populated(seed: int = 0) -> tuple[Scheduler, np.random.Generator, list[int]
     return s, rng, nid
 
 
-def bench_runtime(rounds: int, churn: bool) -> float:
-    s, rng, nid = _populated()
+def bench_runtime(rounds: int, churn: bool, policy: Policy | None = None) -> float:
+    s, rng, nid = _populated(policy=policy)
     times = []
     for _ in range(rounds):
         t0 = time.perf_counter()
@@ -163,6 +168,9 @@ def main() -> None:
     per_round = {
         "dwise_runtime_churn_us": bench_runtime(args.rounds, churn=True),
         "dwise_runtime_at_cap_us": bench_runtime(args.rounds, churn=False),
+        # the library's default policy (DWISE with the tail guard) on the same states
+        "default_tail_guard_churn_us": bench_runtime(args.rounds, True, make_policy("dwise")),
+        "default_tail_guard_at_cap_us": bench_runtime(args.rounds, False, make_policy("dwise")),
         "peer_same_scheduler_full_lexsort_churn_us": bench_full_sort(args.rounds),
         "peer_python_objects_sorted_us": bench_python_objects(min(args.rounds, 100)),
         "paper_ranking_plus_reorder_us": 1160.0,

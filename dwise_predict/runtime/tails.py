@@ -105,7 +105,10 @@ class _VirtualFCFS:
         """The ``q`` quantile of the recent virtual latencies (cached between arrivals)."""
         if self.quantile_cache[0] != self.placed:
             seen = self.recent[: min(self.placed, self.recent.size)]
-            value = float(np.quantile(seen, q)) if seen.size else 0.0
+            if not seen.size:
+                value = 0.0
+            else:  # the default q = 1 is the largest: the same value, without a sort
+                value = float(seen.max() if q >= 1.0 else np.quantile(seen, q))
             self.quantile_cache = (self.placed, value)
         return self.quantile_cache[1]
 
