@@ -18,7 +18,8 @@ ranking by the true iterations left, denoising steps and commits, sent as ``vllm
 ``dwise-uncapped``: the paper's DWISE without a tail rule
 (``DWISE_VLLM_POLICY=dwise-uncapped``). Then the
 simulator's vLLM round model (``dwise_predict.runtime.vllm_replay``) replays each run from the
-same requests and arrivals.
+same requests and arrivals, and the tail guard's other settings (``guard_grid``, simulator
+only: whether any setting of the default's rule reaches fcfs's p99 where the default misses).
 
     VLLM_TARGET_DEVICE=cpu VLLM_USE_V2_MODEL_RUNNER=1 .venv-vllm/bin/python \\
         benchmarks/vllm_scheduler.py --requests 256 --out benchmarks/results/vllm_scheduler.json
@@ -157,6 +158,15 @@ def serve_run(
     return summary, res
 
 
+#: the tail guard's settings the simulator sweeps beside the served runs (``guard_grid``):
+#: where the default misses fcfs's p99, whether any setting of the same rule reaches it
+GUARD_GRID: dict[str, dict[str, float]] = {
+    **{f"scale{v:g}": {"scale": v} for v in (0.7, 0.8, 1.0)},
+    **{f"quantile{v:g}": {"quantile": v} for v in (0.99, 0.995)},
+    **{f"margin{v:g}": {"margin": v} for v in (8.0, 32.0)},
+}
+
+
 def replay_run(
     run: str,
     traces: list[Any],
@@ -166,6 +176,7 @@ def replay_run(
     seqs: int,
     num_blocks: int,
     budget: int,
+    policy: Any = None,
 ) -> dict[str, Any]:
     from vllm_harness import CANVAS, KV_BLOCK
 
@@ -183,13 +194,16 @@ def replay_run(
         )
         for t in traces
     ]
-    order: Any = {
-        "fcfs": "fcfs",
-        "priority-admission": "priority",
-        "dwise": make_policy("dwise"),
-        "oracle": make_policy("oracle"),
-        "dwise-uncapped": make_policy("dwise-uncapped"),
-    }[run]
+    order: Any = (
+        policy
+        or {
+            "fcfs": "fcfs",
+            "priority-admission": "priority",
+            "dwise": make_policy("dwise"),
+            "oracle": make_policy("oracle"),
+            "dwise-uncapped": make_policy("dwise-uncapped"),
+        }[run]
+    )
     res = replay_vllm(
         reqs,
         order,
@@ -307,6 +321,21 @@ def main(argv: list[str] | None = None) -> int:
                     f"({sim['mean_relative_error']:.1%}) [{served['wall_s']} s]",
                     flush=True,
                 )
+            from dwise_predict.runtime.tails import TailGuard
+
+            cfg.setdefault("guard_grid", {})[regime] = {
+                label: replay_run(
+                    "dwise",
+                    traces,
+                    arrivals,
+                    est,
+                    seqs=seqs,
+                    num_blocks=args.num_blocks,
+                    budget=args.budget,
+                    policy=TailGuard(**settings),
+                )
+                for label, settings in GUARD_GRID.items()
+            }
             runs = cfg["regimes"][regime]
             if "fcfs" in runs and "dwise" in runs:
                 f, d = runs["fcfs"], runs["dwise"]
