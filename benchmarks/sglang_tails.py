@@ -25,8 +25,14 @@ first uniform (arrival + C), then improved locally (the few requests the p99 let
 deadlines at 1.5x fcfs-mixed's max, C raised while the replay stays feasible, violators' own
 deadlines tightened).
 
+Per regime also ``simulator_rules`` (the sweep's other rules, replayed: the guard's settings,
+the projected cap and slack, HRRN on predicted work, a slowdown bound) and
+``guard_with_true_work`` (the default's rule fed each request's true work: what an online rule
+reaches with perfect estimates, against best_constrained's hindsight).
+
 ``at_scale``: the simulator at ``--at-scale`` paper-matched synthetic requests
-(``burst+poisson:16``, B = 128, k = 8, as ``benchmarks/aging.py``), latencies in seconds.
+(``burst+poisson:16``, B = 128, k = 8, as ``benchmarks/aging.py``), latencies in seconds;
+``at_scale_grid``: every policy and rule of the sweep at ``--grid-at`` (4,096) of them.
 
     .venv-sglang/bin/python benchmarks/sglang_tails.py            # ~1 h on 2 busy cores
     .venv/bin/python benchmarks/sglang_tails.py --from-json benchmarks/results/sglang_tails.json
@@ -248,9 +254,11 @@ def prepare_mix(args: argparse.Namespace, mix: str, doc: dict[str, Any], out: Pa
     earlier = json.loads(Path(args.rates_from[mix]).read_text())
     runner = TinyBDRunner(block_size=BLOCK_SIZE, memo=True)
     reqs = eval_requests(args.requests, runner, max_new_tokens=256, stratified=mix == "stratified")
-    if earlier["requests"] != len(reqs):
-        raise SystemExit(f"{mix}: the rates' ladder served {earlier['requests']} requests")
     m = doc["mixes"].setdefault(mix, {"regimes": {}})
+    if earlier["requests"] != len(reqs):  # rates are per round: a shorter run of the same load
+        m["rates_note"] = (
+            f"rates of a {earlier['requests']}-request ladder, here on {len(reqs)} requests"
+        )
     m["mix"] = {c: sum(r.category == c for r in reqs) for c in sorted({r.category for r in reqs})}
     m["rates_from"] = args.rates_from[mix]
     arrivals = {}
@@ -352,12 +360,51 @@ def finish_from_tracks(args: argparse.Namespace, doc: dict[str, Any], tracks_dir
             print(f"{mix} {regime}: replayed and searched ({time.perf_counter() - t0:.0f} s)")
 
 
+# -- the other rules of the sweep (simulator only) ---------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class HRRN:
+    """Highest response ratio next on predicted work, the rule SGLang merged upstream: the
+    largest (wait + remaining) / remaining runs first (wait = rounds waited, not run)."""
+
+    name: str = "hrrn"
+    batch_former: str = "mixed"
+    preemptive: bool = True
+    needs: frozenset[str] = frozenset({"estimate", "refined"})
+
+    def key(self, table: Any, rows: np.ndarray, round_index: int) -> np.ndarray:
+        rem = table.prompt_blocks[rows] + table.r_hat[rows] + 1.0
+        wait = round_index - table.arrival_round[rows] - table.attained[rows]
+        return np.asarray(-(wait + rem) / rem)
+
+
+@dataclasses.dataclass(frozen=True)
+class SlowdownBound:
+    """Plain DWISE that promotes a request (oldest first) once its projected slowdown,
+    (rounds since arrival + remaining) / its estimated total, would exceed ``bound``."""
+
+    bound: float = 5.0
+    name: str = "slowdown"
+    batch_former: str = "mixed"
+    preemptive: bool = True
+    needs: frozenset[str] = frozenset({"estimate", "refined"})
+
+    def key(self, table: Any, rows: np.ndarray, round_index: int) -> np.ndarray:
+        rem = table.prompt_blocks[rows] + table.r_hat[rows]
+        total = table.prompt_total[rows] + table.done_rounds[rows] + table.r_hat[rows]
+        elapsed = round_index - table.arrival_round[rows]
+        late = (elapsed + rem) / np.maximum(total, 1.0) > self.bound
+        return np.where(late, URGENT_BASE + table.arrival_round[rows], rem)
+
+
 #: the other rules of the plot (simulator only): label -> (policy name, settings)
 RULES: dict[str, tuple[str, dict[str, Any]]] = {
     **{f"dwise@pcap{f:g}": ("dwise-uncapped", {"pcap": f}) for f in (0.2, 0.25, 0.3, 0.4)},
     **{f"dwise@slack{c:g}": ("dwise-uncapped", {"starvation_slack": c}) for c in (1.0, 1.5)},
     **{f"tails@scale{c:g}": ("tails", {"scale": c}) for c in (0.8, 0.9, 1.1, 1.25)},
     **{f"tails@margin{m:g}": ("tails", {"margin": m}) for m in (8.0, 32.0)},
+    **{f"tails@q{q:g}": ("tails", {"quantile": q}) for q in (0.99, 0.995)},
+    "hrrn": ("hrrn", {}),
+    **{f"slowdown@{b:g}": ("slowdown", {"bound": b}) for b in (3.0, 5.0, 10.0)},
 }
 
 
@@ -367,6 +414,9 @@ FAMILY_MARKERS = {
     "dwise@slack": "P",
     "tails@scale": "1",
     "tails@margin": "2",
+    "tails@q": "3",
+    "hrrn": "h",
+    "slowdown@": "x",
 }
 
 
@@ -378,6 +428,10 @@ def rule_policy(label: str, fcfs_rounds: int) -> Any:
     name, settings = RULES[label]
     if name == "tails":
         return TailGuard(**settings, name=label)
+    if name == "hrrn":
+        return HRRN()
+    if name == "slowdown":
+        return SlowdownBound(**settings)
     if "pcap" in settings:
         cap = round(settings["pcap"] * fcfs_rounds)
         return make_policy(name, starvation_cap=cap, starvation_clock="projected")
@@ -411,6 +465,13 @@ def simulate_regime(
         policy = rule_policy(label, int(entry["runs"]["fcfs-mixed"]["rounds"]))
         rules[label] = figures(replay_latency(wl, policy, a, args.slots, args.k, kv), isolated)
     entry["simulator_rules"] = rules
+    # the same rule fed each request's true work: what the online guard could reach with
+    # perfect estimates (best_constrained also knows the run's final fcfs-mixed p99)
+    true_work = wl.total_rounds.astype(np.float64)
+    known = dataclasses.replace(wl, admission=true_work, refined=true_work)
+    entry["guard_with_true_work"] = figures(
+        replay_latency(known, make_policy("dwise"), a, args.slots, args.k, kv), isolated
+    )
     fcfs = entry["runs"]["fcfs-mixed"]
     entry["best_constrained"] = best_constrained(
         wl,
@@ -427,9 +488,16 @@ def simulate_regime(
 
 
 # -- at scale ---------------------------------------------------------------------------------
-def at_scale(n: int, policies: list[str], done: dict[str, Any] | None = None) -> dict[str, Any]:
+def at_scale(
+    n: int,
+    policies: list[str],
+    done: dict[str, Any] | None = None,
+    rules: bool = False,
+) -> dict[str, Any]:
     """The paper-matched synthetic workload in the simulator (seconds; isolated completion =
-    the request's rounds alone, each priced by the round-time model with one slot filled)."""
+    the request's rounds alone, each priced by the round-time model with one slot filled).
+    ``rules``: also every rule of :data:`RULES` (the sweep's grid; a projected cap is a
+    fraction of fcfs-mixed's rounds in the same run)."""
     import dwise_predict.runtime.simulator as simulator
     from dwise_predict.runtime import RoundTimeModel, make_policy, simulate, synthetic_workload
 
@@ -451,10 +519,16 @@ def at_scale(n: int, policies: list[str], done: dict[str, Any] | None = None) ->
     original = simulator.Scheduler
     simulator.Scheduler = Recording
     try:
-        for name in policies:
+        ensure_default()
+        todo = [(name, lambda name=name: make_policy(name)) for name in policies]
+        if rules:
+            todo += [
+                (label, lambda label=label: rule_policy(label, out["fcfs-mixed"]["rounds"]))
+                for label in RULES
+            ]
+        for name, build in todo:
             t0 = time.perf_counter()
-            ensure_default()
-            run = simulate(w, make_policy(name), arrivals="burst+poisson:16", slots=128, k=8)
+            run = simulate(w, build(), arrivals="burst+poisson:16", slots=128, k=8)
             lat = np.asarray(run.finish_time - run.arrival_time)
             sched = made[-1]
             out[name] = {
@@ -532,14 +606,16 @@ def must_show(doc: dict[str, Any]) -> dict[str, Any]:
             )
             checks["met"] = bool(ok and checks["all_finished_no_kv_leak"])
             out[f"{mix} {regime}"] = checks
-    scale = doc.get("at_scale", {}).get("runs", {})
-    if {"fcfs-mixed", "dwise", "dwise-uncapped"} <= set(scale):
-        d = scale["dwise"]
-        out["at_scale"] = {
-            "p99_ratio": d["p99_over_fcfs_mixed"],
-            "gain_kept": d["gain_kept"],
-            "met": d["p99_over_fcfs_mixed"] <= 1.0 and d["gain_kept"] >= 0.9,
-        }
+    for key in ("at_scale", "at_scale_grid"):  # the grid's row: the same bars, for the record
+        scale = doc.get(key, {}).get("runs", {})
+        if {"fcfs-mixed", "dwise", "dwise-uncapped"} <= set(scale):
+            d = scale["dwise"]
+            out[key] = {
+                "requests": doc[key]["requests"],
+                "p99_ratio": d["p99_over_fcfs_mixed"],
+                "gain_kept": d["gain_kept"],
+                "met": d["p99_over_fcfs_mixed"] <= 1.0 and d["gain_kept"] >= 0.9,
+            }
     return out
 
 
@@ -639,6 +715,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rates-from-stratified", default=RATES_FROM["stratified"])
     ap.add_argument("--rates-from-split", default=RATES_FROM["split"])
     ap.add_argument("--at-scale", type=int, default=100_000, help="0 skips the simulator rows")
+    ap.add_argument(
+        "--grid-at", type=int, default=4096, help="requests of the simulator's rule grid (0: none)"
+    )
     ap.add_argument("--search-s", type=float, default=300.0, help="best_constrained budget")
     ap.add_argument("--save-tracks", metavar="DIR")
     ap.add_argument("--out", default="benchmarks/results/sglang_tails.json")
@@ -658,6 +737,8 @@ def main(argv: list[str] | None = None) -> int:
             from dwise_predict.atomic import write_json
 
             finish_from_tracks(args, doc, Path(args.tracks))
+            if args.grid_at:
+                doc["at_scale_grid"] = at_scale(args.grid_at, list(POLICIES), rules=True)
             doc["must_show"] = must_show(doc)
             write_json(Path(args.out), doc)
             print(f"wrote {args.out}")
@@ -681,6 +762,9 @@ def main(argv: list[str] | None = None) -> int:
 
         doc["sglang_version"] = importlib.metadata.version("sglang")
         serve_all(args, doc, out)
+    if args.grid_at:
+        doc["at_scale_grid"] = at_scale(args.grid_at, list(POLICIES), rules=True)
+        write_json(out, doc)
     if args.at_scale:
         doc["at_scale"] = at_scale(args.at_scale, ["fcfs-mixed", "dwise-uncapped", "dwise"])
         write_json(out, doc)
