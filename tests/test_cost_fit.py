@@ -113,3 +113,96 @@ def test_one_far_longer_prompt_is_flagged_because_its_fold_extrapolates():
     assert prompt_coverage_warning(many) is None
     cv = fit_cost_profile(many, block_size=32, hardware="h").cv
     assert cv is not None and cv["r2"] > 0.99
+
+
+def _slowed(
+    requests: list[ProfiledRequest], seed: int, spread: float = 0.2, probe_noise: float = 0.03
+) -> list[ProfiledRequest]:
+    """The same requests served on a machine whose speed drifts (a neighbour's load): request
+    i runs ``s_i`` times slower in every phase, and the probe beside it (2.5 ms at the median
+    speed) sees that slowdown with its own noise."""
+    rng = np.random.default_rng(seed)
+    slow = np.exp(np.cumsum(rng.normal(0.0, spread / 4, len(requests))))  # drifts, not jumps
+    slow = np.clip(slow / np.median(slow), 0.6, 1.8)
+    probe = 2.5 * slow * np.exp(rng.normal(0.0, probe_noise, len(requests)))
+    return [
+        dataclasses.replace(
+            r,
+            prefill_ms=r.prefill_ms * s,
+            denoise_ms=r.denoise_ms * s,
+            refresh_ms=r.refresh_ms * s,
+            probe_ms=float(p),
+        )
+        for r, s, p in zip(requests, slow, probe)
+    ]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_speed_probes_take_a_drifting_machine_out_of_the_fit(seed):
+    """A machine whose speed drifts by tens of percent over the run: fitted as measured, the
+    drift is error the cost form cannot explain (MAPE well over 6%); with each request's
+    probe the fit prices every request at the median speed, picks the exponent 1 (the
+    planted slowdown is exactly the probe's) and recovers the planted profile."""
+    planted = planted_paper_profile()
+    clean = synthetic_requests(planted, 200, noise=0.01, seed=seed)
+    slowed = _slowed(clean, seed)
+    config = FitConfig(n_blocks=planted.n_blocks)
+    as_measured = fit_cost_profile(
+        [dataclasses.replace(r, probe_ms=None) for r in slowed],
+        block_size=32,
+        hardware="h",
+        config=config,
+    )
+    assert as_measured.cv is not None and as_measured.cv["mape"] > 0.06
+    assert "speed_exponent" not in as_measured.cv  # no probes, no correction
+    fit = fit_cost_profile(slowed, block_size=32, hardware="h", config=config)
+    assert fit.cv is not None and fit.cv["speed_exponent"] == 1.0
+    assert fit.cv["mape"] < 0.035 and fit.cv["mape"] < 0.5 * as_measured.cv["mape"]
+    assert fit.cv["r2"] > 0.99 and fit.cv["pairwise"] > 0.97
+    for name in ("alpha_ms", "beta_ms"):  # at the median speed, which is the planted one
+        got, want = getattr(fit, name), getattr(planted, name)
+        assert abs(got - want) / want < 0.05, (name, got, want)
+    reached = np.zeros_like(planted.K_ms)  # K where the requests ran (late cells are rare)
+    for r in clean:
+        for b, steps in enumerate(r.rounds_per_block):
+            reached[b, :steps] += 1
+    k_err = np.abs(fit.K_ms - planted.K_ms) / planted.K_ms
+    assert (k_err * reached).sum() / reached.sum() < 0.03
+    # exponent 0 is the fit as measured: probes recorded but not applied
+    off = fit_cost_profile(
+        slowed, block_size=32, hardware="h", config=dataclasses.replace(config, speed_exponent=0.0)
+    )
+    assert off.cv is not None and off.cv["speed_exponent"] == 0.0
+    assert off.cv["mape"] == pytest.approx(as_measured.cv["mape"])
+    assert off.alpha_ms == pytest.approx(as_measured.alpha_ms)
+
+
+def test_probes_that_see_no_drift_leave_the_fit_as_it_was():
+    """On a steady machine the probes only add noise: the fit keeps (close to) the times as
+    measured and its metrics are those of the fit without probes."""
+    planted = planted_paper_profile(n_blocks=16)
+    clean = synthetic_requests(planted, 120, noise=0.01, seed=7)
+    rng = np.random.default_rng(7)
+    probed = [
+        dataclasses.replace(r, probe_ms=float(2.5 * np.exp(rng.normal(0.0, 0.03)))) for r in clean
+    ]
+    plain = fit_cost_profile(clean, block_size=32, hardware="h")
+    fit = fit_cost_profile(probed, block_size=32, hardware="h")
+    assert fit.cv is not None and plain.cv is not None
+    assert fit.cv["speed_exponent"] <= 0.25
+    assert fit.cv["mape"] <= plain.cv["mape"] + 0.005
+
+
+def test_bad_probes_or_exponents_are_refused():
+    requests = synthetic_requests(planted_paper_profile(n_blocks=8), 25, seed=0)
+    probed = [dataclasses.replace(r, probe_ms=2.0) for r in requests]
+    with pytest.raises(TrainingError, match="speed probe"):
+        fit_cost_profile(
+            [*probed[:-1], dataclasses.replace(probed[-1], probe_ms=0.0)], block_size=32
+        )
+    with pytest.raises(TrainingError, match="speed exponent"):
+        fit_cost_profile(probed, block_size=32, config=FitConfig(speed_exponent=1.5))
+    # a run where some requests have no probe is fitted as measured
+    mixed = [*probed[:-1], requests[-1]]
+    fit = fit_cost_profile(mixed, block_size=32, hardware="h")
+    assert fit.cv is not None and "speed_exponent" not in fit.cv

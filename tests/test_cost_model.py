@@ -133,3 +133,21 @@ def test_paper_profile_ships_and_has_the_papers_heterogeneity():
     assert p.cell_cost(0, 0, 1024) - p.cell_cost(0, 0, 8) == pytest.approx(0.80, abs=1e-3)
     with pytest.raises(ConfigError, match="shipped"):
         load_cost_profile("no-such-profile")
+
+
+def test_a_speed_corrected_profile_and_an_older_one_both_load(tmp_path):
+    """A profile fitted with speed probes records the exponent it chose in ``cv``; the bundle
+    card still reads its R² and MAPE, and a profile from before probes (no exponent) loads
+    and prices the same."""
+    cv = {"r2": 0.9915, "mape": 0.0438, "spearman": 0.9974, "pairwise": 0.9805}
+    new = _profile(cv={**cv, "speed_exponent": 0.75})
+    new.save(tmp_path)
+    back = load_cost_profile(tmp_path)
+    assert back.cv == {**cv, "speed_exponent": 0.75}
+    card = CostProfile.card_summary(back.entry(), {})
+    assert "R² 0.9915, MAPE 4.4%" in card
+    old = _profile(cv=cv).to_json()
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    before = load_cost_profile(tmp_path / "old.json")
+    assert before.cv == cv and "speed_exponent" not in before.cv
+    assert before.request_cost([2, 1], 3) == back.request_cost([2, 1], 3)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -12,7 +13,11 @@ import pytest
 from _tracing_helpers import make_tiny_bd, one_torch_thread  # noqa: F401 (autouse fixture)
 from dwise_predict.tracing.adapters.tiny_bd import load_tiny_bd
 from dwise_predict.tracing.engine import DecodeConfig, DecodeRequest, decode
-from dwise_predict.trainers.cost_profile import planted_paper_profile, synthetic_requests
+from dwise_predict.trainers.cost_profile import (
+    SPEED_EXPONENTS,
+    planted_paper_profile,
+    synthetic_requests,
+)
 from dwise_predict.trainers.profile_traces import read_profile_traces, write_profile_traces
 
 import dwise_predict
@@ -116,10 +121,13 @@ def test_profile_cli_measures_fits_and_writes_nothing_on_bad_input(
     requests, fingerprint, hardware = read_profile_traces(out)
     assert len(requests) == 24 and fingerprint["block_size"] == BS and "clock=cpu" in hardware
     assert all(r.refresh_ms > 0 and r.denoise_ms > 0 and r.prefill_ms > 0 for r in requests)
+    # every request has the speed probe beside it: forwards of one block, so a few ms at most
+    assert all(r.probe_ms is not None and 0 < r.probe_ms < 1e3 for r in requests)
     profile = load_cost_profile(out / "cost_profile.json")
     assert (profile.block_size, profile.max_steps) == (BS, BS)
     assert profile.fingerprint["model_id"] == fingerprint["model_id"]
-    assert set(profile.cv) == {"r2", "mape", "spearman", "pairwise"}
+    assert set(profile.cv) == {"r2", "mape", "spearman", "pairwise", "speed_exponent"}
+    assert profile.cv["speed_exponent"] in SPEED_EXPONENTS
     # the profile prices the requests it was fitted on in the measured ballpark
     pred = np.array([profile.request_cost(r.rounds_per_block, r.prompt_blocks) for r in requests])
     true = np.array([r.total_ms for r in requests])
@@ -216,3 +224,53 @@ def test_profile_clock_defaults_to_one_threads_cpu_time_on_a_cpu_and_wall_on_a_g
         poor, "wall"
     )
     assert "quieter machine" in r2_warning(poor, "cpu")
+
+
+def test_speed_probes_are_timed_between_requests_and_can_be_turned_off(model_dir):
+    from dwise_predict.tracing.profile import profile_workload
+
+    adapter = load_tiny_bd(model_dir)
+    records = [
+        {"id": f"r{i}", "category": "chat", "source": "t", "prompt": p}
+        for i, p in enumerate(PROMPTS[:4])
+    ]
+    kw = dict(threshold=0.9, block_size=BS, max_new_tokens=16, warmup=1, clock="cpu")
+    probed = profile_workload(adapter, records, **kw)
+    plain = profile_workload(adapter, records, probe_reps=0, **kw)
+    assert all(r.probe_ms is not None and r.probe_ms > 0 for r in probed.requests)
+    assert all(r.probe_ms is None for r in plain.requests)
+    # the probe changes nothing the model decodes
+    assert [r.rounds_per_block for r in probed.requests] == [
+        r.rounds_per_block for r in plain.requests
+    ]
+
+
+def test_profile_traces_from_before_probes_still_fit_as_measured(tmp_path):
+    """A profile.parquet written before the probe column existed reads with no probes, and
+    refits with the times as measured (no speed correction), naming none in ``cv``."""
+    import pyarrow.parquet as pq
+
+    planted = planted_paper_profile(n_blocks=8)
+    reqs = synthetic_requests(planted, 40, seed=4)
+    probed = [dataclasses.replace(r, probe_ms=2.0 + 0.01 * i) for i, r in enumerate(reqs)]
+    new = write_profile_traces(
+        tmp_path / "new",
+        probed,
+        [f"r{i}" for i in range(40)],
+        [32 * r.prompt_blocks for r in reqs],
+        [[1.0] * sum(r.rounds_per_block) for r in reqs],
+        {"model_id": "m", "block_size": 32},
+        "hw",
+    )
+    back, _, _ = read_profile_traces(new)
+    assert [r.probe_ms for r in back] == [r.probe_ms for r in probed]
+    table = pq.read_table(new)
+    old = tmp_path / "old" / "profile.parquet"
+    old.parent.mkdir()
+    pq.write_table(table.drop(["probe_ms"]).replace_schema_metadata(table.schema.metadata), old)
+    requests, fingerprint, _ = read_profile_traces(old)
+    assert fingerprint["model_id"] == "m" and all(r.probe_ms is None for r in requests)
+    out = tmp_path / "refit"
+    assert main(["profile", "--traces", str(old), "--out", str(out), "-q"]) == 0
+    cv = load_cost_profile(out).cv
+    assert cv is not None and "speed_exponent" not in cv and cv["mape"] < 0.05

@@ -17,6 +17,17 @@ the split between beta and K[:, 0] comes from the smoothing).
 
 Cross-validation (5-fold by default) reports R^2, MAPE, Spearman rho and pairwise ordering
 accuracy of the predicted *total* request latency, the number a scheduler ranks by.
+
+Machine speed: on a shared CPU a request's times move with what else runs (a busy neighbour
+core slows the same forward by 10-40%, even on the thread's own CPU clock), and that drift,
+not the cost form, dominated the error. ``dwise-predict profile`` therefore times a fixed probe
+(one masked block over an empty cache) between requests; each request's ``probe_ms`` is the
+mean of the probes on either side. The fit divides a request's phase times by
+``(probe_ms / median probe_ms) ** gamma``, which prices every request at the run's median
+speed, with the exponent ``gamma`` chosen by cross-validation among :data:`SPEED_EXPONENTS`
+(0 = no correction; a probe is a short, noisy sample of the speed, so the best exponent is
+usually under 1). Requests without a probe (older profile traces, ordinary traces) are fitted
+as measured.
 """
 
 from __future__ import annotations
@@ -35,6 +46,8 @@ from dwise_predict.ranking import spearman
 
 #: Fewest requests a profile is fitted from; below it the cross-validation means nothing.
 MIN_REQUESTS = 20
+#: Exponents of the speed correction ``(probe / median probe) ** gamma`` the fit chooses from.
+SPEED_EXPONENTS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
 @dataclass(frozen=True)
@@ -46,6 +59,9 @@ class ProfiledRequest:
     prefill_ms: float
     denoise_ms: float
     refresh_ms: float
+    #: ms of the speed probe next to this request (mean of the probes before and after it);
+    #: None where it was not measured
+    probe_ms: float | None = None
 
     @property
     def total_ms(self) -> float:
@@ -69,6 +85,9 @@ class FitConfig:
     #: prefill form: "linear" (alpha * m, the paper's), "quadratic" (+ alpha2 * m^2), or
     #: "auto": quadratic only where it lowers the cross-validated squared error
     prefill: str = "auto"
+    #: speed-correction exponent (module docstring); None: chosen by cross-validation among
+    #: SPEED_EXPONENTS where every request has a probe, else 0 (times as measured)
+    speed_exponent: float | None = None
 
     @property
     def quadratic_prefill(self) -> bool:
@@ -195,20 +214,29 @@ class _Design:
     Hs: np.ndarray
     knots_b: np.ndarray
     knots_s: np.ndarray
+    speed: np.ndarray  # probe / median probe: > 1 where the machine ran slow (1 = unknown)
+    probed: bool  # every request has a probe
 
     def take(self, idx: np.ndarray) -> _Design:
-        return _Design(
-            self.m[idx],
-            self.n[idx],
-            self.cells[idx],
-            self.active[idx],
-            self.prefill[idx],
-            self.denoise[idx],
-            self.refresh[idx],
-            self.Hb,
-            self.Hs,
-            self.knots_b,
-            self.knots_s,
+        return dataclasses.replace(
+            self,
+            m=self.m[idx],
+            n=self.n[idx],
+            cells=self.cells[idx],
+            active=self.active[idx],
+            prefill=self.prefill[idx],
+            denoise=self.denoise[idx],
+            refresh=self.refresh[idx],
+            speed=self.speed[idx],
+        )
+
+    def at_median_speed(self, gamma: float) -> _Design:
+        """The phase times divided by ``speed ** gamma`` (0: as measured)."""
+        if gamma == 0:
+            return self
+        f = self.speed**gamma
+        return dataclasses.replace(
+            self, prefill=self.prefill / f, denoise=self.denoise / f, refresh=self.refresh / f
         )
 
     @property
@@ -239,6 +267,12 @@ def _design(
             grid += np.outer(Hb[-1], cum_s[rounds[nb:] - 1].sum(axis=0))
         rows[i] = grid.ravel()
     arr = np.asarray
+    probes = [r.probe_ms for r in requests]
+    speed = np.ones(len(requests))
+    probed = bool(probes) and all(p is not None for p in probes)
+    if probed:
+        p = arr(probes, dtype=np.float64)
+        speed = p / np.median(p)
     return _Design(
         m=arr([r.prompt_blocks for r in requests], dtype=np.float64),
         n=arr([r.output_blocks for r in requests], dtype=np.float64),
@@ -253,6 +287,8 @@ def _design(
         Hs=Hs,
         knots_b=kb,
         knots_s=ks,
+        speed=speed,
+        probed=probed,
     )
 
 
@@ -401,6 +437,11 @@ def _check_requests(requests: Sequence[ProfiledRequest], max_steps: int, folds: 
                 f"a profiled request has a non-finite or negative phase time "
                 f"{vals}; re-profile (the measurement is broken)"
             )
+        if r.probe_ms is not None and not (np.isfinite(r.probe_ms) and r.probe_ms > 0):
+            raise TrainingError(
+                f"a profiled request has a speed probe of {r.probe_ms} ms; a probe times a "
+                "forward and must be positive: re-profile (the measurement is broken)"
+            )
         if not r.rounds_per_block or min(r.rounds_per_block) < 1:
             raise TrainingError("a profiled request has no output block or a block with 0 steps")
         if max(r.rounds_per_block) > max_steps:
@@ -420,8 +461,53 @@ def _out_of_fold(
         train = np.setdiff1d(order, test)
         oof[test] = _solve(d.take(train), config).predict_total(d.take(test))
         if progress is not None:
-            progress(f"{config.prefill} prefill: cross-validation fold {k + 1}/{config.folds}")
+            progress(
+                f"{config.prefill} prefill, speed exponent {config.speed_exponent}: "
+                f"cross-validation fold {k + 1}/{config.folds}"
+            )
     return oof
+
+
+def speed_exponents(requests: Sequence[ProfiledRequest], config: FitConfig) -> tuple[float, ...]:
+    """The speed-correction exponents a fit tries: ``config.speed_exponent`` if set, else
+    :data:`SPEED_EXPONENTS` where every request has a probe, else 0 (times as measured)."""
+    return _exponents(bool(requests) and all(r.probe_ms is not None for r in requests), config)
+
+
+def _exponents(probed: bool, config: FitConfig) -> tuple[float, ...]:
+    if not probed:
+        return (0.0,)
+    if config.speed_exponent is not None:
+        return (float(config.speed_exponent),)
+    return SPEED_EXPONENTS
+
+
+def fit_runs(requests: Sequence[ProfiledRequest], config: FitConfig) -> int:
+    """How many cross-validations :func:`fit_cost_profile` runs (for a progress bar)."""
+    forms = 2 if config.prefill == "auto" else 1
+    return forms * len(speed_exponents(requests, config))
+
+
+def _cross_validate(
+    d: _Design, config: FitConfig, progress: Callable[[str], None] | None
+) -> tuple[FitConfig, _Design, np.ndarray]:
+    """The prefill form (lowest squared error) and then the speed exponent (lowest squared
+    relative error) that cross-validate best; returns that config, the design at median speed
+    and its out-of-fold totals."""
+    forms = ["linear", "quadratic"] if config.prefill == "auto" else [config.prefill]
+    scored = []
+    for gamma in _exponents(d.probed, config):
+        dg = d.at_median_speed(gamma)
+        by_form = []
+        for form in forms:
+            variant = dataclasses.replace(config, prefill=form, speed_exponent=gamma)
+            oof = _out_of_fold(dg, variant, progress)
+            by_form.append((float(np.sum((oof - dg.total) ** 2)), form, variant, oof))
+        _, _, variant, oof = min(by_form, key=lambda t: t[0])
+        rel = float(np.sum(((oof - dg.total) / np.maximum(dg.total, 1e-9)) ** 2))
+        scored.append((rel, gamma, variant, dg, oof))
+    _, _, chosen, dg, oof = min(scored, key=lambda t: (t[0], t[1]))
+    return chosen, dg, oof
 
 
 def fit_cost_profile(
@@ -434,7 +520,8 @@ def fit_cost_profile(
     config: FitConfig | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> CostProfile:
-    """Fit alpha, beta, K, delta from profiled requests; ``cv`` holds the k-fold metrics."""
+    """Fit alpha, beta, K, delta from profiled requests; ``cv`` holds the k-fold metrics
+    (and ``speed_exponent``, the speed correction chosen, where the requests have probes)."""
     config = config or FitConfig()
     S = max_steps or block_size
     _check_requests(requests, S, config.folds)
@@ -443,16 +530,14 @@ def fit_cost_profile(
             f"prefill form must be linear, quadratic or auto, not {config.prefill!r}"
         )
     N = config.n_blocks or max(r.output_blocks for r in requests)
-    d = _design(requests, N, S, config)
-    forms = ["linear", "quadratic"] if config.prefill == "auto" else [config.prefill]
-    scored = []
-    for form in forms:
-        variant = dataclasses.replace(config, prefill=form)
-        oof = _out_of_fold(d, variant, progress)
-        scored.append((float(np.sum((oof - d.total) ** 2)), form, oof))
-    _, form, oof = min(scored, key=lambda t: t[0])
-    config = dataclasses.replace(config, prefill=form)
+    if config.speed_exponent is not None and not (
+        np.isfinite(config.speed_exponent) and 0 <= config.speed_exponent <= 1
+    ):
+        raise TrainingError(f"speed exponent must lie in [0, 1], got {config.speed_exponent}")
+    config, d, oof = _cross_validate(_design(requests, N, S, config), config, progress)
     cv = cost_metrics(d.total, oof, seed=config.seed)
+    if d.probed:  # the metrics compare with times at the run's median speed
+        cv["speed_exponent"] = float(config.speed_exponent or 0.0)
     fit = _solve(d, config)
     K = d.Hb @ fit.W @ d.Hs.T
     return CostProfile(

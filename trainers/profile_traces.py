@@ -40,6 +40,9 @@ SCHEMA = pa.schema(
         pa.field("refresh_ms", pa.float64(), nullable=False),
         # every denoising step's wall time in order: block 0 steps 0.., block 1 steps 0.., ...
         pa.field("step_ms", pa.list_(pa.float32()), nullable=False),
+        # the speed probe next to the request (ProfiledRequest.probe_ms); null: not measured.
+        # Phase and step times are as measured: the fit applies the speed correction.
+        pa.field("probe_ms", pa.float64(), nullable=True),
     ]
 )
 
@@ -68,6 +71,7 @@ def write_profile_traces(
             "denoise_ms": [r.denoise_ms for r in requests],
             "refresh_ms": [r.refresh_ms for r in requests],
             "step_ms": [list(s) for s in step_ms],
+            "probe_ms": [r.probe_ms for r in requests],
         },
         schema=SCHEMA,
     ).replace_schema_metadata(
@@ -116,6 +120,7 @@ def read_profile_traces(path: str | Path) -> tuple[list[ProfiledRequest], dict[s
                     r["prefill_ms"],
                     r["denoise_ms"],
                     r["refresh_ms"],
+                    r.get("probe_ms"),  # absent from profiles measured before probes
                 )
                 for r in rows
             ],

@@ -94,6 +94,14 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
     )
     p.add_argument("--warmup", type=int, default=3, help="unrecorded warm-up requests (default: 3)")
     p.add_argument(
+        "--speed-probe",
+        type=int,
+        default=3,
+        metavar="N",
+        help="time N forwards of a fixed block between requests, so that the fit can price "
+        "every request at the run's median machine speed (default: 3; 0: no probe)",
+    )
+    p.add_argument(
         "--n-blocks",
         type=int,
         default=None,
@@ -199,6 +207,7 @@ def _serve(args: argparse.Namespace) -> Any:
             warmup=args.warmup,
             clock=args.clock,
             progress=bar,
+            probe_reps=args.speed_probe,
         )
     finally:
         bar.close()
@@ -208,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
     from dwise_predict.trainers.cost_profile import (
         FitConfig,
         fit_cost_profile,
+        fit_runs,
         prompt_coverage_warning,
     )
     from dwise_predict.trainers.profile_traces import read_profile_traces, write_profile_traces
@@ -240,8 +250,8 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         prefill=args.prefill,
     )
-    forms = 2 if args.prefill == "auto" else 1
-    bar = progress(total=config.folds * forms, desc="fit", unit="fold", quiet=args.quiet)
+    runs = fit_runs(requests, config)
+    bar = progress(total=config.folds * runs, desc="fit", unit="fold", quiet=args.quiet)
     try:
         profile = fit_cost_profile(
             requests,
@@ -312,6 +322,10 @@ def summary_rows(profile: Any, n_requests: int, folds: int) -> list[list[Any]]:
             "Spearman rho / pairwise order",
             f"{cv.get('spearman', float('nan')):.4f} / "
             f"{100 * cv.get('pairwise', float('nan')):.2f}%",
+        ],
+        [
+            "speed correction (probe / median probe)^gamma",
+            f"gamma {cv['speed_exponent']:g}" if "speed_exponent" in cv else "none (no probes)",
         ],
         ["hardware", profile.hardware],
     ]
