@@ -30,6 +30,8 @@ class TraceArrays:
     output_budget: np.ndarray  # (n,) float
     hit_budget: np.ndarray  # (n,) bool: cut by the output budget (censored for the survival loss)
     hidden: np.ndarray | None  # (n, H) float32, None when the traces lack hidden states
+    #: (n,) int: output tokens written (the output-length baselines' target); None when not read
+    output_tokens: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -49,6 +51,7 @@ class TraceArrays:
             self.output_budget[mask],
             self.hit_budget[mask],
             None if self.hidden is None else self.hidden[mask],
+            None if self.output_tokens is None else self.output_tokens[mask],
         )
 
 
@@ -79,6 +82,9 @@ def trace_arrays(traces: str | Path | pa.Table, *, need_hidden: bool = False) ->
             pc.fill_null(table.column("hit_budget"), False).to_pylist(), dtype=bool
         ),
         hidden=hidden,
+        output_tokens=table.column("output_tokens").to_numpy().astype(np.int64)
+        if "output_tokens" in table.column_names
+        else None,
     )
 
 

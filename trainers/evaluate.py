@@ -290,7 +290,10 @@ def rounds_vs_tokens(
 
     ``output_length`` is each request's TRUE output length: the best score any output-length
     ranker (SSJF, S³, LTR, TRAIL) can reach, since they all predict it. Each of the bundle's
-    estimates is set against what it predicts (total rounds, or rounds still to go)."""
+    estimates is set against what it predicts (total rounds, or rounds still to go); a bundle
+    trained with the output-length baselines (``--only ...,ssjf,s3,ltr,trail``) adds their
+    scores, each against the work a scheduler ranks by it (total rounds; TRAIL's re-estimate
+    against the rounds still to go): the paper's Table 12 on the bundle's own traces."""
     other = ~np.isin(categories.astype(str), TRIVIAL_CATEGORIES)
     scores = {"output_length": (output_tokens.astype(np.float64), total_rounds)}
     scores.update(preds)
@@ -300,4 +303,37 @@ def rounds_vs_tokens(
             "rho_other": spearman(pred[other], actual[other]),
         }
         for name, (pred, actual) in scores.items()
+    }
+
+
+#: the categories whose rounds and output length the issue's reference-model goal compares (open
+#: text and structured text; multiple choice and long context left out)
+TEXT_CATEGORIES = ("code", "math", "chat", "instruction")
+
+
+def tokens_and_rounds(
+    categories: np.ndarray, output_tokens: np.ndarray, total_rounds: np.ndarray
+) -> dict[str, Any]:
+    """How the model's rounds track its output length: Spearman ρ of output tokens with total
+    denoising rounds over :data:`TEXT_CATEGORIES` (``rho_tokens_rounds``; the paper's
+    LLaDA2.1-mini has them part ways), and each category's median output tokens per round and
+    median rounds. When ρ is high, an output-length ranker (:func:`rounds_vs_tokens`'s
+    ``ssjf``, ``s3``, ``ltr``, ``trail``) ranks work almost as well as a rounds estimate."""
+    cats = categories.astype(str)
+    tokens = output_tokens.astype(np.float64)
+    rounds = total_rounds.astype(np.float64)
+    text = np.isin(cats, TEXT_CATEGORIES)
+    per_cat: dict[str, dict[str, float | int]] = {}
+    for c in sorted(set(cats.tolist())):
+        m = cats == c
+        per_cat[c] = {
+            "n": int(m.sum()),
+            "median_tokens_per_round": float(np.median(tokens[m] / np.maximum(rounds[m], 1))),
+            "median_rounds": float(np.median(rounds[m])),
+            "median_tokens": float(np.median(tokens[m])),
+        }
+    return {
+        "rho_tokens_rounds": spearman(tokens[text], rounds[text]) if text.any() else None,
+        "categories": list(TEXT_CATEGORIES),
+        "per_category": per_cat,
     }

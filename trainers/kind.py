@@ -103,6 +103,9 @@ class KindTrainer:
     needs_cost_profile: bool = False
     #: reads the prompt text (``settings.table``): streaming then reads every small column
     reads_text: bool = False
+    #: trained only when named (``--only``), never by default: the output-length baselines a
+    #: bundle is compared with (docs/baselines.md), not predictors a scheduler needs
+    only_when_named: bool = False
 
 
 def trainer_for(kind: str) -> KindTrainer:

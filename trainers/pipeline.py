@@ -33,10 +33,13 @@ log = logging.getLogger(__name__)
 
 def parse_only(only: str | Sequence[str] | None, *, cost_profile: bool = False) -> tuple[str, ...]:
     """The kinds to train: the comma list given, else every trainable kind (those priced in
-    ms only when a cost profile is given)."""
+    ms only when a cost profile is given; the baselines, ``only_when_named``, never)."""
     if only is None:
         return tuple(
-            k for k in trainable() if cost_profile or not trainer_for(k).needs_cost_profile
+            k
+            for k in trainable()
+            if (cost_profile or not trainer_for(k).needs_cost_profile)
+            and not trainer_for(k).only_when_named
         )
     names = tuple(
         s.strip() for s in (only.split(",") if isinstance(only, str) else only) if s.strip()

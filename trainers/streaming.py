@@ -49,6 +49,7 @@ ARRAY_COLUMNS: tuple[str, ...] = tuple(
             "prompt_tokens",
             "output_budget",
             "hit_budget",
+            "output_tokens",
             "first_round_hidden",
         )
     )
@@ -229,6 +230,9 @@ def concat_arrays(parts: Sequence[TraceArrays]) -> TraceArrays:
         output_budget=np.concatenate([p.output_budget for p in parts]),
         hit_budget=np.concatenate([p.hit_budget for p in parts]),
         hidden=hidden,
+        output_tokens=None
+        if any(p.output_tokens is None for p in parts)
+        else np.concatenate([p.output_tokens for p in parts if p.output_tokens is not None]),
     )
 
 

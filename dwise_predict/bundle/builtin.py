@@ -13,6 +13,7 @@ from typing import Generic, Protocol, overload
 
 from ..cost import CostProfile
 from ..predictors.admission import AdmissionModel
+from ..predictors.baselines import LTRPredictor, S3Predictor, SSJFPredictor, TRAILPredictor
 from ..predictors.dws import DWSPredictor
 from ..predictors.refinement import RefinementEnsemble
 from .modules import M, register
@@ -58,3 +59,9 @@ class ShippedKinds:
     #: the deployment's cost factors (``dwise-predict profile --bundle``), None until then
     cost_profile = shipped(CostProfile)
     dws = shipped(DWSPredictor)
+    #: the learned output-length schedulers the paper compares with (docs/baselines.md); trained
+    #: only when named (``train --only ...,ssjf,s3,ltr,trail``)
+    ssjf = shipped(SSJFPredictor)
+    s3 = shipped(S3Predictor)
+    ltr = shipped(LTRPredictor)
+    trail = shipped(TRAILPredictor)

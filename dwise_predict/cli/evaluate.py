@@ -82,7 +82,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         arrays = trace_arrays(args.traces, need_hidden=bundle.refinement is not None)
         metrics, preds = evaluate_arrays(bundle, arrays)
-        metrics["rounds_vs_tokens"] = _rounds_vs_tokens(args.traces, arrays, preds)
+        metrics["rounds_vs_tokens"], metrics["tokens_and_rounds"] = _rounds_vs_tokens(
+            args.traces, arrays, preds
+        )
     metrics["bundle"] = str(bundle.path)
     metrics["traces"] = Path(args.traces).resolve().name
     out = Path(args.out)
@@ -91,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     if names:  # a DWS-only bundle (`train --only dws`) has no round estimates
         _print_round_tables(metrics, names)
     if "rounds_vs_tokens" in metrics:
-        _print_rounds_vs_tokens(metrics["rounds_vs_tokens"])
+        _print_rounds_vs_tokens(metrics["rounds_vs_tokens"], metrics["tokens_and_rounds"])
     if args.holdout_category:
         h = holdout_evaluation(
             bundle, args.train_traces, args.traces, args.holdout_category, seed=args.seed
@@ -175,15 +177,35 @@ def _evaluate_dws(
     return [write_surface_plot(surface, arrays, out.parent / f"{out.stem}_dws_surfaces.png")]
 
 
-def _rounds_vs_tokens(traces: Path, arrays: Any, preds: dict[str, Any]) -> dict[str, Any]:
+def _rounds_vs_tokens(
+    traces: Path, arrays: Any, preds: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Table 12 (each score's ρ with work) and how rounds track output length."""
     from dwise_predict.traces import read_traces
-    from dwise_predict.trainers.evaluate import rounds_vs_tokens
+    from dwise_predict.trainers.evaluate import rounds_vs_tokens, tokens_and_rounds
 
     tokens = read_traces(traces, columns=["output_tokens"]).column("output_tokens").to_numpy()
-    return rounds_vs_tokens(preds, arrays.category, tokens, arrays.total_rounds)
+    return (
+        rounds_vs_tokens(preds, arrays.category, tokens, arrays.total_rounds),
+        tokens_and_rounds(arrays.category, tokens, arrays.total_rounds),
+    )
 
 
-def _print_rounds_vs_tokens(table: dict[str, dict[str, float | None]]) -> None:
+def _score_label(name: str) -> str:
+    """A score's row label: the true output length, or the estimate and, for an output-length
+    baseline, the scheduler it stands for (its kind's ``paper_name``)."""
+    from dwise_predict.bundle.modules import estimate_owner, registered
+
+    if name == "output_length":
+        return "true output length (any output-length ranker's best)"
+    owner = estimate_owner(name)
+    paper = getattr(registered().get(owner or ""), "paper_name", "")
+    return f"{name}: {paper}" if paper else name
+
+
+def _print_rounds_vs_tokens(
+    table: dict[str, dict[str, float | None]], shape: dict[str, Any]
+) -> None:
     from dwise_predict.trainers.evaluate import TRIVIAL_CATEGORIES
 
     print()
@@ -191,15 +213,17 @@ def _print_rounds_vs_tokens(table: dict[str, dict[str, float | None]]) -> None:
         format_table(
             ["ranks denoising rounds by", "ρ all", f"ρ without {', '.join(TRIVIAL_CATEGORIES)}"],
             [
-                [
-                    "true output length (any output-length ranker's best)"
-                    if name == "output_length"
-                    else name,
-                    _fmt(v["rho_all"]),
-                    _fmt(v["rho_other"]),
-                ]
+                [_score_label(name), _fmt(v["rho_all"]), _fmt(v["rho_other"])]
                 for name, v in table.items()
             ],
+        )
+    )
+    rho = shape["rho_tokens_rounds"]
+    print(
+        f"output tokens vs rounds over {', '.join(shape['categories'])}: "
+        f"ρ {'n/a' if rho is None else f'{rho:.3f}'}; median tokens per round: "
+        + ", ".join(
+            f"{c} {v['median_tokens_per_round']:.2f}" for c, v in shape["per_category"].items()
         )
     )
 

@@ -169,13 +169,20 @@ def _workload(args: argparse.Namespace, policies: list[Any]) -> Any:
                 "--bundle applies to --traces; the synthetic "
                 "workload carries its own noisy estimates"
             )
-        return synthetic_workload(
+        synthetic = synthetic_workload(
             args.synthetic,
             n=args.requests,
             seed=args.seed,
             spearman=args.spearman,
             spearman_admission=args.spearman_admission,
         )
+        if any("length" in p.needs for p in policies):  # output-length baselines (lengths.py)
+            from ..runtime.lengths import synthetic_lengths
+
+            synthetic = synthetic.with_estimates(
+                lengths=synthetic_lengths(synthetic, seed=args.seed)
+            )
+        return synthetic
     from ..traces import read_traces
 
     table = read_traces(args.traces)
@@ -190,6 +197,10 @@ def _workload(args: argparse.Namespace, policies: list[Any]) -> Any:
         if any("cost" in p.needs for p in policies):
             cost = costs_from_bundle(bundle, table)
     workload = Workload.from_requests(requests_from_traces(table, admission, refined))
+    if args.bundle and any("length" in p.needs for p in policies):
+        from ..runtime.lengths import lengths_from_bundle
+
+        workload = workload.with_estimates(lengths=lengths_from_bundle(bundle, table))
     return workload if cost is None else workload.with_estimates(cost=cost)
 
 

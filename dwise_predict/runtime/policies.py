@@ -294,6 +294,33 @@ class DWSSJF(ScoreSJF):
     needs: ClassVar[frozenset[str]] = frozenset({"score", "cost"})
 
 
+@dataclass(frozen=True)
+class LengthSRPT:
+    """A learned output-length scheduler (SSJF, S³, LTR, TRAIL) on DWISE's batch former:
+    preemptive SRPT by ``P + r̂``, where ``r̂`` is the baseline's predicted output tokens
+    stated in rounds (÷ the tokens per round of its training traces) and counted down one per
+    denoising round, as DWISE counts its own. ``predictor`` names the bundle kind the driver
+    reads it from (``"length"`` in :data:`.registry.NEEDS`); ``refines``: re-estimated once
+    after the first denoising round (TRAIL). Ranking by ``P + T̂ / τ`` is ranking by remaining
+    tokens with a prompt block counted as τ tokens (docs/baselines.md, "The scale")."""
+
+    predictor: str = "ssjf"
+    refines: bool = False
+    batch_former: str = "mixed"
+    name: str = "ssjf"
+    preemptive: ClassVar[bool] = True
+
+    @property
+    def needs(self) -> frozenset[str]:
+        return frozenset({"estimate", "length", *(("refined",) if self.refines else ())})
+
+    def __post_init__(self) -> None:
+        _check_former(self.batch_former)
+
+    def key(self, table: RequestTable, rows: np.ndarray, round_index: int) -> np.ndarray:
+        return table.prompt_blocks[rows] + table.r_hat[rows]
+
+
 def SRPT(batch_former: str = "mixed") -> ScoreSJF:  # noqa: N802 - a policy constructor
     """Preemptive SRPT by a driver-maintained score, on the mixed-phase batch former."""
     return ScoreSJF(preemptive=True, batch_former=batch_former, name="srpt")
@@ -332,3 +359,24 @@ register_policy(
 register_policy("dwise", TailGuard, "the default: DWISE with the tail guard (runtime/tails.py)")
 register_policy("oracle", OracleSRPT, "SRPT by true remaining work (replays only)")
 register_policy("dws-sjf", DWSSJF, "non-preemptive SJF by the DWS cost estimate (ms)")
+# the learned output-length schedulers the paper compares with (docs/baselines.md)
+register_policy(
+    "ssjf",
+    partial(LengthSRPT, predictor="ssjf", name="ssjf"),
+    "SRPT by P + SSJF's predicted output length (tokens / tokens per round), mixed-phase",
+)
+register_policy(
+    "s3",
+    partial(LengthSRPT, predictor="s3", name="s3"),
+    "SRPT by P + S3's expected output-length bucket, mixed-phase",
+)
+register_policy(
+    "ltr",
+    partial(LengthSRPT, predictor="ltr", name="ltr"),
+    "SRPT by P + LTR's ranked output length, mixed-phase",
+)
+register_policy(
+    "trail",
+    partial(LengthSRPT, predictor="trail", refines=True, name="trail"),
+    "SRPT by P + TRAIL's output length, re-estimated from the first round's hidden state",
+)

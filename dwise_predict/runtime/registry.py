@@ -39,6 +39,9 @@ NEEDS = {
     "score": "a per-request score, lower first (the driver supplies it)",
     "cost": "the score is the DWS surface priced by the cost profile, in ms (an encoder pass "
     "per arrival; the bundle needs a DWS predictor and a cost profile)",
+    "length": "the estimate (and, with 'refined', the refined one) comes from the output-length "
+    "baseline the policy names (``policy.predictor``: a bundle kind, docs/baselines.md), in "
+    "rounds: predicted output tokens / its tokens per round",
 }
 
 #: anti-starvation settings a policy takes as dataclass fields; :func:`make_policy` applies the

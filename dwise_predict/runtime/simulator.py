@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import ConfigError, SchedulerError
 from .arrivals import Arrivals, ArrivalSpec, make_arrivals
 from .costtime import ProfileRoundTime
+from .lengths import length_inputs
 from .policies import Policy
 from .replay import ArrivalFeed, RequestProgress, RoundLog
 from .request import RESIDENT, RoundPlan, RoundResult
@@ -84,7 +85,7 @@ def policy_inputs(workload: Workload, policy: Policy) -> dict[str, np.ndarray | 
     }
     needs = policy.needs
     if "estimate" in needs:
-        if workload.admission is None:
+        if workload.admission is None and "length" not in needs:
             raise ConfigError(
                 f"policy {policy.name!r} needs admission estimates; give a bundle (--bundle) "
                 "or use the synthetic workload, which carries noisy estimates"
@@ -94,6 +95,8 @@ def policy_inputs(workload: Workload, policy: Policy) -> dict[str, np.ndarray | 
             out["refined"] = workload.refined
         if getattr(policy, "estimates", None) == "none":  # ranked by prompt blocks alone
             out["admission"] = np.zeros_like(np.asarray(workload.admission, dtype=np.float64))
+        if "length" in needs:  # an output-length baseline's estimates instead (lengths.py)
+            out["admission"], out["refined"] = length_inputs(workload, policy)
     if "true_rounds" in needs:
         out["true_rounds"] = workload.total_rounds.astype(np.float64)
     if "cost" in needs:

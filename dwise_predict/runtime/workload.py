@@ -8,7 +8,7 @@ replay needs. ``requests_from_traces`` turns trace tables into requests, and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +66,10 @@ class Workload:
     refined: np.ndarray | None = None
     cost: np.ndarray | None = None
     score: np.ndarray | None = None
+    #: the output-length baselines' estimates in rounds, by name: ``KIND`` at arrival and
+    #: ``KIND:refined`` after the first denoising round (TRAIL), for the policies that need
+    #: ``"length"`` (:mod:`.lengths` builds them from a bundle or for the synthetic workload)
+    lengths: Mapping[str, np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         n = self.request_ids.size
@@ -116,6 +120,9 @@ class Workload:
             )
         for name in ("admission", "refined", "cost", "score"):
             object.__setattr__(self, name, _opt(getattr(self, name), n, name))
+        if self.lengths is not None:
+            checked = {str(k): _opt(v, n, f"lengths[{k!r}]") for k, v in self.lengths.items()}
+            object.__setattr__(self, "lengths", checked)
         if len(set(self.request_ids.tolist())) != n:
             raise SchedulerError("workload request ids repeat; give each request a unique id")
 
@@ -136,8 +143,8 @@ class Workload:
         """Slots each request occupies in all: prompt blocks + denoising rounds."""
         return self.prompt_blocks + self.total_rounds
 
-    def with_estimates(self, **fields: np.ndarray | None) -> Workload:
-        """A copy with ``admission``/``refined``/``cost``/``score`` replaced."""
+    def with_estimates(self, **fields: Any) -> Workload:
+        """A copy with ``admission``/``refined``/``cost``/``score``/``lengths`` replaced."""
         return replace(self, **fields)  # type: ignore[arg-type]
 
     @classmethod
