@@ -107,3 +107,14 @@ def test_the_cli_exits_3_when_it_keeps_the_live_bundle(live, serving, noisy, tmp
     rc = main([*common, "--serving-traces", str(noisy), "--out", str(tmp_path / "cli2")])
     assert rc == 3 and not (tmp_path / "cli2").exists()
     assert "kept the live bundle" in capsys.readouterr().out
+
+
+def test_unlabelled_serving_traffic_is_refreshed(live, tmp_path):
+    """Serving traces often carry one category (clients send none): the candidate still
+    trains and is judged on the held-out requests' ranking."""
+    table = make_traces(500, 16, seed=7, categories=CATEGORIES[2:3], id_prefix="one")
+    traces = write_traces(tmp_path / "serving" / "shard-000.parquet", table)
+    report = refresh_bundle(live, traces, tmp_path / "next")
+    assert (report.train_requests, report.holdout_requests) == (400, 100)
+    assert np.isfinite(report.candidate["spearman"]) and np.isfinite(report.live["spearman"])
+    assert report.promoted == (tmp_path / "next").exists()

@@ -198,6 +198,9 @@ def _train_candidate(
         featurizer=featurizer,
         name=bundle.name,
         cost_profile=bundle.cost_profile,
+        # serving traffic need not be labelled: the candidate is judged on the held-out
+        # requests' rank correlation, which one category does not prevent
+        allow_single_category=True,
     )
 
 
