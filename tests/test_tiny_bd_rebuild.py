@@ -46,12 +46,15 @@ class Recorder:
 
     def __init__(self, steps: Sequence[rb.Step], fail: str | None = None) -> None:
         self.by_argv = {s.argv: s for s in steps}
+        self.by_argv.update({s.resume_argv: s for s in steps if s.resume_argv is not None})
+        self.argvs: list[tuple[str, ...]] = []
         self.fail = fail
         self.calls: list[str] = []
 
     def __call__(self, program: str, argv: Sequence[str]) -> int:
         step = self.by_argv[tuple(argv)]
         self.calls.append(step.name)
+        self.argvs.append(tuple(argv))
         if step.name == self.fail:
             return 2
         for out in step.outputs:
@@ -138,3 +141,90 @@ def test_dry_run_prints_the_docs_commands(capsys: pytest.CaptureFixture[str]) ->
         "dwise-predict train --traces runs/traces-train --out runs/bundle-tiny-bd --seed 0 "
         "--cost-profile runs/profile/cost_profile.json --dws-int8-only"
     )
+
+
+def test_the_release_plan_trains_on_the_whole_split_and_profiles_with_the_probe(
+    tmp_path: Path,
+) -> None:
+    """Zoo 1.0: no --limit on the training traces (``--train-requests N`` puts one back), and
+    the cost profile serves 200 requests with the speed probe (docs/cost-model.md)."""
+    by_name = {s.name: s for s in _steps(tmp_path)}
+    assert "--limit" not in by_name["traces-train"].argv
+    profile = build_parser().parse_args(list(by_name["profile"].argv))
+    assert (profile.limit, profile.speed_probe, profile.threads, profile.clock) == (
+        200,
+        3,
+        1,
+        "cpu",
+    )
+    some = {s.name: s for s in rb.plan(tmp_path / "runs", tmp_path / "docs", n_train=600)}
+    assert build_parser().parse_args(list(some["traces-train"].argv)).limit == 600
+
+    # keeping the weights: the report traces tau 0.95 into runs/ and never writes the docs
+    kept = {s.name: s for s in rb.plan(tmp_path / "runs", tmp_path / "docs", eval_traces_only=True)}
+    args = report_parser().parse_args(list(kept["report"].argv))
+    assert args.out == tmp_path / "runs" / "report" and args.no_card
+    assert args.thresholds == "0.95" and args.traces == tmp_path / "runs" / "tiny-bd-eval"
+    assert all(out.is_relative_to(tmp_path / "runs") for out in kept["report"].outputs)
+
+
+def test_named_steps_run_alone_and_drop_the_records_of_what_reads_them(tmp_path: Path) -> None:
+    """``--step``: independent steps run in processes of their own; the records of the steps
+    that read their outputs go (a plain rebuild reruns those), the others stay."""
+    runs = tmp_path / "runs"
+    steps = _steps(tmp_path)
+    quiet = {"log": lambda _: None}
+    rb.rebuild(steps, runs, "aaaaaaaaaaaa", runner=Recorder(steps), **quiet)
+    for name in ("traces-train", "profile"):
+        alone = Recorder(steps)
+        assert rb.rebuild(steps, runs, "aaaaaaaaaaaa", runner=alone, only=[name], **quiet) == [name]
+        assert rb.is_done(runs, steps[1], "aaaaaaaaaaaa")  # the report reads neither
+    assert all(rb.is_done(runs, s, "aaaaaaaaaaaa") for s in steps[:4])
+    rest = Recorder(steps)
+    assert rb.rebuild(steps, runs, "aaaaaaaaaaaa", runner=rest, **quiet) == [
+        "bundle",
+        "export",
+        "eval",
+        "eval-holdout-chat",
+        "simulate",
+    ]
+    # the eval traces feed the evaluations and the simulator, not the bundle
+    assert rb.rebuild(steps, runs, "aaaaaaaaaaaa", runner=Recorder(steps), only=["report"],
+                      **quiet) == ["report"]  # fmt: skip
+    assert [s.name for s in steps if not rb.is_done(runs, s, "aaaaaaaaaaaa")] == [
+        "eval",
+        "eval-holdout-chat",
+        "simulate",
+    ]
+    with pytest.raises(TrainingError, match="unknown step"):
+        rb.rebuild(steps, runs, "aaaaaaaaaaaa", runner=Recorder(steps), only=["tracing"])
+
+
+def test_an_interrupted_tracing_step_resumes_its_shards(tmp_path: Path) -> None:
+    """The tracing steps keep what an interrupted run of the same command wrote (the tracer
+    skips those requests); a changed command or new weights start them over."""
+    runs = tmp_path / "runs"
+    steps = _steps(tmp_path)
+    traces = runs / "traces-train"
+    failing = Recorder(steps, fail="traces-train")
+    with pytest.raises(TrainingError):
+        rb.rebuild(steps, runs, "aaaaaaaaaaaa", runner=failing, log=lambda _: None)
+    traces.mkdir(parents=True)
+    (traces / "shard-00000.parquet").write_text("written before the stop")
+    again = Recorder(steps)
+    rb.rebuild(steps, runs, "aaaaaaaaaaaa", runner=again, log=lambda _: None)
+    step = next(s for s in steps if s.name == "traces-train")
+    assert again.argvs[0] == step.resume_argv and step.resume_argv[-1] == "--resume"
+    assert (traces / "shard-00000.parquet").exists()
+    assert not (runs / "rebuild" / "traces-train.started.json").exists()
+
+    # new weights: the half-written shards of the old ones are removed, the command runs plain
+    with pytest.raises(TrainingError):
+        rb.rebuild(steps, runs, "bbbbbbbbbbbb", runner=Recorder(steps, fail="traces-train"),
+                   log=lambda _: None)  # fmt: skip
+    traces.mkdir(parents=True, exist_ok=True)
+    (traces / "stale.parquet").write_text("x")
+    fresh = Recorder(steps)
+    rb.rebuild(steps, runs, "cccccccccccc", runner=fresh, log=lambda _: None)
+    assert fresh.argvs[fresh.calls.index("traces-train")] == step.argv
+    assert not (traces / "stale.parquet").exists()

@@ -548,6 +548,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=2,
         help="thresholds traced in parallel processes (1 thread each when > 1)",
     )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads per tracing process (default: 1 when thresholds run in parallel, "
+        "else torch's choice)",
+    )
     ap.add_argument("--overwrite", action="store_true", help="re-trace even if traces are there")
     ap.add_argument(
         "--no-card", action="store_true", help="do not add the figures to the shipped model card"
@@ -590,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
                     dirs[tau],
                     args.batch_size,
                     args.overwrite,
-                    1,
+                    args.threads or 1,
                 )
                 for tau in thresholds
             ]
@@ -598,7 +605,9 @@ def main(argv: list[str] | None = None) -> int:
                 f.result()
     else:
         for tau in thresholds:
-            trace_eval(args.model, records, tau, dirs[tau], args.batch_size, args.overwrite)
+            trace_eval(
+                args.model, records, tau, dirs[tau], args.batch_size, args.overwrite, args.threads
+            )
     for tau in thresholds:
         tdir = dirs[tau]
         stats, fingerprint = load_stats(tdir, by_id)
