@@ -42,17 +42,29 @@ def test_each_method_picks_its_least_loaded_replica_and_counts_the_dispatch():
     d = Dispatcher(3, "dwise")
     d.update(loads)
     assert [d.choose(work_rounds=100.0) for _ in range(3)] == [2, 1, 2]
+    d.update(loads)  # the same snapshots read again: the three dispatches stay counted
+    assert d.choose(work_rounds=100.0) == 1
+    d.update([_load(2, 3, 300, 10.0, t=1.0)])  # replica 2 reports anew: its bumps are replaced
+    assert d.choose(work_rounds=100.0) == 2
 
 
 def test_a_missing_or_stale_report_falls_back_to_round_robin(caplog):
     d = Dispatcher(3, "dwise", stale_after=1.0)
-    d.update([_load(0, 0, 0, 900.0, t=10.0), _load(1, 0, 0, 0.0, t=10.0)])  # replica 2 silent
+    d.update([_load(0, 2, 0, 900.0, t=10.0), _load(1, 2, 0, 0.0, t=10.0)])  # replica 2 silent
+    assert d.stale_replicas(10.5) == [2]
     with caplog.at_level("WARNING"):
         assert [d.choose(now=10.5) for _ in range(4)] == [0, 1, 2, 0]
     assert d.fallbacks == 4 and "replica(s) [2]" in caplog.text
-    d.update([_load(2, 0, 0, 50.0, t=10.5)])
+    d.update([_load(2, 2, 0, 50.0, t=10.5)])
     assert d.choose(now=10.6) == 1  # all fresh: least work again
-    assert d.choose(now=12.0) == 1 and d.fallbacks == 5  # 0 and 1 went stale: round robin
+    assert d.stale_replicas(12.0) == [0, 1, 2]
+    assert d.choose(now=12.0) == 1 and d.fallbacks == 5  # all went stale: round robin
+    # an idle replica reports only when its state changes: an old report of nothing stays fresh
+    d.update(
+        [_load(0, 0, 0, 0.0, t=10.2), _load(1, 3, 0, 70.0, t=30.0), _load(2, 1, 0, 9.0, t=30.0)]
+    )
+    assert d.stale_replicas(30.5) == []
+    assert d.choose(work_rounds=20.0, now=30.5) == 0 and d.fallbacks == 5
     with pytest.raises(ConfigError, match="not one of"):
         Dispatcher(2, "least-loaded")
     with pytest.raises(ConfigError, match="replica 5"):

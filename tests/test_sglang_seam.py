@@ -37,6 +37,10 @@ VAR_TYPES = {
     "sa": seam.SERVER_ARGS,
     "reporter": seam.REPORTER,
     "parallel": seam.PARALLEL_CTX,
+    "controller": seam.DP_CONTROLLER,
+    "tokenized": seam.TOKENIZED,
+    "writer": f"{seam.SNAPSHOTS}.ShmLoadSnapshotWriter",
+    "load": f"{seam.SNAPSHOTS}.LoadSnapshot",
 }
 #: an attribute's class, where the seam reads further into it
 ATTR_TYPES = {
@@ -50,6 +54,7 @@ ATTR_TYPES = {
     (seam.REPORTER, "metrics_collector"): seam.COLLECTOR,
     (seam.REQ, "sampling_params"): seam.SAMPLING,
     (seam.RESULT, "logits_output"): seam.LOGITS_OUT,
+    (seam.DP_CONTROLLER, "port_args"): seam.PORT_ARGS,
 }
 #: the plugin's own attribute on the scheduler (its state), not an SGLang name
 OWN = {"dwise_serving"}

@@ -20,6 +20,7 @@ pieces, usable from any router:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Iterable, Sequence
@@ -57,6 +58,8 @@ class ReplicaLoad:
     #: unknown)
     true_work_rounds: float = math.nan
     timestamp: float = 0.0
+    #: the predicted work priced by a cost profile, in seconds (NaN without one)
+    work_seconds: float = math.nan
 
 
 def replica_load(
@@ -82,7 +85,9 @@ class Dispatcher:
     ``method``: ``round_robin``, ``total_requests`` and ``total_tokens`` (SGLang's, same
     tie-breaks), ``dwise`` (least predicted outstanding work, ties to fewer requests) or
     ``oracle`` (least true outstanding work). A snapshot older than ``stale_after`` seconds,
-    or none at all, sends the choice to round robin until every replica reports again.
+    or none at all, sends the choice to round robin until every replica reports again; a
+    replica whose last snapshot found it idle (no requests) stays fresh however old that
+    snapshot is, since an idle server reports only when its state changes (SGLang's does).
     """
 
     replicas: int
@@ -92,6 +97,7 @@ class Dispatcher:
     _tokens: list[float] = field(init=False)
     _work: list[float] = field(init=False)
     _seen: list[float] = field(init=False)
+    _idle: list[bool] = field(init=False)
     _next_rr: int = field(init=False, default=0)
     _warned: bool = field(init=False, default=False)
     #: choices made by round robin because a report was missing or stale
@@ -107,16 +113,24 @@ class Dispatcher:
         n = self.replicas
         self._requests, self._tokens, self._work = [0.0] * n, [0.0] * n, [0.0] * n
         self._seen = [-math.inf] * n
+        self._idle = [False] * n
 
     def update(self, loads: Iterable[ReplicaLoad]) -> None:
-        """Fold in the replicas' snapshots (replacing the local bumps since their last one)."""
+        """Fold in the replicas' snapshots (replacing the local bumps since their last one).
+
+        A snapshot already folded in (the same timestamp) is skipped, so the dispatches counted
+        since it stay counted until the replica reports again (SGLang's ``DPBudget`` does the
+        same): a reader polling faster than replicas report does not erase them."""
         for load in loads:
             r = load.replica
             if not 0 <= r < self.replicas:
                 raise ConfigError(f"load report of replica {r}; the fleet has {self.replicas}")
+            if load.timestamp == self._seen[r]:
+                continue
             self._requests[r], self._tokens[r] = float(load.requests), float(load.tokens)
             self._work[r] = load.true_work_rounds if self.method == "oracle" else load.work_rounds
             self._seen[r] = load.timestamp
+            self._idle[r] = load.requests == 0
 
     def choose(self, *, work_rounds: float = 0.0, tokens: int = 0, now: float = 0.0) -> int:
         """The replica for one arrival, whose own work (``work_rounds``: prompt blocks plus its
@@ -136,10 +150,19 @@ class Dispatcher:
         self._work[target] += max(float(work_rounds), 0.0)
         return target
 
+    def stale_replicas(self, now: float) -> list[int]:
+        """The replicas with no report yet, or whose last report (of a busy replica) is older
+        than ``stale_after`` seconds at ``now``."""
+        return [
+            r
+            for r, t in enumerate(self._seen)
+            if t == -math.inf or (now - t > self.stale_after and not self._idle[r])
+        ]
+
     def _stale(self, now: float) -> bool:
         if self.method == "round_robin":
             return False
-        stale = [r for r, t in enumerate(self._seen) if now - t > self.stale_after]
+        stale = self.stale_replicas(now)
         if not stale:
             return False
         self.fallbacks += 1
@@ -195,8 +218,14 @@ def simulate_fleet(
     k: int = 8,
     kv_pool_tokens: int = DEFAULT_KV_POOL_TOKENS,
     seed: int = 0,
+    snapshot: str = "core",
 ) -> FleetRun:
     """Replay ``workload`` on ``replicas`` schedulers under ``policy`` behind ``method``.
+
+    ``snapshot``: what each replica reports for SGLang's methods. ``core``: its waiting and
+    resident requests and their KV reservations. ``sglang-dllm``: what SGLang 0.5.23's load
+    snapshot says of a dLLM server, whose admitted requests sit in no batch it counts: only the
+    requests not yet admitted, and their reservations (replays of served SGLang fleets).
 
     Every tick, each replica reports its load, the arrivals of the tick are dispatched in
     arrival order, and each replica with live requests runs one round (``round_ms`` of the
@@ -209,7 +238,10 @@ def simulate_fleet(
     if not round_ms > 0:
         raise ConfigError(f"round_ms={round_ms} must be > 0")
     inputs = policy_inputs(workload, policy)
+    if snapshot not in ("core", "sglang-dllm"):
+        raise ConfigError(f"snapshot={snapshot!r} is not one of ('core', 'sglang-dllm')")
     fleet = _Fleet(workload, policy, inputs, replicas, slots, k, kv_pool_tokens)
+    fleet.waiting_only = snapshot == "sglang-dllm"
     dispatcher = Dispatcher(replicas, method)
     dt = round_ms / 1000.0
     arrival_round = np.full(n, np.nan)
@@ -267,11 +299,20 @@ class _Fleet:
     def idle(self) -> bool:
         return all(s.idle for s in self.scheds)
 
+    #: report only requests not yet admitted, as SGLang's snapshot of a dLLM server does
+    waiting_only = False
+
     def loads(self, timestamp: float) -> list[ReplicaLoad]:
-        return [
-            replica_load(s, r, timestamp, float(self.true_left[r]))
-            for r, s in enumerate(self.scheds)
-        ]
+        out = []
+        for r, s in enumerate(self.scheds):
+            load = replica_load(s, r, timestamp, float(self.true_left[r]))
+            if self.waiting_only:
+                w = s.table.waiting
+                load = dataclasses.replace(
+                    load, requests=int(w.size), tokens=int(s.table.kv_tokens[w].sum())
+                )
+            out.append(load)
+        return out
 
     def admit(self, i: int, dispatcher: Dispatcher) -> None:
         w, adm = self.w, self.inputs["admission"]

@@ -236,6 +236,25 @@ class Scheduler:
             raise SchedulerError("scores must be finite and >= 0; NaN means the score model failed")
         self.table.score[np.asarray(rows, dtype=np.int64)] = s
 
+    def set_estimates(self, rows: np.ndarray, estimates: np.ndarray) -> int:
+        """Replace the admission estimate of requests still waiting (a driver that swapped in
+        a new bundle between rounds re-estimates the queue); a row that is no longer waiting
+        keeps its own. Returns how many rows changed."""
+        r = np.asarray(rows, dtype=np.int64)
+        e = np.asarray(estimates, dtype=np.float64)
+        if r.shape != e.shape:
+            raise SchedulerError(f"{r.size} rows but {e.size} estimates; pass one per row")
+        if not np.all(np.isfinite(e)) or np.any(e < 0):
+            raise SchedulerError("estimates must be finite and >= 0")
+        t = self.table
+        keep = t.state[r] == WAITING
+        r, e = r[keep], e[keep]
+        t.r_hat[r] = e
+        t.r_hat_arrival[r] = e
+        if r.size:
+            t.mark_dirty()
+        return int(r.size)
+
     # -- views ------------------------------------------------------------------------------
     @property
     def n_waiting(self) -> int:

@@ -10,6 +10,8 @@ or the bundle until a scheduler process actually starts with ``DWISE_SGLANG_BUND
 * :mod:`.serving`: the per-scheduler state that turns SGLang's queues into the core
   :class:`~dwise_predict.runtime.Scheduler`'s plan and folds the results back;
 * :mod:`.monitor`: the online quality monitor (predicted vs actual rounds);
+* :mod:`.watcher` and :mod:`.lifecycle`: hot swap of a new bundle revision (shadow, promote,
+  roll back; docs/refresh.md);
 * :mod:`.plugin`: the hooks themselves.
 
 See docs/sglang.md.

@@ -11,6 +11,7 @@ stock.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..bundle.bundle import ADMISSION_SOURCES
+from ..bundle.promotion import PromotionRule
 from ..env_settings import coerce
 from ..errors import ConfigError
 from ..runtime.policies import Policy
@@ -27,8 +29,11 @@ PREFIX = "DWISE_SGLANG_"
 #: the policies that leave SGLang's rounds alone and only watch (fcfs: the older name)
 OBSERVED = ("observe", "fcfs")
 #: what the plugin can feed a policy in SGLang's loop (a bundle's estimates, the DWS cost, an
-#: oracle file); a policy that needs anything else (a score from outside) cannot serve here
-SERVABLE_NEEDS = frozenset({"estimate", "refined", "true_rounds", "cost"})
+#: oracle file, an output-length baseline the bundle holds); a policy that needs anything else
+#: (a score from outside) cannot serve here
+SERVABLE_NEEDS = frozenset({"estimate", "refined", "true_rounds", "cost", "length"})
+#: the data-parallel controller's methods the plugin offers (DWISE_SGLANG_DISPATCH)
+DISPATCH_METHODS = ("sglang", "dwise")
 
 
 def unmet_needs(policy: Policy) -> frozenset[str]:
@@ -84,11 +89,29 @@ class PluginConfig:
     monitor_window: int = 256
     monitor_every: int = 64
     drift_threshold: float = 1.5
+    #: the monitor also flags drift when ρ falls this far below its first full window's
+    drift_rho_drop: float = 0.2
     kv_limit_frac: float = 0.9
     slack_blocks: int = 2
     #: policy "oracle": a JSON file {request id: denoising forwards} or a trace folder whose
     #: rows give each request's true work (benchmarks replay requests they served before)
     oracle: str | None = None
+    #: hot swap (docs/refresh.md): seconds between checks of ``bundle`` for a new revision;
+    #: 0 = never (the bundle is read once, at start-up)
+    watch_seconds: float = 0.0
+    #: the data-parallel controller's method (``--dp-size N``): ``sglang`` keeps SGLang's own
+    #: ``--load-balance-method``; ``dwise`` sends each arrival to the rank with the least
+    #: predicted outstanding work plus its own estimate (docs/fleet.md)
+    dispatch: str = "sglang"
+    #: a busy rank whose work report is older than this many seconds counts as missing
+    dispatch_stale_s: float = 5.0
+    #: a new revision predicts beside the live bundle for this many finished requests first
+    shadow_requests: int = 128
+    #: how much worse (ρ, |log median ratio|) a revision may look in shadow and be promoted
+    promote_margin: float = 0.02
+    #: after promotion, a fall of the live figures past this from the shadow ones rolls back
+    #: (when the previous bundle does better on the same requests)
+    rollback_drop: float = 0.10
 
     def __post_init__(self) -> None:
         if self.policy not in OBSERVED:
@@ -108,6 +131,29 @@ class PluginConfig:
                 f"{PREFIX}DRIFT_THRESHOLD={self.drift_threshold!r} must be > 1 "
                 "(a factor: warn when median predicted/actual leaves [1/t, t])"
             )
+        if not (math.isfinite(self.drift_rho_drop) and self.drift_rho_drop >= 0):
+            raise ConfigError(
+                f"{PREFIX}DRIFT_RHO_DROP={self.drift_rho_drop!r} must be >= 0 (2 turns the "
+                "ρ rule off)"
+            )
+        if not (math.isfinite(self.watch_seconds) and self.watch_seconds >= 0):
+            raise ConfigError(
+                f"{PREFIX}WATCH_SECONDS={self.watch_seconds!r} must be >= 0 (0: no hot swap)"
+            )
+        self.promotion_rule()  # refuses a bad shadow/margin/rollback setting, naming it
+        if self.watch_seconds and self.admission != "lightgbm":
+            raise ConfigError(
+                f"{PREFIX}WATCH_SECONDS: a new revision shadows with the admission model's own "
+                f"estimate, which {PREFIX}ADMISSION={self.admission} does not rank by; use "
+                f"{PREFIX}ADMISSION=lightgbm with hot swap, or set {PREFIX}WATCH_SECONDS=0"
+            )
+        if self.dispatch not in DISPATCH_METHODS:
+            raise ConfigError(
+                f"{PREFIX}DISPATCH={self.dispatch!r} is not one of {DISPATCH_METHODS} "
+                "(sglang = SGLang's own --load-balance-method; dwise = least predicted work)"
+            )
+        if not (math.isfinite(self.dispatch_stale_s) and self.dispatch_stale_s > 0):
+            raise ConfigError(f"{PREFIX}DISPATCH_STALE_S={self.dispatch_stale_s!r} must be > 0")
         if not 0.0 < self.kv_limit_frac <= 1.0:
             raise ConfigError(f"{PREFIX}KV_LIMIT_FRAC={self.kv_limit_frac!r} must lie in (0, 1]")
         if not self.bundle and self.policy not in OBSERVED:
@@ -143,6 +189,15 @@ class PluginConfig:
             )
         return policy
 
+    def promotion_rule(self) -> PromotionRule:
+        """How a new revision shadows, is promoted and rolled back (``bundle.promotion``)."""
+        try:
+            return PromotionRule(self.shadow_requests, self.promote_margin, self.rollback_drop)
+        except ConfigError as e:
+            raise ConfigError(
+                f"{PREFIX}SHADOW_REQUESTS / PROMOTE_MARGIN / ROLLBACK_DROP: {e}"
+            ) from None
+
     @property
     def max_residents(self) -> int:
         return self.slots * self.k
@@ -161,7 +216,13 @@ _KINDS: dict[str, type] = {
     "starvation_cap": int,
     "starvation_slack": float,
     "drift_threshold": float,
+    "drift_rho_drop": float,
     "kv_limit_frac": float,
+    "watch_seconds": float,
+    "dispatch_stale_s": float,
+    "shadow_requests": int,
+    "promote_margin": float,
+    "rollback_drop": float,
 }
 
 

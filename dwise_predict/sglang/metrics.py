@@ -11,7 +11,17 @@ scrapes SGLang sees the monitor next to the queue lengths:
 ``dwise:estimate_median_ratio``   median predicted/actual over the window, per ``estimate``
 ``dwise:estimate_spearman``       Spearman ρ of predicted vs actual rounds, per ``estimate``
 ``dwise:estimate_window``         requests in the window, per ``estimate``
-``dwise:estimate_drifted``        1 when the median ratio left ``[1/t, t]`` (retrain), else 0
+``dwise:estimate_drifted``        1 when the monitor's drift rule fired (retrain), else 0
+================================  ==========================================================
+
+With hot swap on (``DWISE_SGLANG_WATCH_SECONDS``, docs/refresh.md), :class:`LifecycleGauges`:
+
+================================  ==========================================================
+``dwise:bundle_revision``         manifest revision of the ``live`` / ``shadow`` bundle
+``dwise:bundle_events``           revisions per ``event``: loaded, refused, promoted, ...
+``dwise:shadow_requests``         finished requests both bundles estimated (this trial)
+``dwise:shadow_median_ratio``     their median predicted/actual, per ``bundle`` live/shadow
+``dwise:shadow_spearman``         their Spearman ρ, per ``bundle`` live/shadow
 ================================  ==========================================================
 
 ``estimate`` is a kind's ``monitor_label`` in the kind registry (``admission`` or
@@ -95,3 +105,58 @@ def gauges_for(scheduler: Any, registry: Any = None) -> MonitorGauges | None:
         )
         return None
     return MonitorGauges(labels, registry)
+
+
+class LifecycleGauges:
+    """Gauges for :meth:`~.lifecycle.BundleLifecycle.snapshot` (hot swap's figures)."""
+
+    def __init__(self, labels: dict[str, str], registry: Any = None) -> None:
+        from prometheus_client import REGISTRY, Gauge
+
+        self.labels = {str(k): str(v) for k, v in labels.items()}
+        names = list(self.labels)
+        kw: dict[str, Any] = {
+            "registry": REGISTRY if registry is None else registry,
+            "multiprocess_mode": "mostrecent",
+        }
+        self.revision = Gauge(
+            "dwise:bundle_revision", "manifest revision, live or shadow", [*names, "role"], **kw
+        )
+        self.events = Gauge(
+            "dwise:bundle_events", "bundle revisions per lifecycle event", [*names, "event"], **kw
+        )
+        self.paired = Gauge(
+            "dwise:shadow_requests", "finished requests both bundles estimated", names, **kw
+        )
+        per = [*names, "bundle"]
+        self.median_ratio = Gauge(
+            "dwise:shadow_median_ratio", "median predicted/actual in the shadow trial", per, **kw
+        )
+        self.spearman = Gauge(
+            "dwise:shadow_spearman", "Spearman rho in the shadow trial", per, **kw
+        )
+
+    def set(self, snapshot: dict[str, Any]) -> None:
+        """Export one :meth:`BundleLifecycle.snapshot`."""
+        lab = self.labels
+        self.revision.labels(**lab, role="live").set(_value(snapshot["live_revision"]))
+        self.revision.labels(**lab, role="shadow").set(_value(snapshot["shadow_revision"]))
+        for event, count in snapshot["events"].items():
+            self.events.labels(**lab, event=event).set(count)
+        self.paired.labels(**lab).set(snapshot["paired"])
+        for side in ("live", "shadow"):
+            fig = snapshot[f"{side}_figures"]
+            self.median_ratio.labels(**lab, bundle=side).set(_value(fig["median_ratio"]))
+            self.spearman.labels(**lab, bundle=side).set(_value(fig["spearman"]))
+
+
+def lifecycle_gauges_for(scheduler: Any, registry: Any = None) -> LifecycleGauges | None:
+    """Hot swap's gauges when this scheduler exports metrics, else None (as :func:`gauges_for`)."""
+    labels = seam.metrics_labels(scheduler)
+    if labels is None:
+        return None
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        return None
+    return LifecycleGauges(labels, registry)

@@ -9,10 +9,12 @@ correlation with the actual rounds. A bundle trained on other traffic drifts in 
 across admission and refinement, because the two estimates must share one scale.
 
 Drift rule (documented in docs/sglang.md): once the window is full, warn when the median
-ratio of either estimate leaves ``[1/t, t]`` (``t`` = ``drift_threshold``, default 1.5):
-that is the signal to retrain from the serving traces. The monitor is pure numpy and keeps
-no global state; the plugin publishes :meth:`snapshot` as a JSON file every
-``monitor_every`` finished requests.
+ratio of either estimate leaves ``[1/t, t]`` (``t`` = ``drift_threshold``, default 1.5), or
+when its ρ falls more than ``rho_drop`` (default 0.2) below the ρ of the bundle's first full
+window (a traffic change can reorder the work, e.g. one category's answers growing, while the
+median ratio stays near 1): that is the signal to retrain from the serving traces. The
+monitor is pure numpy and keeps no global state; the plugin publishes :meth:`snapshot` as a
+JSON file every ``monitor_every`` finished requests.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,14 +46,19 @@ class QualityMonitor:
 
     window: int = 256
     drift_threshold: float = 1.5
+    #: flag a ρ this far below the reference ρ (the first full window's); >= 2 turns it off
+    rho_drop: float = 0.2
     #: monitor label -> kind (default: every monitored kind in the registry)
     labels: dict[str, str] = field(default_factory=monitored)
     _windows: dict[str, deque] = field(default_factory=dict, repr=False)
     finished: int = 0
     warned: bool = False
+    #: label -> the ρ of the live bundle's first full window (None until there is one)
+    reference_rho: dict[str, float | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._windows = {label: deque() for label in self.labels}
+        self.reference_rho = dict.fromkeys(self.labels)
         self._label_of = {kind: label for label, kind in self.labels.items()}
 
     def record(self, actual_rounds: float, predicted: Mapping[str, float | None]) -> None:
@@ -68,6 +75,19 @@ class QualityMonitor:
             q.append((float(pred), float(actual_rounds)))
             while len(q) > self.window:
                 q.popleft()
+
+    def restart(self, pairs: Mapping[str, Sequence[tuple[float, float]]]) -> None:
+        """A new bundle went live: every window starts over, the kinds in ``pairs`` from
+        those (predicted, actual) pairs (the new bundle's own, scored in shadow), so the
+        figures describe the live bundle only; a drift warns again."""
+        for q in self._windows.values():
+            q.clear()
+        for kind, kept in pairs.items():
+            label = self._label_of.get(kind)
+            if label is not None:
+                self._windows[label].extend(list(kept)[-self.window :])
+        self.warned = False
+        self.reference_rho = dict.fromkeys(self.labels)
 
     @staticmethod
     def _stats(q: deque) -> dict[str, Any]:
@@ -87,17 +107,22 @@ class QualityMonitor:
         threshold."""
         stats = {label: self._stats(q) for label, q in self._windows.items()}
         t = self.drift_threshold
-        drifted = [
-            name
-            for name, s in stats.items()
-            if s["n"] >= self.window
-            and s["median_ratio"] is not None
-            and not 1.0 / t <= s["median_ratio"] <= t
-        ]
+        drifted = []
+        for name, s in stats.items():
+            if s["n"] < self.window:
+                continue
+            ref, rho = self.reference_rho.get(name), s["spearman"]
+            if ref is None and rho is not None:
+                ref = self.reference_rho[name] = rho  # the live bundle's first full window
+            fell = ref is not None and rho is not None and rho < ref - self.rho_drop
+            ratio = s["median_ratio"]
+            if fell or (ratio is not None and not 1.0 / t <= ratio <= t):
+                drifted.append(name)
         return {
             "finished": self.finished,
             "window": self.window,
             "drift_threshold": t,
+            "reference_rho": dict(self.reference_rho),
             **stats,
             "drifted": drifted,
         }
@@ -118,11 +143,12 @@ class QualityMonitor:
             self.warned = True
             log.warning(
                 "dwise monitor: %s estimates drifted (median predicted/actual outside "
-                "[%.2f, %.2f] over the last %d requests): retrain the bundle from the "
-                "serving traces (docs/sglang.md)",
+                "[%.2f, %.2f], or ρ more than %g below the first window's, over the last %d "
+                "requests): retrain the bundle from the serving traces (docs/refresh.md)",
                 " and ".join(snap["drifted"]),
                 1.0 / self.drift_threshold,
                 self.drift_threshold,
+                self.rho_drop,
                 self.window,
             )
         if path is not None:

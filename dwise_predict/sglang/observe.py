@@ -72,9 +72,11 @@ class ObserveServing(PluginState):
     # -- a round's result -------------------------------------------------------------------------
     def _track(self, req: Any) -> RequestTrack:
         estimate = 0.0
+        x = None
         if self.bundle is not None:
             text = served_prompt(req, self.decoder, self.featurizer)
-            e = float(self.bundle.predict_admission_one(text_features(text, seam.prompt_ids(req))))
+            x = text_features(text, seam.prompt_ids(req))
+            e = float(self.bundle.predict_admission_one(x))
             if self.config.admission != "lightgbm":  # the monitor judges what dwise ranks by
                 e = float(self.bundle.admission_from_source([e], [text], self.config.admission)[0])
             estimate = e if math.isfinite(e) and e >= 0 else 0.0
@@ -83,6 +85,8 @@ class ObserveServing(PluginState):
         )
         tr.category = request_category(seam.label(req))
         self.tracks[seam.rid(req)] = tr
+        if x is not None:
+            self._shadow(tr, x)
         return tr
 
     def observe_result(self, batch: Any, result: Any) -> None:
@@ -130,6 +134,7 @@ class ObserveServing(PluginState):
                 tr = self.tracks.pop(seam.rid(req), None)
                 if tr is not None:
                     self._finish(req, tr)
+        self.lifecycle_tick()  # hot swap: between rounds only
         self.stats.plan_seconds += time.perf_counter() - t0
 
     def _finish(self, req: Any, tr: RequestTrack) -> None:

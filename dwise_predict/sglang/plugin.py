@@ -15,6 +15,10 @@ Hooks (each translates SGLang objects into the core runtime's plan/update calls)
 * ``Scheduler.abort_request`` (AROUND): after SGLang ended the requests a client aborted,
   the core forgets them too (their KV reservations and rows come back);
 * ``SchedulerDllmMixin.process_batch_result_dllm`` (AROUND): resolved blocks, refinement;
+* ``Scheduler.publish_load_snapshot`` (AROUND): the outstanding predicted work, as gauges and
+  a report beside SGLang's load snapshot (:mod:`.load`);
+* ``DataParallelController.__init__`` (AFTER) and ``.refresh_load_budget`` (AROUND), with
+  ``DWISE_SGLANG_DISPATCH=dwise``: the controller dispatches by predicted work (:mod:`.dispatch`);
 * ``LogitsProcessor._get_dllm_logits`` (AROUND, refinement on): keeps the final-norm rows on
   the returned ``LogitsProcessorOutput.hidden_states``. Registered before CUDA-graph capture,
   so the captured decode graph returns them too and its replay slices them to the batch;
@@ -38,6 +42,7 @@ from . import seam
 from .config import OBSERVED, PluginConfig, load_config
 from .metrics import gauges_for
 from .seam import (
+    DP_CONTROLLER,
     LOGITS,
     MIXIN,
     SCHEDULER,
@@ -125,6 +130,10 @@ def attach(scheduler: Any, config: PluginConfig) -> Any:
             featurizer=state.featurizer,
         )
     state.gauges = gauges_for(scheduler)
+    if config.watch_seconds and bundle is not None:  # hot swap (docs/refresh.md)
+        from .lifecycle import start_lifecycle
+
+        state.lifecycle = start_lifecycle(scheduler, state, config)
     setattr(scheduler, STATE_ATTR, state)
     log.info(
         "dwise plugin: %s, policy %s, B=%d, k=%d, refinement %s, bundle %s",
@@ -256,6 +265,35 @@ def register() -> None:
 
         seam.register_hook(f"{MIXIN}._fetch_waiting_reqs", fetch_waiting, "AROUND")
         seam.register_hook(f"{MIXIN}._process_dllm_batches", process_batches, "AROUND")
+
+        def publish_load_snapshot(original_fn: Any, scheduler: Any, *a: Any, **kw: Any) -> Any:
+            load = original_fn(scheduler, *a, **kw)  # SGLang's snapshot, or None (throttled)
+            state = getattr(scheduler, STATE_ATTR, None)
+            if state is not None:
+                from .load import publish
+
+                publish(scheduler, state, load)  # the outstanding work, beside it (docs/fleet.md)
+            return load
+
+        seam.register_hook(f"{SCHEDULER}.publish_load_snapshot", publish_load_snapshot, "AROUND")
+
+    if config.dispatch == "dwise":  # in the data-parallel controller's process (--dp-size N)
+
+        def controller_init(result: Any, controller: Any, *args: Any, **kwargs: Any) -> None:
+            from .dispatch import install
+
+            install(controller, config)
+
+        def refresh_load_budget(original_fn: Any, controller: Any, *a: Any, **kw: Any) -> Any:
+            from .dispatch import after_refresh
+
+            before = seam.last_refresh(controller)
+            out = original_fn(controller, *a, **kw)
+            after_refresh(controller, before)
+            return out
+
+        seam.register_hook(f"{DP_CONTROLLER}.__init__", controller_init, "AFTER")
+        seam.register_hook(f"{DP_CONTROLLER}.refresh_load_budget", refresh_load_budget, "AROUND")
 
     if config.refine or (config.policy in OBSERVED and config.trace_dir):
 

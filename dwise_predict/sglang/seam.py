@@ -56,6 +56,10 @@ SERVER_ARGS = "sglang.srt.server_args.ServerArgs"
 MODEL_CONFIG = "sglang.srt.configs.model_config.ModelConfig"
 REPORTER = "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter"
 COLLECTOR = "sglang.srt.observability.metrics_collector.SchedulerMetricsCollector"
+DP_CONTROLLER = "sglang.srt.managers.data_parallel_controller.DataParallelController"
+TOKENIZED = "sglang.srt.managers.io_struct.TokenizedGenerateReqInput"
+SNAPSHOTS = "sglang.srt.managers.load_snapshot"
+PORT_ARGS = "sglang.srt.server_args.PortArgs"
 
 
 def _n(path: str, use: str, instance: bool = False) -> Name:
@@ -133,6 +137,30 @@ SURFACE: tuple[Name, ...] = (
     _n(f"{FINISH}.FINISH_MATCHED_TOKEN", "value"),
     _n(f"{ABORT}.rid", "read", True),
     _n(f"{ABORT}.abort_all", "read", True),
+    # the fleet: the work report beside SGLang's load snapshot, the controller's dwise method
+    _n(f"{SCHEDULER}.publish_load_snapshot", "hook"),
+    _n(f"{SCHEDULER}.load_snapshot_writer", "read", True),
+    _n(f"{SNAPSHOTS}.ShmLoadSnapshotWriter", "value"),
+    _n(f"{SNAPSHOTS}.ShmLoadSnapshotWriter.path", "read", True),
+    _n(f"{SNAPSHOTS}.ShmLoadSnapshotWriter.dp_size", "read", True),
+    _n(f"{SNAPSHOTS}.ShmLoadSnapshotWriter.dp_rank", "read", True),
+    _n(f"{SNAPSHOTS}.LoadSnapshot.timestamp", "read", True),
+    _n(f"{SNAPSHOTS}.shm_path_for", "call"),
+    _n(f"{DP_CONTROLLER}.__init__", "hook"),
+    _n(f"{DP_CONTROLLER}.refresh_load_budget", "hook"),
+    _n(f"{DP_CONTROLLER}.dispatching", "write", True),
+    _n(f"{DP_CONTROLLER}.refresh_load_budget_on_dispatch", "write", True),
+    _n(f"{DP_CONTROLLER}.load_balance_method", "read", True),
+    _n(f"{DP_CONTROLLER}.workers", "read", True),
+    _n(f"{DP_CONTROLLER}._active_workers", "read", True),
+    _n(f"{DP_CONTROLLER}._last_refresh_time", "read", True),
+    _n(f"{DP_CONTROLLER}.port_args", "read", True),
+    _n(f"{DP_CONTROLLER}.maybe_external_dp_rank_routing", "call"),
+    _n(f"{PORT_ARGS}.instance_id", "read", True),
+    _n("sglang.srt.managers.io_struct.sock_send", "call"),
+    _n(f"{TOKENIZED}.rid", "read", True),
+    _n(f"{TOKENIZED}.input_ids", "read", True),
+    _n(f"{TOKENIZED}.input_text", "read", True),
 )
 
 
@@ -445,3 +473,75 @@ def server_fingerprint(sched: Any) -> ModelFingerprint:
         extra={"sglang_algorithm_config": extra},
         block_alignment=RESPONSE if separate_context_encoding(sched) else ABSOLUTE,
     )
+
+
+# -- the fleet: load reports and the data-parallel controller ------------------------------------
+def load_snapshot_file(sched: Any) -> tuple[str, int, int] | None:
+    """(path, DP size, DP rank) of the shared-memory file SGLang writes this scheduler's load
+    snapshots to; None when it sends them over zmq (multi-node) or writes none (not rank 0)."""
+    from sglang.srt.managers.load_snapshot import ShmLoadSnapshotWriter
+
+    writer = sched.load_snapshot_writer
+    if not isinstance(writer, ShmLoadSnapshotWriter):
+        return None
+    return str(writer.path), int(writer.dp_size), int(writer.dp_rank)
+
+
+def snapshot_time(load: Any) -> float:
+    """When SGLang took a ``LoadSnapshot`` (``time.time()`` seconds)."""
+    return float(load.timestamp)
+
+
+def controller_snapshot_file(controller: Any) -> str:
+    """The shared-memory file the controller reads the schedulers' load snapshots from."""
+    from sglang.srt.managers.load_snapshot import shm_path_for
+
+    return str(shm_path_for(controller.port_args.instance_id))
+
+
+def dp_ranks(controller: Any) -> int:
+    return len(controller.workers)
+
+
+def active_ranks(controller: Any) -> list[int]:
+    """The ranks the controller may route to now (all of them unless elastic EP changed it)."""
+    return list(controller._active_workers)
+
+
+def sglang_method(controller: Any) -> tuple[str, Callable[[Any], None]]:
+    """(name, dispatch function) of the method SGLang's controller was started with."""
+    return str(controller.load_balance_method.name).lower(), controller.dispatching
+
+
+def install_dispatch(controller: Any, fn: Callable[[Any], None]) -> None:
+    """Route every request through ``fn``, with SGLang's load budget refreshed before each
+    dispatch (the refresh the plugin's own reports are read in)."""
+    controller.dispatching = fn
+    controller.refresh_load_budget_on_dispatch = True
+
+
+def current_dispatch(controller: Any) -> Any:
+    return controller.dispatching
+
+
+def last_refresh(controller: Any) -> float:
+    """When the controller last read the load snapshots (its 20 ms throttle's clock)."""
+    return float(controller._last_refresh_time)
+
+
+def route_pinned(controller: Any, tokenized: Any) -> bool:
+    """SGLang's own routing of a request that names its rank (``routed_dp_rank``); True when
+    it sent the request."""
+    return bool(controller.maybe_external_dp_rank_routing(tokenized))
+
+
+def send_to_rank(controller: Any, rank: int, tokenized: Any) -> None:
+    from sglang.srt.managers.io_struct import sock_send
+
+    sock_send(controller.workers[rank], tokenized)
+
+
+def tokenized_prompt(tokenized: Any) -> tuple[Any, str, Any]:
+    """(request id, prompt text or "", prompt token ids) of a tokenized generate request."""
+    text = tokenized.input_text
+    return tokenized.rid, text if isinstance(text, str) else "", tokenized.input_ids

@@ -48,9 +48,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ConfigError
-from ..runtime import RoundPlan, RoundResult, Scheduler
+from ..runtime import RoundPlan, RoundResult
+from ..runtime.lengths import length_predictor
+from ..runtime.load import LoadTrackingScheduler, WorkPrice
 from . import seam
 from .config import PluginConfig
+from .observe import request_category
 from .prompt import served_prompt, text_features
 from .state import PluginState, RequestTrack
 
@@ -112,11 +115,15 @@ class DwiseServing(PluginState):
         self.refine = refine and "refined" in policy.needs
         #: the policy ranks by the DWS cost of each prompt (an encoder pass per arrival)
         self.priced = "cost" in policy.needs
+        #: an output-length baseline's policy (needs "length"): its predictor ranks instead
+        self.length = length_predictor(bundle, policy)
         #: policy "oracle": each request's true denoising forwards, by request id
         self.oracle: dict[str, float] = {}
         self.oracle_missing = 0
-        self.core = Scheduler(
+        #: keeps the outstanding predicted work per event: the replica's load signal (load.py)
+        self.core = LoadTrackingScheduler(
             policy,
+            price=None if bundle.cost_profile is None else WorkPrice(bundle.cost_profile),
             slots=config.slots,
             k=config.k,
             kv_pool_tokens=int(kv_pool_tokens),
@@ -223,6 +230,9 @@ class DwiseServing(PluginState):
             est = np.asarray(self.bundle.predict_admission_features(X), np.float64).tolist()
         if self._blends:  # an encoder pass per prompt
             est = self.bundle.admission_from_source(est, texts, self.config.admission).tolist()
+        if self.length is not None:  # an output-length baseline's estimate, in rounds
+            X = np.array(rows, dtype=np.float64).reshape(len(rows), 3)
+            est = self.length.arrival_rounds(X).tolist()
         scores: list[float | None] = [None] * len(new)
         if self.priced:  # the DWS surface priced by the cost profile, in ms
             tokens = np.array([r[2] for r in rows], dtype=np.int64)
@@ -280,9 +290,12 @@ class DwiseServing(PluginState):
             self._req_at[row] = req
             self._qpos[row], self._qrem[row] = pos, removed
             self.reqs[rid] = req
-            self.tracks[rid] = RequestTrack(
+            tr = self.tracks[rid] = RequestTrack(
                 n_prompt, budget, e, self.core.round_index, cost_ms=score
             )
+            if self.trace_sink is not None:  # the client's category, for the serving traces
+                tr.category = request_category(seam.label(req))
+            self._shadow(tr, x)
 
     @property
     def oracle_used(self) -> bool:
@@ -344,6 +357,17 @@ class DwiseServing(PluginState):
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="dwise-dws-encoder")
         job = self._worker.submit(self._score, [r for _, r in new])
         self._scoring = (new, self._removed, job, self._queue_epoch)
+
+    # -- hot swap ---------------------------------------------------------------------------------
+    def _reestimable(self) -> list[tuple[Any, RequestTrack]]:
+        """Only requests still waiting: a resident keeps the estimate it was admitted by."""
+        t, tracks = self.core.table, self.tracks
+        return [(rid, tracks[rid]) for rid in t.ids[t.waiting].tolist() if rid in tracks]
+
+    def _reestimated(self, switched: list[tuple[Any, float]]) -> None:
+        if switched and self.estimates != "none":
+            rows = np.array([self.core.row_of(rid) for rid, _ in switched], dtype=np.int64)
+            self.core.set_estimates(rows, np.array([e for _, e in switched], dtype=np.float64))
 
     # -- requests that end outside the plan ------------------------------------------------------
     def abort(self, abort_all: bool, prefix: str) -> None:
@@ -469,6 +493,7 @@ class DwiseServing(PluginState):
         """SGLang's ``_process_dllm_batches`` under DWISE: fill ``adder`` with the plan's rows."""
         self.fold_previous()
         t0 = time.perf_counter()
+        self.lifecycle_tick()  # hot swap: between rounds only
         if self._aborted:
             self._reconcile(sched)
         self._arrivals(sched)

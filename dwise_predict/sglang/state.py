@@ -50,6 +50,10 @@ class RequestTrack:
     block_start: int = 0
     #: what the client said the request is (observe mode: ``extra_key`` ``category:NAME``)
     category: str = "serving"
+    #: hot swap: the admission estimate of the bundle beside the live one, and the lifecycle
+    #: epoch it was made in (lifecycle.py)
+    shadow: float | None = None
+    shadow_epoch: int = -1
 
 
 @dataclass
@@ -72,6 +76,9 @@ class ServingStats:
 class PluginState:
     """The parts of a plugin state that do not depend on who composes the rounds."""
 
+    #: unwraps served prompts from the bundle's chat template (set by each state)
+    featurizer: Any
+
     def __init__(self, config: PluginConfig, bundle: Bundle | None, *, block_size: int) -> None:
         self.config = config
         self.bundle = bundle
@@ -84,7 +91,9 @@ class PluginState:
         self.finished: list[tuple[Any, RequestTrack]] = []
         #: a ServingTraceSink when DWISE_SGLANG_TRACE_DIR is set (TP rank 0 only)
         self.trace_sink: Any = None
-        self.monitor = QualityMonitor(config.monitor_window, config.drift_threshold)
+        self.monitor = QualityMonitor(
+            config.monitor_window, config.drift_threshold, config.drift_rho_drop
+        )
         #: Prometheus gauges of the monitor when SGLang runs with --enable-metrics (metrics.py)
         self.gauges: Any = None
         #: file writes (trace shards, monitor snapshots) happen here, off the scheduler thread
@@ -92,6 +101,12 @@ class PluginState:
         #: the server's tokenizer, as a fast decoder of prompt ids (None: no tokenizer)
         self.decoder: PromptDecoder | None = None
         self.stats = ServingStats()
+        #: hot swap (DWISE_SGLANG_WATCH_SECONDS > 0): a lifecycle.BundleLifecycle, else None
+        self.lifecycle: Any = None
+        #: whether a bundle swapped in may refine (False: the settings or SGLang's layout say no)
+        self.refine_allowed = True
+        #: the output-length baseline a "length" policy ranks by (serving.py), else None
+        self.length: Any = None
 
     def set_tokenizer(self, tokenizer: Any) -> None:
         """The server's tokenizer (None with ``--skip-tokenizer-init``)."""
@@ -114,7 +129,10 @@ class PluginState:
             return
         refined: list[float | None] = [None] * len(todo)
         if self.refine and self.bundle is not None:
-            est = self.bundle.predict_refined(
+            # an output-length baseline that re-estimates (TRAIL) refines instead
+            base = self.length
+            predict = self.bundle.predict_refined if base is None else base.refined_rounds
+            est = predict(
                 H,
                 np.array([t.prompt_tokens for t in todo]),
                 np.array([t.output_budget for t in todo]),
@@ -127,6 +145,48 @@ class PluginState:
     def _hidden_off(self) -> None:
         """The hidden-state layout is not SGLang's as the plugin knows it: stop using it."""
         self.refine = False
+        self.refine_allowed = False
+
+    # -- hot swap (lifecycle.py) ------------------------------------------------------------------
+    def _shadow(self, tr: RequestTrack, x: Any) -> None:
+        """A new request, features ``x``: count it for the live bundle, and give it the
+        shadow bundle's estimate when one predicts beside it."""
+        lc = self.lifecycle
+        if lc is not None:
+            tr.shadow = lc.on_arrival(x)
+            tr.shadow_epoch = lc.epoch
+
+    def lifecycle_tick(self) -> None:
+        """Between rounds: let the lifecycle take a new revision or swap bundles."""
+        if self.lifecycle is not None:
+            self.lifecycle.tick(self)
+
+    def swap_bundle(self, bundle: Bundle, epoch: int, next_epoch: int) -> int:
+        """Serve ``bundle`` from the next round. Tracked requests that may be re-estimated
+        (:meth:`_reestimable`) and carry its estimate from ``epoch`` take it, and keep the
+        outgoing one as their shadow estimate for ``next_epoch``. Returns how many switched."""
+        self.bundle = bundle
+        featurizer = getattr(bundle.admission, "featurizer", None)
+        if featurizer is not None:
+            self.featurizer = featurizer
+        self.refine = self.refine_allowed and bundle.refinement is not None
+        switched = []
+        for rid, tr in self._reestimable():
+            if tr.shadow_epoch == epoch and tr.shadow is not None:
+                tr.admission, tr.shadow = tr.shadow, tr.admission
+                tr.shadow_epoch = next_epoch
+                switched.append((rid, tr.admission))
+        self._reestimated(switched)
+        return len(switched)
+
+    def _reestimable(self) -> list[tuple[Any, RequestTrack]]:
+        """The requests a swap re-estimates: every tracked one (nothing is ranked by them);
+        a composing state narrows this to the waiting ones."""
+        return list(self.tracks.items())
+
+    def _reestimated(self, switched: list[tuple[Any, float]]) -> None:
+        """(request id, new estimate) of the re-estimated requests; a composing state tells
+        its core scheduler."""
 
     # -- finished requests ------------------------------------------------------------------------
     def _record(self, req: Any, tr: RequestTrack) -> None:
@@ -141,6 +201,8 @@ class PluginState:
             self.monitor.record(
                 actual, {AdmissionModel.kind: tr.admission, RefinementEnsemble.kind: refined_total}
             )
+            if self.lifecycle is not None:
+                self.lifecycle.on_finished(actual, tr.admission, tr.shadow, tr.shadow_epoch)
         else:  # observe mode without a bundle: nothing to compare, only the count
             self.monitor.finished += 1
         rid = seam.rid(req)

@@ -361,6 +361,7 @@ def make_scheduler(
     s.chunked_req = None
     s.beam_coordinator = SimpleNamespace(pending_member_rows=lambda batch: 0)
     s.disaggregation_mode = DisaggregationMode.NULL
+    s.load_snapshot_writer = None  # a scheduler that publishes no load snapshot (fleet.py does)
     return s
 
 

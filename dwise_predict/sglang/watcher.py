@@ -1,0 +1,174 @@
+"""Watch the bundle reference for a new revision; download, verify and load it off the
+scheduler thread.
+
+Why a thread of its own: loading a bundle reads and hashes every file (megabytes) and builds
+its predictors, and pulling a Hub revision is a download; SGLang's scheduler thread must not
+wait for either (every millisecond it spends outside the forward is GPU idle time). So the
+watcher does all of it and leaves the result, a ready :class:`Arrival`, in a one-slot inbox
+that the scheduler thread empties between rounds (``lifecycle.py``).
+
+What counts as a new revision: ``DWISE_SGLANG_BUNDLE`` resolves to a folder (a local path, a
+symlink an operator flips to the next revision, a Hub ref whose branch moved to a new commit);
+its identity is that folder's real path and the sha256 of its ``manifest.json``, which lists
+the sha256 of every file. A changed identity is loaded once; a revision that fails (integrity,
+fingerprint, a predictor the configured policy needs) is refused once, not retried every poll.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import DwisePredictError
+
+if TYPE_CHECKING:
+    from ..bundle import Bundle
+
+log = logging.getLogger(__name__)
+
+#: seconds the interpreter lets the loading thread hold the GIL before the scheduler thread
+#: may take it (sys.setswitchinterval), while a revision loads
+LOAD_SWITCH_INTERVAL = 0.0005
+
+
+@dataclass(frozen=True)
+class Revision:
+    """Where a bundle reference points now: its local folder and that folder's identity."""
+
+    path: Path
+    manifest_sha256: str
+
+    @property
+    def identity(self) -> tuple[str, str]:
+        return str(self.path), self.manifest_sha256
+
+    @property
+    def short(self) -> str:
+        return self.manifest_sha256[:12]
+
+
+def current_revision(ref: str) -> Revision:
+    """Resolve ``ref`` (a folder, a symlink, a Hub ref, a zoo name) to its revision now."""
+    from ..bundle import resolve_bundle_path
+    from ..bundle.format import MANIFEST
+
+    path = Path(os.path.realpath(resolve_bundle_path(ref)))
+    digest = hashlib.sha256((path / MANIFEST).read_bytes()).hexdigest()
+    return Revision(path, digest)
+
+
+@dataclass
+class Arrival:
+    """What the watcher found: a loaded and verified bundle, or why a revision was refused."""
+
+    revision: Revision
+    bundle: Bundle | None
+    error: str | None
+    #: seconds the load and verification took on the watcher thread, and when they ran
+    load_seconds: float
+    started: float
+    finished: float
+    thread: str
+
+
+class BundleWatcher:
+    """Polls ``ref`` every ``interval`` seconds on a daemon thread (see the module doc).
+
+    ``verify(bundle)`` raises a :class:`~dwise_predict.errors.DwisePredictError` for a bundle
+    that must not serve here (fingerprint, policy needs); it runs on the watcher thread."""
+
+    def __init__(
+        self,
+        ref: str,
+        interval: float,
+        verify: Callable[[Bundle], None],
+        *,
+        seen: Revision | None = None,
+    ) -> None:
+        self.ref = ref
+        self.interval = float(interval)
+        self.verify = verify
+        self._seen = None if seen is None else seen.identity
+        self._lock = threading.Lock()
+        self._inbox: Arrival | None = None
+        self._stop = threading.Event()
+        #: (started, finished) perf_counter times of every load, for benchmarks
+        self.loads: list[tuple[float, float]] = []
+        self.polls = 0
+        self._thread = threading.Thread(target=self._run, daemon=True, name="dwise-bundle-watch")
+        self._thread.start()
+
+    # -- the scheduler thread ---------------------------------------------------------------------
+    def take(self) -> Arrival | None:
+        """The newest ready arrival, if any (never blocks on a load: the lock guards a swap)."""
+        with self._lock:
+            arrival, self._inbox = self._inbox, None
+        return arrival
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    # -- the watcher thread -----------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.poll()
+
+    def poll(self) -> Arrival | None:
+        """One check: load and verify the revision ``ref`` points at if it is new."""
+        self.polls += 1
+        try:
+            rev = current_revision(self.ref)
+        except (OSError, DwisePredictError) as e:  # mid-publish, the Hub unreachable: next poll
+            log.debug("dwise bundle watch: %s not readable now (%s)", self.ref, e)
+            return None
+        with self._lock:
+            if rev.identity == self._seen:
+                return None
+            self._seen = rev.identity
+        arrival = self._load(rev)
+        with self._lock:
+            self._inbox = arrival  # a newer revision replaces one not taken yet
+        return arrival
+
+    def _load(self, rev: Revision) -> Arrival:
+        from ..bundle import load_bundle
+
+        t0 = time.perf_counter()
+        bundle: Bundle | None = None
+        error = None
+        # parsing a bundle is Python work that holds the GIL: while it runs, the scheduler
+        # thread gets the GIL back after LOAD_SWITCH_INTERVAL, not the interpreter's 5 ms
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(interval, LOAD_SWITCH_INTERVAL))
+        try:
+            bundle = load_bundle(rev.path)
+            self.verify(bundle)
+            _warm(bundle)
+        except Exception as e:  # any failure refuses this revision; serving goes on
+            kind = "" if isinstance(e, DwisePredictError) else f"{type(e).__name__}: "
+            bundle, error = None, f"{kind}{e}"
+        finally:
+            sys.setswitchinterval(interval)
+        t1 = time.perf_counter()
+        self.loads.append((t0, t1))
+        return Arrival(rev, bundle, error, t1 - t0, t0, t1, threading.current_thread().name)
+
+
+def _warm(bundle: Bundle) -> None:
+    """Run both admission paths once here (the per-arrival one and the batch one), so their
+    first call's costs are not the scheduler thread's, and a bundle that cannot predict is
+    refused."""
+    import numpy as np
+
+    row = (10.0, 1.0, 20.0)  # words, newlines, tokens
+    bundle.predict_admission_one(row)
+    bundle.predict_admission_features(np.tile(np.asarray(row), (16, 1)))

@@ -1,0 +1,116 @@
+"""Bundle revisions for the hot-swap tests and benchmark: real bundles, edited the library's way.
+
+Each is written by ``update_bundle`` (verified, hashed, atomic), so the plugin loads it exactly
+as it would load a revision ``dwise-predict refresh`` published. ``publish`` flips a
+``current`` symlink to a revision atomically: the deploy pattern the docs describe.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dwise_predict.bundle import load_bundle, update_bundle
+
+#: what the DWISE policy never reads: the DWS predictor (23 MB) and the cost profile it prices
+LEAN = {"dws": ("dws.int8.onnx", "dws.json", "dws_tokenizer.json"), "cost_profile": ()}
+
+
+def revision(
+    src: str | Path,
+    out: Path,
+    number: int,
+    *,
+    admission_text: str | None = None,
+    threshold: float | None = None,
+    lean: bool = True,
+) -> Path:
+    """A copy of bundle ``src`` as revision ``number``; optionally with another admission
+    model (LightGBM text), another decoding threshold in its fingerprint (a bundle for another
+    server setting); ``lean`` leaves out what the DWISE policy never reads (:data:`LEAN`)."""
+    with update_bundle(src, out=out) as draft:
+        draft.manifest["revision"] = int(number)
+        for kind, files in LEAN.items() if lean else ():
+            entry = draft.manifest["predictors"].pop(kind, None)
+            for name in (*files, *(entry or {}).get("files", [])):
+                draft.remove_file(name)
+        if admission_text is not None:
+            draft.path("admission.lgb.txt").write_text(admission_text, encoding="utf-8")
+        if threshold is not None:
+            draft.manifest["fingerprint"]["threshold"] = float(threshold)
+    return out
+
+
+def admission_text(X: np.ndarray, rounds: np.ndarray, seed: int = 0) -> str:
+    """LightGBM text of an admission model fitted to ``rounds`` from features ``X`` (the
+    library's target: log total rounds)."""
+    import lightgbm as lgb
+
+    params: dict[str, Any] = {
+        "objective": "regression",
+        "num_leaves": 15,
+        "min_data_in_leaf": 5,
+        "learning_rate": 0.1,
+        "seed": seed,
+        "num_threads": 1,
+        "verbose": -1,
+        "deterministic": True,
+    }
+    names = ["word_count", "newline_count", "prompt_tokens"]
+    data = lgb.Dataset(np.asarray(X, np.float64), np.log(np.maximum(rounds, 1.0)))
+    data.set_feature_name(names)
+    booster = lgb.train(params, data, num_boost_round=60)
+    return str(booster.model_to_string())
+
+
+def feature_grid(n: int = 2000, seed: int = 0) -> np.ndarray:
+    """Plausible prompt feature rows (words, newlines, tokens) to fit variants on."""
+    rng = np.random.default_rng(seed)
+    words = rng.integers(1, 600, size=n)
+    lines = rng.integers(0, 40, size=n)
+    tokens = (words * rng.uniform(1.1, 1.6, size=n)).astype(int) + 8
+    return np.stack([words, lines, tokens], axis=1).astype(np.float64)
+
+
+def scaled_copy_text(src: str | Path, factor: float) -> str:
+    """An admission model that predicts ``factor`` times what ``src``'s does (distilled)."""
+    X = feature_grid()
+    live = load_bundle(src).predict_admission_features(X)
+    return admission_text(X, factor * np.asarray(live))
+
+
+def inverted_text(src: str | Path) -> str:
+    """An admission model whose targets were corrupted: it orders requests the reverse of
+    ``src``'s (the longest predicted shortest), at ``src``'s median scale."""
+    X = feature_grid()
+    live = np.asarray(load_bundle(src).predict_admission_features(X))
+    return admission_text(X, float(np.median(live)) ** 2 / live)
+
+
+def split_text(src: str | Path, tokens: int) -> str:
+    """An admission model that predicts as ``src`` does for prompts under ``tokens`` tokens
+    and in reverse order (as :func:`inverted_text`) for longer ones: good on short-prompt
+    traffic, bad once long prompts come."""
+    X = feature_grid()
+    live = np.asarray(load_bundle(src).predict_admission_features(X))
+    flipped = float(np.median(live)) ** 2 / live
+    return admission_text(X, np.where(X[:, 2] < tokens, live, flipped))
+
+
+def random_text(seed: int = 0) -> str:
+    """An admission model fitted to noise: it ranks no better than chance."""
+    X = feature_grid(seed=seed)
+    noise = np.random.default_rng(seed + 1).lognormal(3.0, 1.0, size=len(X))
+    return admission_text(X, noise, seed)
+
+
+def publish(link: Path, target: Path) -> None:
+    """Point the symlink ``link`` at ``target`` atomically (a reader sees one or the other)."""
+    tmp = link.with_name(link.name + ".next")
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
