@@ -123,18 +123,18 @@ def _usable(actual: float, *preds: float | None) -> bool:
 
 
 @dataclass
-class ShadowTrial:
-    """A candidate predicting beside the live bundle until ``rule.shadow_requests`` finished
-    requests carry both estimates; then :meth:`verdict`."""
+class _PairedWindow:
+    """Finished requests scored by two bundles: (first estimate, second estimate, actual)
+    for up to ``rule.shadow_requests`` of them."""
 
     rule: PromotionRule
     _pairs: list[tuple[float, float, float]] = field(default_factory=list, repr=False)
 
-    def add(self, actual: float, live: float | None, candidate: float | None) -> None:
-        """One finished request: its actual rounds and both admission estimates. A request
-        that either bundle did not estimate (it arrived before the trial began) is skipped."""
-        if _usable(actual, live, candidate):
-            self._pairs.append((float(live), float(candidate), float(actual)))  # type: ignore[arg-type]
+    def add(self, actual: float, first: float | None, second: float | None) -> None:
+        """One finished request: its actual rounds and both estimates. A request that either
+        bundle did not estimate (it arrived before the window began) is skipped."""
+        if _usable(actual, first, second):
+            self._pairs.append((float(first), float(second), float(actual)))  # type: ignore[arg-type]
 
     @property
     def n(self) -> int:
@@ -145,11 +145,17 @@ class ShadowTrial:
         return self.n >= self.rule.shadow_requests
 
     def figures(self) -> tuple[Figures, Figures]:
-        """(live, candidate) figures on the requests seen so far."""
+        """(first, second) figures on the requests seen so far."""
         if not self._pairs:
             return Figures(0, None, None), Figures(0, None, None)
         a = np.asarray(self._pairs)
         return figures(a[:, 0], a[:, 2]), figures(a[:, 1], a[:, 2])
+
+
+@dataclass
+class ShadowTrial(_PairedWindow):
+    """A candidate predicting beside the live bundle (``add(actual, live, candidate)``) until
+    ``rule.shadow_requests`` finished requests carry both estimates; then :meth:`verdict`."""
 
     def verdict(self) -> tuple[bool, str, Figures, Figures]:
         """(promote, reason, live figures, candidate figures)."""
@@ -164,38 +170,20 @@ class ShadowTrial:
 
 
 @dataclass
-class Probation:
+class Probation(_PairedWindow):
     """A promoted revision's first ``rule.shadow_requests`` finished requests as the live one,
-    with the previous bundle predicting beside it.
+    with the previous bundle predicting beside it (``add(actual, live, previous)``).
 
     Rolled back when a figure (ρ, or |log median ratio|) falls past ``rule.rollback_drop``
     from its shadow value *and* the previous bundle does better on that figure on the same
     requests: a fall the previous bundle shares is the traffic moving again, which a rollback
     would not mend (that is a new refresh's job)."""
 
-    rule: PromotionRule
-    baseline: Figures
-    _pairs: list[tuple[float, float, float]] = field(default_factory=list, repr=False)
+    baseline: Figures = field(kw_only=True)
 
-    def add(self, actual: float, live: float | None, previous: float | None) -> None:
-        """One finished request: its actual rounds, the live and the previous estimate."""
-        if _usable(actual, live, previous):
-            self._pairs.append((float(live), float(previous), float(actual)))  # type: ignore[arg-type]
-
-    @property
-    def n(self) -> int:
-        return len(self._pairs)
-
-    @property
-    def done(self) -> bool:
-        return self.n >= self.rule.shadow_requests
-
-    def figures(self) -> tuple[Figures, Figures]:
-        """(live, previous) figures on the probation requests so far."""
-        if not self._pairs:
-            return Figures(0, None, None), Figures(0, None, None)
-        a = np.asarray(self._pairs)
-        return figures(a[:, 0], a[:, 2]), figures(a[:, 1], a[:, 2])
+    def __init__(self, rule: PromotionRule, baseline: Figures) -> None:
+        super().__init__(rule)
+        self.baseline = baseline
 
     def verdict(self) -> tuple[bool, str, Figures]:
         """(roll back, reason, live figures on the probation requests)."""
