@@ -147,6 +147,15 @@ class LengthBaseline:
     def check_fingerprint(self, fingerprint: ModelFingerprint, where: str) -> None:
         """Nothing to cross-check: the inputs are prompt counts (TRAIL checks its hidden size)."""
 
+    @classmethod
+    def _recorded(cls, entry: Mapping[str, Any], folder: BundleFolder) -> dict[str, Any]:
+        """The constructor arguments every baseline's record holds (see :meth:`_entry`)."""
+        return {
+            "tokens_per_round": cls._need(entry, "tokens_per_round", folder),
+            "feature_names": cls._need(entry, "feature_names", folder),
+            "info": entry.get("info"),
+        }
+
     @staticmethod
     def _need(entry: Mapping[str, Any], key: str, folder: BundleFolder) -> Any:
         try:
@@ -194,9 +203,7 @@ class SSJFPredictor(LengthBaseline):
     def load(cls, folder: BundleFolder, entry: Mapping[str, Any]) -> SSJFPredictor:
         return cls(
             folder.read_text(cls.FILE),
-            cls._need(entry, "tokens_per_round", folder),
-            feature_names=cls._need(entry, "feature_names", folder),
-            info=entry.get("info"),
+            **cls._recorded(entry, folder),
         )
 
     @classmethod
@@ -272,9 +279,7 @@ class S3Predictor(LengthBaseline):
             folder.read_text(cls.FILE),
             cls._need(entry, "bucket_edges", folder),
             cls._need(entry, "bucket_tokens", folder),
-            cls._need(entry, "tokens_per_round", folder),
-            feature_names=cls._need(entry, "feature_names", folder),
-            info=entry.get("info"),
+            **cls._recorded(entry, folder),
         )
 
     @classmethod
@@ -334,9 +339,7 @@ class LTRPredictor(LengthBaseline):
         return cls(
             folder.read_text(cls.FILE),
             to_tokens,
-            cls._need(entry, "tokens_per_round", folder),
-            feature_names=cls._need(entry, "feature_names", folder),
-            info=entry.get("info"),
+            **cls._recorded(entry, folder),
         )
 
     @classmethod
@@ -483,9 +486,7 @@ class TRAILPredictor(LengthBaseline):
                 t["hidden_std"],
                 cls._need(entry, "prompt_tokens_scale", folder),
                 cls._need(entry, "output_budget_scale", folder),
-                cls._need(entry, "tokens_per_round", folder),
-                feature_names=cls._need(entry, "feature_names", folder),
-                info=entry.get("info"),
+                **cls._recorded(entry, folder),
             )
         except (ValueError, SafetensorError, KeyError) as e:
             raise BundleIntegrityError(
