@@ -222,17 +222,17 @@ class DwiseServing(PluginState):
         """Features, admission estimates and (a priced policy) DWS cost scores of ``new``."""
         texts = [served_prompt(req, self.decoder, self.featurizer) for req in new]
         rows = [text_features(t, seam.prompt_ids(r)) for t, r in zip(texts, new)]
-        if len(rows) <= 8:  # the usual few arrivals a round: no batch-call overhead
+        if self.length is not None:  # an output-length baseline's estimate, in rounds
+            X = np.array(rows, dtype=np.float64).reshape(len(rows), 3)
+            est = self.length.arrival_rounds(X).tolist()
+        elif len(rows) <= 8:  # the usual few arrivals a round: no batch-call overhead
             one = self.bundle.predict_admission_one
             est = [one(x) for x in rows]
         else:
             X = np.array(rows, dtype=np.float64).reshape(len(rows), 3)
             est = np.asarray(self.bundle.predict_admission_features(X), np.float64).tolist()
-        if self._blends:  # an encoder pass per prompt
+        if self._blends and self.length is None:  # an encoder pass per prompt
             est = self.bundle.admission_from_source(est, texts, self.config.admission).tolist()
-        if self.length is not None:  # an output-length baseline's estimate, in rounds
-            X = np.array(rows, dtype=np.float64).reshape(len(rows), 3)
-            est = self.length.arrival_rounds(X).tolist()
         scores: list[float | None] = [None] * len(new)
         if self.priced:  # the DWS surface priced by the cost profile, in ms
             tokens = np.array([r[2] for r in rows], dtype=np.int64)
