@@ -4,6 +4,10 @@ tests/sglang_plugin/test_lifecycle.py."""
 
 from __future__ import annotations
 
+import sys
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -12,6 +16,7 @@ from dwise_predict.runtime import Scheduler
 from dwise_predict.runtime.registry import make_policy
 from dwise_predict.sglang.config import load_config
 from dwise_predict.sglang.monitor import QualityMonitor
+from dwise_predict.sglang.watcher import LOAD_SWITCH_INTERVAL, throttled
 
 
 def _work(n: int, seed: int) -> np.ndarray:
@@ -92,3 +97,48 @@ def test_hot_swap_settings_parse_and_refuse():
         load_config({**env, "DWISE_SGLANG_DRIFT_RHO_DROP": "-1"})
     with pytest.raises(ConfigError, match="ADMISSION=lightgbm"):
         load_config({**env, "DWISE_SGLANG_ADMISSION": "lightgbm+dws"})
+
+
+def _spin(seconds: float) -> int:
+    """Pure-Python work (function calls, so the profile hook sees it) for ``seconds`` of wall
+    time; returns the iterations done."""
+
+    def step(i: int) -> int:
+        return i + 1
+
+    n, end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        n = step(n)
+    return n
+
+
+def test_a_throttled_load_leaves_the_interpreter_to_other_threads_and_restores_it():
+    """The watcher loads a revision under ``throttled``: its thread runs at most busy/(busy +
+    pause) of the time (here a quarter; pure-Python work alone on a thread runs all of it),
+    sleeping with the GIL released the rest; on exit the trace function is the one before and
+    the switch interval is the interpreter's again."""
+    interval = sys.getswitchinterval()
+    seen: dict[str, float] = {}
+
+    def load() -> None:
+        before = sys.gettrace()  # None, or a coverage tool's tracer
+        wall0, cpu0 = time.perf_counter(), time.thread_time()
+        with throttled(busy=0.001, pause=0.003):
+            seen["inside"] = sys.getswitchinterval()
+            _spin(0.3)
+        seen["cpu_share"] = (time.thread_time() - cpu0) / (time.perf_counter() - wall0)
+        seen["hook_after"] = float(sys.gettrace() is not before)
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    loader.join()
+    assert seen["cpu_share"] < 0.5
+    assert seen["inside"] == pytest.approx(min(interval, LOAD_SWITCH_INTERVAL))
+    assert sys.getswitchinterval() == interval and seen["hook_after"] == 0.0
+
+
+def test_a_throttled_body_that_raises_restores_the_interpreter():
+    interval, before = sys.getswitchinterval(), sys.gettrace()
+    with pytest.raises(ValueError, match="bad revision"), throttled():
+        raise ValueError("bad revision")
+    assert sys.getswitchinterval() == interval and sys.gettrace() is before

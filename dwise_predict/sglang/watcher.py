@@ -22,7 +22,8 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,9 +35,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: seconds the interpreter lets the loading thread hold the GIL before the scheduler thread
-#: may take it (sys.setswitchinterval), while a revision loads
-LOAD_SWITCH_INTERVAL = 0.0005
+#: while a revision loads, the loading thread runs at most LOAD_BUSY_SECONDS at a time and
+#: then sleeps LOAD_PAUSE_SECONDS (:func:`throttled`): at most a fifth of the interpreter
+LOAD_BUSY_SECONDS = 0.0002
+LOAD_PAUSE_SECONDS = 0.0008
+#: and the interpreter hands the GIL back to the scheduler thread after this many seconds
+#: (sys.setswitchinterval) instead of its default 5 ms
+LOAD_SWITCH_INTERVAL = 0.0001
 
 
 @dataclass(frozen=True)
@@ -145,22 +150,58 @@ class BundleWatcher:
         t0 = time.perf_counter()
         bundle: Bundle | None = None
         error = None
-        # parsing a bundle is Python work that holds the GIL: while it runs, the scheduler
-        # thread gets the GIL back after LOAD_SWITCH_INTERVAL, not the interpreter's 5 ms
-        interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(interval, LOAD_SWITCH_INTERVAL))
         try:
-            bundle = load_bundle(rev.path)
-            self.verify(bundle)
-            _warm(bundle)
+            with throttled():
+                bundle = load_bundle(rev.path)
+                self.verify(bundle)
+                _warm(bundle)
         except Exception as e:  # any failure refuses this revision; serving goes on
             kind = "" if isinstance(e, DwisePredictError) else f"{type(e).__name__}: "
             bundle, error = None, f"{kind}{e}"
-        finally:
-            sys.setswitchinterval(interval)
         t1 = time.perf_counter()
         self.loads.append((t0, t1))
         return Arrival(rev, bundle, error, t1 - t0, t0, t1, threading.current_thread().name)
+
+
+@contextmanager
+def throttled(
+    busy: float = LOAD_BUSY_SECONDS,
+    pause: float = LOAD_PAUSE_SECONDS,
+    switch_interval: float = LOAD_SWITCH_INTERVAL,
+) -> Iterator[None]:
+    """Run the body on this thread at a duty cycle of ``busy / (busy + pause)``.
+
+    Why: loading a bundle is mostly Python (parsing trees into tables, building featurizers)
+    that holds the GIL. A thread that wants the GIL all the time halves the scheduler thread's
+    share of it, and every time the scheduler thread gives the GIL up (each torch call, each
+    lock) it waits a switch interval to get it back: measured in SGLang's loop, rounds
+    overlapping a load took up to 8x the median round. Throttled, the loading thread holds
+    the GIL at most about ``busy`` seconds at a time and then sleeps (the GIL released)
+    ``pause`` seconds, so a round overlapping a load costs about what it costs without one;
+    the load takes ``(busy + pause) / busy`` times longer and more (a revision of the
+    admission model: 16 ms alone, about 0.2 s throttled), which a background refresh affords.
+
+    The throttle is a trace function (``sys.settrace``: called at each Python function call,
+    on this thread only; any trace function already set, a debugger's or coverage's, is put
+    back on exit), and the switch interval is the interpreter's, restored on exit."""
+    since = [time.perf_counter()]
+
+    def on_call(frame: object, event: str, arg: object) -> None:
+        now = time.perf_counter()
+        if now - since[0] >= busy:
+            time.sleep(pause)
+            since[0] = time.perf_counter()
+        return None  # no line events inside the frame
+
+    interval = sys.getswitchinterval()
+    previous = sys.gettrace()
+    sys.setswitchinterval(min(interval, switch_interval))
+    sys.settrace(on_call)
+    try:
+        yield
+    finally:
+        sys.settrace(previous)
+        sys.setswitchinterval(interval)
 
 
 def _warm(bundle: Bundle) -> None:
