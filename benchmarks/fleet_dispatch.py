@@ -9,7 +9,9 @@ replicas at no cost, so its mean bounds what a dispatch method can reach.
 
     .venv/bin/python benchmarks/fleet_dispatch.py                # 4,096 requests on 4 x B=16
     .venv/bin/python benchmarks/fleet_dispatch.py --requests 100000 --fleets 32x128 \
-        --out benchmarks/results/fleet_dispatch_at_scale.json
+        --loads 1.1 --out benchmarks/results/fleet_dispatch_at_scale.json
+    .venv/bin/python benchmarks/fleet_dispatch.py --requests 100000 --fleets 32x128 \
+        --loads 1.1 --policy dwise --out benchmarks/results/fleet_dispatch_at_scale_default.json
 
 Prints a table per fleet and load, writes ``benchmarks/results/fleet_dispatch.json``.
 """
@@ -32,9 +34,16 @@ ROOT = Path(__file__).resolve().parents[1]
 ONE_MS = RoundTimeModel(overhead_ms=1.0, per_slot_ms=0.0, per_slot_per_1k_context_ms=0.0)
 
 
-def run_fleet(n: int, replicas: int, slots: int, loads: list[float], seed: int) -> dict:
+def run_fleet(
+    n: int,
+    replicas: int,
+    slots: int,
+    loads: list[float],
+    seed: int,
+    policy_name: str = "dwise-uncapped",
+) -> dict:
     w = synthetic_workload("paper-llada2.1-mini", n=n, seed=seed)
-    policy = make_policy("dwise-uncapped")
+    policy = make_policy(policy_name)
     capacity = replicas * slots / float(np.mean(w.prompt_blocks + w.total_rounds)) * 1000.0
     out: dict = {"replicas": replicas, "slots": slots, "requests": n, "regimes": {}}
     for load in loads:
@@ -81,14 +90,22 @@ def main() -> None:
     p.add_argument("--fleets", default="4x16", help="RxB,... (replicas x slots)")
     p.add_argument("--loads", default="0,0.8,1.1", help="0 = burst; else x fleet capacity")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--policy",
+        default="dwise-uncapped",
+        help="every replica's policy: dwise-uncapped (the paper's DWISE) or dwise (the "
+        "plugin's default, with the tail guard)",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/fleet_dispatch.json")
     args = p.parse_args()
     loads = [float(x) for x in args.loads.split(",")]
     fleets = [tuple(int(v) for v in f.split("x")) for f in args.fleets.split(",")]
     result = {
         "workload": "paper-llada2.1-mini (synthetic)",
-        "policy": "dwise-uncapped on every replica",
-        "fleets": [run_fleet(args.requests, r, b, loads, args.seed) for r, b in fleets],
+        "policy": f"{args.policy} on every replica",
+        "fleets": [
+            run_fleet(args.requests, r, b, loads, args.seed, args.policy) for r, b in fleets
+        ],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

@@ -18,10 +18,11 @@ own mix) of ``--requests`` eval-split requests:
 * the simulator (``runtime.fleet.simulate_fleet``) replays every served run from the plugin's
   record of each request, with the same arrivals, and the gap of its mean is reported.
 
-``at_scale``: 100,000 paper-matched synthetic requests on 32 replicas x B = 128 in the
-simulator (``benchmarks/fleet_dispatch.py``'s code); by default its figures are read from
-``benchmarks/results/fleet_dispatch_at_scale.json`` (about an hour on 2 cores to recompute:
-``--at-scale 100000``).
+``at_scale``: 100,000 paper-matched synthetic requests on 32 replicas x B = 128 at 1.1x
+capacity in the simulator (``benchmarks/fleet_dispatch.py``'s code), the plugin's default on
+every replica; by default its figures are read from
+``benchmarks/results/fleet_dispatch_at_scale_default.json`` (about 11 minutes on 2 cores to
+recompute: ``--at-scale 100000``).
 
     .venv-sglang/bin/python benchmarks/sglang_fleet.py                  # the full run
     .venv-sglang/bin/python benchmarks/sglang_fleet.py --requests 64 --mixes stratified \\
@@ -227,12 +228,15 @@ def at_scale(args: argparse.Namespace) -> dict[str, Any]:
     if args.at_scale:
         from fleet_dispatch import run_fleet
 
-        fleet = run_fleet(args.at_scale, 32, 128, [1.1], args.seed)
+        fleet = run_fleet(args.at_scale, 32, 128, [1.1], args.seed, "dwise")
         source = f"recomputed: benchmarks/fleet_dispatch.py run_fleet({args.at_scale}, 32, 128)"
+        policy = "dwise on every replica"
     else:
         path = ROOT / args.at_scale_from
-        fleet = json.loads(path.read_text())["fleets"][0]
+        data = json.loads(path.read_text())
+        fleet = data["fleets"][0]
         source = f"read from {args.at_scale_from} (benchmarks/fleet_dispatch.py)"
+        policy = data.get("policy", "dwise-uncapped on every replica")
     regime = fleet["regimes"]["poisson-1.1x"]
     out: dict[str, Any] = {
         "source": source,
@@ -240,7 +244,7 @@ def at_scale(args: argparse.Namespace) -> dict[str, Any]:
         "replicas": fleet["replicas"],
         "slots": fleet["slots"],
         "regime": "poisson-1.1x (Poisson at 1.1x the fleet's capacity)",
-        "policy": "dwise-uncapped on every replica (the paper's DWISE)",
+        "policy": policy,
     }
     for m in METHODS:
         r = regime[m]
@@ -368,15 +372,22 @@ def merge(args: argparse.Namespace) -> int:
     docs = [json.loads(p.read_text()) for p in args.merge]
     doc = dict(docs[0])
     doc["mixes"] = {}
-    for d in docs:  # a later run of the same mix adds its regimes (e.g. another load)
+    for d in docs:  # a later run of the same mix adds its regimes (e.g. another load), and
+        # of the same regime its methods (e.g. dwise and oracle rerun after a change)
         for m, md in d["mixes"].items():
-            if m in doc["mixes"]:
-                doc["mixes"][m]["regimes"].update(md["regimes"])
-            else:
-                doc["mixes"][m] = md
+            if m not in doc["mixes"]:
+                doc["mixes"][m] = json.loads(json.dumps(md))
+                continue
+            regimes = doc["mixes"][m]["regimes"]
+            for name, reg in md["regimes"].items():
+                if name not in regimes:
+                    regimes[name] = reg
+                    continue
+                for part in ("runs", "replays"):
+                    regimes[name][part].update(reg[part])
     doc["command"] = " ; ".join(d["command"] for d in docs)
     doc["wall_s"] = [d.get("wall_s") for d in docs]
-    doc["at_scale"] = next((d["at_scale"] for d in docs if d.get("at_scale")), None)
+    doc["at_scale"] = at_scale(args)  # read anew: --at-scale-from (or recomputed, --at-scale)
     doc["must_show"] = must_show(doc)
     if args.extra:  # runs of another size, kept apart from the main mixes
         doc["extra_runs"] = {}
@@ -411,7 +422,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--at-scale", type=int, default=0, help="recompute at_scale with N requests")
-    ap.add_argument("--at-scale-from", default="benchmarks/results/fleet_dispatch_at_scale.json")
+    ap.add_argument(
+        "--at-scale-from", default="benchmarks/results/fleet_dispatch_at_scale_default.json"
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/sglang_fleet.json")
     ap.add_argument(
         "--merge",

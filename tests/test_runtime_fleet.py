@@ -11,8 +11,10 @@ from dwise_predict.errors import ConfigError
 from dwise_predict.runtime import make_policy, simulate, synthetic_workload
 from dwise_predict.runtime.fleet import (
     DISPATCH_METHODS,
+    WORK_EDGES,
     Dispatcher,
     ReplicaLoad,
+    WorkHistogram,
     replica_load,
     simulate_fleet,
 )
@@ -46,6 +48,64 @@ def test_each_method_picks_its_least_loaded_replica_and_counts_the_dispatch():
     assert d.choose(work_rounds=100.0) == 1
     d.update([_load(2, 3, 300, 10.0, t=1.0)])  # replica 2 reports anew: its bumps are replaced
     assert d.choose(work_rounds=100.0) == 2
+
+
+def _hist_load(r: int, work: list[float], t: float = 0.0) -> ReplicaLoad:
+    hist = WorkHistogram.of(np.asarray(work))
+    return ReplicaLoad(
+        r,
+        len(work),
+        0,
+        float(sum(work)),
+        true_work_rounds=float(sum(work)),
+        timestamp=t,
+        work_hist=hist,
+        true_work_hist=hist,
+    )
+
+
+def test_the_histogram_splits_work_at_an_arrival_as_srpt_would():
+    h = WorkHistogram.of(np.array([3.0, 3.0, 50.0, 1000.0, 0.0, -2.0]))  # -2 counts as 0
+    assert h.counts.sum() == 6 and h.sums.sum() == pytest.approx(1056.0)
+    # 20 rounds: shorter 0, 0, 3, 3 (6 rounds ahead), longer 50 and 1000
+    assert h.ahead_longer(20.0) == (pytest.approx(6.0), pytest.approx(2.0))
+    assert h.ahead_longer(1e6) == (pytest.approx(1056.0), pytest.approx(0.0))
+    # nothing is shorter than no work (the two of 0 share its bucket, split at its low edge)
+    assert h.ahead_longer(0.0) == (0.0, pytest.approx(6.0))
+    # inside a bucket the split is linear: 50 sits in [2^5.5, 2^5.75) = [45.25, 53.82)
+    lo, hi = 2.0**5.5, 2.0**5.75
+    ahead, longer = h.ahead_longer(50.0)
+    share = (50.0 - lo) / (hi - lo)
+    assert ahead == pytest.approx(6.0 + 50.0 * share) and longer == pytest.approx(2 - share)
+    assert h.added(20.0).ahead_longer(30.0) == (pytest.approx(26.0), pytest.approx(2.0))
+    assert len(WORK_EDGES) == h.counts.size
+    with pytest.raises(ConfigError, match="buckets"):
+        WorkHistogram(np.zeros(3), np.zeros(3))
+
+
+def test_dwise_sends_a_request_where_srpt_adds_least_to_the_completion_times():
+    """Replica 0 holds one long request (1,000 rounds), replica 1 four of 50 (200 in all).
+    Least outstanding work sends everything to replica 1; under SRPT a short arrival waits
+    for nothing on replica 0 and delays one request there, against four on replica 1; a very
+    long one waits behind 1,000 rounds on replica 0 and 200 on replica 1."""
+    loads = [_hist_load(0, [1000.0]), _hist_load(1, [50.0] * 4)]
+    for method in ("dwise", "oracle"):
+        picks = []
+        for own in (10.0, 100.0, 2000.0):
+            d = Dispatcher(2, method)
+            d.update(loads)
+            picks.append(d.choose(work_rounds=own))
+        assert picks == [0, 0, 1]
+    # a report without a histogram (another version's): least outstanding work, as before
+    d = Dispatcher(2, "dwise")
+    d.update([_load(0, 1, 0, 1000.0), _hist_load(1, [50.0] * 4)])
+    assert d.choose(work_rounds=10.0) == 1
+    # dispatches between reports land in the histogram: each 10-round request sent to replica
+    # 0 adds 10 to what the next one costs there (ahead of it or behind it); replica 1 costs
+    # 40 throughout, a tie after four (broken to replica 0, as many requests), then replica 1
+    d = Dispatcher(2, "dwise")
+    d.update(loads)
+    assert [d.choose(work_rounds=10.0) for _ in range(5)] == [0, 0, 0, 0, 1]
 
 
 def test_a_missing_or_stale_report_falls_back_to_round_robin(caplog):

@@ -7,15 +7,26 @@ waiting and resident requests), and a request is priced at arrival in microsecon
 pieces, usable from any router:
 
 * :class:`ReplicaLoad`: one replica's load snapshot (what a plugin exports as gauges);
+* :class:`WorkHistogram`: how a replica's outstanding work is spread over its requests, in
+  fixed log-spaced buckets (a report of a fixed size however long the queue);
 * :class:`Dispatcher`: snapshots in, a replica out. It keeps SGLang's ``DPBudget`` shape
   (per-replica counters refreshed from snapshots, bumped locally by each dispatch until the next
   snapshot, so a burst between two reports does not pile onto one replica) and adds the
-  ``dwise`` method (least outstanding predicted work) and ``oracle`` (the same with true work,
-  for replays). A replica whose snapshot is missing or stale sends every choice back to round
-  robin (logged once), as SGLang's controller does before its first load report;
+  ``dwise`` method and ``oracle`` (the same with true work, for replays). A replica whose
+  snapshot is missing or stale sends every choice back to round robin (logged once), as
+  SGLang's controller does before its first load report;
 * :func:`simulate_fleet`: R replicas, each a :class:`~.scheduler.Scheduler` under one policy,
   run in lockstep one round per tick behind a dispatcher, on the same workloads and arrival
   processes as :func:`~.simulator.simulate`.
+
+Why ``dwise`` does not send a request to the replica with the least outstanding work: every
+replica runs shortest remaining work first, so a request waits only for the work *shorter than
+its own* there, and delays each request *longer than its own* there by its own work. Sending it
+where ``work_ahead + longer × own`` is least adds the least to the sum of completion times (the
+1/B of a replica's B rows is the same on every replica). Least outstanding work counts a long
+request's work as if a short arrival waited behind it, which SRPT never makes it do: measured in
+SGLang's controller it lost to round robin on the split mix, and so did its oracle
+(docs/fleet.md).
 """
 
 from __future__ import annotations
@@ -42,6 +53,73 @@ log = logging.getLogger(__name__)
 #: SGLang's own methods, then the work-aware ones
 DISPATCH_METHODS = ("round_robin", "total_requests", "total_tokens", "dwise", "oracle")
 
+#: the work histogram's bucket edges, in rounds: 0, then 2^(i/4) from 1 to 2^20 (a bucket
+#: spans 19%), then everything above
+WORK_EDGES: tuple[float, ...] = (0.0, *(2.0 ** (i / 4) for i in range(81)))
+WORK_BUCKETS = len(WORK_EDGES)  # the last one is open: [2^20, inf)
+
+
+@dataclass(frozen=True)
+class WorkHistogram:
+    """A replica's outstanding work per request, bucketed: ``counts[b]`` requests with work in
+    ``[WORK_EDGES[b], WORK_EDGES[b + 1])``, summing to ``sums[b]`` rounds.
+
+    What a dispatcher needs of a replica running shortest remaining work first, for an arrival
+    of work ``w`` (:meth:`ahead_longer`): the work of the requests shorter than ``w`` and the
+    number longer, each to within the bucket that holds ``w``."""
+
+    counts: np.ndarray
+    sums: np.ndarray
+
+    @classmethod
+    def empty(cls) -> WorkHistogram:
+        return cls(np.zeros(WORK_BUCKETS), np.zeros(WORK_BUCKETS))
+
+    @classmethod
+    def of(cls, work: np.ndarray) -> WorkHistogram:
+        """The histogram of per-request work ``work`` (rounds; negative counts as 0)."""
+        w = np.maximum(np.asarray(work, dtype=np.float64).ravel(), 0.0)
+        b = np.searchsorted(_EDGES, w, side="right") - 1
+        return cls(
+            np.bincount(b, minlength=WORK_BUCKETS).astype(np.float64),
+            np.bincount(b, weights=w, minlength=WORK_BUCKETS),
+        )
+
+    def __post_init__(self) -> None:
+        if self.counts.shape != (WORK_BUCKETS,) or self.sums.shape != (WORK_BUCKETS,):
+            raise ConfigError(
+                f"a work histogram has {WORK_BUCKETS} buckets, got {self.counts.shape} counts "
+                f"and {self.sums.shape} sums: the report is from another version"
+            )
+
+    def added(self, work: float) -> WorkHistogram:
+        """This histogram with one more request of ``work`` rounds."""
+        w = max(float(work), 0.0)
+        b = int(np.searchsorted(_EDGES, w, side="right")) - 1
+        counts, sums = self.counts.copy(), self.sums.copy()
+        counts[b] += 1.0
+        sums[b] += w
+        return WorkHistogram(counts, sums)
+
+    def ahead_longer(self, work: float) -> tuple[float, float]:
+        """(rounds of the requests shorter than ``work``, how many are longer): whole buckets
+        below and above ``work``'s, and its own bucket split as if spread evenly over it."""
+        w = max(float(work), 0.0)
+        b = int(np.searchsorted(_EDGES, w, side="right")) - 1
+        ahead = float(self.sums[:b].sum())
+        longer = float(self.counts[b + 1 :].sum())
+        c = float(self.counts[b])
+        if c > 0:
+            lo = _EDGES[b]
+            hi = _EDGES[b + 1] if b + 1 < WORK_BUCKETS else max(lo * 2.0, w)
+            share = min(max((w - lo) / (hi - lo), 0.0), 1.0) if hi > lo else 1.0
+            ahead += self.sums[b] * share
+            longer += c * (1.0 - share)
+        return ahead, longer
+
+
+_EDGES = np.asarray(WORK_EDGES)
+
 
 @dataclass(frozen=True)
 class ReplicaLoad:
@@ -60,21 +138,34 @@ class ReplicaLoad:
     timestamp: float = 0.0
     #: the predicted work priced by a cost profile, in seconds (NaN without one)
     work_seconds: float = math.nan
+    #: how ``work_rounds`` is spread over the requests (None: the replica did not say, and
+    #: ``dwise`` ranks it by ``work_rounds`` alone)
+    work_hist: WorkHistogram | None = None
+    #: the same of the true work (replays only, for ``oracle``)
+    true_work_hist: WorkHistogram | None = None
 
 
 def replica_load(
-    sched: Scheduler, replica: int, timestamp: float = 0.0, true_work_rounds: float = math.nan
+    sched: Scheduler,
+    replica: int,
+    timestamp: float = 0.0,
+    true_work_rounds: float = math.nan,
+    true_work: np.ndarray | None = None,
 ) -> ReplicaLoad:
-    """The load snapshot of a core scheduler: what a plugin reports for its replica."""
+    """The load snapshot of a core scheduler: what a plugin reports for its replica
+    (``true_work``: each live request's true work left, for replays)."""
     t = sched.table
     live = np.concatenate([t.waiting, t.resident])
+    work = t.prompt_blocks[live] + t.r_hat[live]
     return ReplicaLoad(
         replica=replica,
         requests=int(live.size),
         tokens=int(t.kv_tokens[live].sum()),
-        work_rounds=float((t.prompt_blocks[live] + t.r_hat[live]).sum()),
+        work_rounds=float(work.sum()),
         true_work_rounds=float(true_work_rounds),
         timestamp=float(timestamp),
+        work_hist=WorkHistogram.of(work),
+        true_work_hist=None if true_work is None else WorkHistogram.of(true_work),
     )
 
 
@@ -83,8 +174,10 @@ class Dispatcher:
     """Chooses a replica per arrival from the replicas' latest :class:`ReplicaLoad`.
 
     ``method``: ``round_robin``, ``total_requests`` and ``total_tokens`` (SGLang's, same
-    tie-breaks), ``dwise`` (least predicted outstanding work, ties to fewer requests) or
-    ``oracle`` (least true outstanding work). A snapshot older than ``stale_after`` seconds,
+    tie-breaks), ``dwise`` (the replica where the arrival adds least to the sum of completion
+    times under SRPT: least ``work_ahead + longer × own`` from the replica's work histogram,
+    ties to fewer requests; by least outstanding work while a replica reports no histogram)
+    or ``oracle`` (the same with true work). A snapshot older than ``stale_after`` seconds,
     or none at all, sends the choice to round robin until every replica reports again; a
     replica whose last snapshot found it idle (no requests) stays fresh however old that
     snapshot is, since an idle server reports only when its state changes (SGLang's does).
@@ -96,6 +189,7 @@ class Dispatcher:
     _requests: list[float] = field(init=False)
     _tokens: list[float] = field(init=False)
     _work: list[float] = field(init=False)
+    _hist: list[WorkHistogram | None] = field(init=False)
     _seen: list[float] = field(init=False)
     _idle: list[bool] = field(init=False)
     _next_rr: int = field(init=False, default=0)
@@ -112,6 +206,7 @@ class Dispatcher:
             raise ConfigError(f"stale_after={self.stale_after} must be > 0 seconds")
         n = self.replicas
         self._requests, self._tokens, self._work = [0.0] * n, [0.0] * n, [0.0] * n
+        self._hist = [None] * n
         self._seen = [-math.inf] * n
         self._idle = [False] * n
 
@@ -128,7 +223,9 @@ class Dispatcher:
             if load.timestamp == self._seen[r]:
                 continue
             self._requests[r], self._tokens[r] = float(load.requests), float(load.tokens)
-            self._work[r] = load.true_work_rounds if self.method == "oracle" else load.work_rounds
+            oracle = self.method == "oracle"
+            self._work[r] = load.true_work_rounds if oracle else load.work_rounds
+            self._hist[r] = load.true_work_hist if oracle else load.work_hist
             self._seen[r] = load.timestamp
             self._idle[r] = load.requests == 0
 
@@ -143,12 +240,30 @@ class Dispatcher:
             target = min(range(self.replicas), key=lambda i: self._requests[i])
         elif self.method == "total_tokens":
             target = min(range(self.replicas), key=lambda i: (self._tokens[i], self._requests[i]))
-        else:  # dwise, oracle: least outstanding work, fewer requests on a tie
-            target = min(range(self.replicas), key=lambda i: (self._work[i], self._requests[i]))
+        else:  # dwise, oracle
+            target = self._least_added(float(work_rounds))
         self._requests[target] += 1
         self._tokens[target] += tokens
         self._work[target] += max(float(work_rounds), 0.0)
+        hist = self._hist[target]
+        if hist is not None:
+            self._hist[target] = hist.added(work_rounds)
         return target
+
+    def _least_added(self, own: float) -> int:
+        """The replica where a request of work ``own`` adds least to the sum of completion
+        times under SRPT (module docstring); least outstanding work while any replica has
+        sent no histogram. Fewer requests on a tie."""
+        hists = self._hist
+        if any(h is None for h in hists):
+            return min(range(self.replicas), key=lambda i: (self._work[i], self._requests[i]))
+        own = max(own, 0.0)
+
+        def added(i: int) -> tuple[float, float]:
+            ahead, longer = hists[i].ahead_longer(own)  # type: ignore[union-attr]
+            return ahead + longer * own, self._requests[i]
+
+        return min(range(self.replicas), key=added)
 
     def stale_replicas(self, now: float) -> list[int]:
         """The replicas with no report yet, or whose last report (of a busy replica) is older
@@ -292,8 +407,10 @@ class _Fleet:
         ]
         self.request_of_row: list[dict[int, int]] = [{} for _ in range(replicas)]
         self.replica_of = np.full(workload.n, -1, dtype=np.int64)
-        #: true work left on each replica: every block a replica runs is one round of it
+        #: true work left on each replica and of each request: every block a replica runs
+        #: is one round of it
         self.true_left = np.zeros(replicas)
+        self.true_rem = (workload.prompt_blocks + workload.total_rounds).astype(np.float64)
 
     @property
     def idle(self) -> bool:
@@ -305,7 +422,8 @@ class _Fleet:
     def loads(self, timestamp: float) -> list[ReplicaLoad]:
         out = []
         for r, s in enumerate(self.scheds):
-            load = replica_load(s, r, timestamp, float(self.true_left[r]))
+            live = np.fromiter(self.request_of_row[r].values(), np.int64)
+            load = replica_load(s, r, timestamp, float(self.true_left[r]), self.true_rem[live])
             if self.waiting_only:
                 w = s.table.waiting
                 load = dataclasses.replace(
@@ -336,6 +454,7 @@ class _Fleet:
             self.true_left[r] -= plan.rows.size
             rows_map = self.request_of_row[r]
             req = np.fromiter((rows_map[int(x)] for x in plan.rows), np.int64, plan.rows.size)
+            self.true_rem[req] -= 1.0
             finished = progress.advance(req, plan.prompt, finish_stamp)
             ref = refined_estimates(plan, req, refined)
             sched.update(RoundResult(plan.rows, finished, ref))

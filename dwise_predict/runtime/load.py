@@ -92,6 +92,13 @@ class LoadTrackingScheduler(Scheduler):
         if self.price is not None:
             self.outstanding_seconds = max(self.outstanding_seconds + seconds, 0.0)
 
+    def outstanding_work(self) -> np.ndarray:
+        """Each live request's outstanding work in rounds (prompt blocks left + r̂): O(live),
+        for the work histogram a replica reports at each load snapshot."""
+        t = self.table
+        live = np.concatenate([t.waiting, t.resident])
+        return np.asarray(t.prompt_blocks[live] + t.r_hat[live], dtype=np.float64)
+
     def recount(self) -> tuple[float, float]:
         """(rounds, seconds) summed over every live row: O(live), for checks."""
         t = self.table

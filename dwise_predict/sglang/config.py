@@ -100,8 +100,8 @@ class PluginConfig:
     #: 0 = never (the bundle is read once, at start-up)
     watch_seconds: float = 0.0
     #: the data-parallel controller's method (``--dp-size N``): ``sglang`` keeps SGLang's own
-    #: ``--load-balance-method``; ``dwise`` sends each arrival to the rank with the least
-    #: predicted outstanding work plus its own estimate (docs/fleet.md)
+    #: ``--load-balance-method``; ``dwise`` sends each arrival to the rank where its predicted
+    #: work adds least to the completion times under SRPT (docs/fleet.md)
     dispatch: str = "sglang"
     #: a busy rank whose work report is older than this many seconds counts as missing
     dispatch_stale_s: float = 5.0
@@ -150,7 +150,7 @@ class PluginConfig:
         if self.dispatch not in DISPATCH_METHODS:
             raise ConfigError(
                 f"{PREFIX}DISPATCH={self.dispatch!r} is not one of {DISPATCH_METHODS} "
-                "(sglang = SGLang's own --load-balance-method; dwise = least predicted work)"
+                "(sglang = SGLang's own --load-balance-method; dwise = by predicted work)"
             )
         if not (math.isfinite(self.dispatch_stale_s) and self.dispatch_stale_s > 0):
             raise ConfigError(f"{PREFIX}DISPATCH_STALE_S={self.dispatch_stale_s!r} must be > 0")

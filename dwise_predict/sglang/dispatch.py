@@ -11,9 +11,11 @@ With ``DWISE_SGLANG_DISPATCH=dwise`` the plugin, loaded in the controller proces
   (``refresh_load_budget``, at most every 20 ms);
 * an arrival's own work, prompt blocks plus the bundle's admission estimate, is computed once,
   here, from the request's text and token ids (the same features its scheduler will compute);
-* the request goes to the rank with the least outstanding work, ties to fewer requests, and
-  that rank's work grows by the request's until its next report: the decision is
-  :class:`~dwise_predict.runtime.fleet.Dispatcher`'s, the one the fleet simulator measures;
+* the request goes to the rank where it adds least to the sum of completion times under
+  SRPT (the work shorter than its own there, plus its own times the requests longer, from the
+  rank's work histogram), and that rank's histogram takes the request until its next report:
+  the decision is :class:`~dwise_predict.runtime.fleet.Dispatcher`'s, the one the fleet
+  simulator measures;
 * a request that names its rank (``routed_dp_rank``) goes there, as under SGLang's methods;
 * until every rank has reported, and whenever a busy rank's report is older than
   ``DWISE_SGLANG_DISPATCH_STALE_S`` or a rank is inactive, requests go by SGLang's own method

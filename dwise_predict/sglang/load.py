@@ -14,6 +14,10 @@ publishes its figures with the same timestamp:
                                       the bundle has none)
 ====================================  =======================================================
 
+The report also carries how that work is spread over the requests
+(:class:`~dwise_predict.runtime.fleet.WorkHistogram`): the controller's ``dwise`` method picks
+a rank by it.
+
 The gauges carry SGLang's own labels (``--enable-metrics``), so any router that scrapes
 ``/metrics`` (an llm-d-style endpoint picker) can read them. The report is a small shared-memory
 file next to SGLang's (``/dev/shm/dwise_loads_<instance>.shm`` beside
@@ -31,18 +35,21 @@ import struct
 import time
 from typing import Any
 
+import numpy as np
+
 from ..errors import ConfigError
-from ..runtime.fleet import ReplicaLoad
+from ..runtime.fleet import WORK_BUCKETS, ReplicaLoad, WorkHistogram
 from ..runtime.load import LoadTrackingScheduler
 from . import seam
 
 log = logging.getLogger(__name__)
 
 MAGIC = b"DWLD"
-VERSION = 1
+VERSION = 2
 _HEADER = struct.Struct("<4sHH")
-#: sequence (odd while a write is under way), timestamp, work in rounds, in seconds, requests
-_SLOT = struct.Struct("<Qdddq")
+#: sequence (odd while a write is under way), timestamp, work in rounds, in seconds, requests,
+#: then the work histogram's counts and sums
+_SLOT = struct.Struct(f"<Qdddq{2 * WORK_BUCKETS}d")
 _SEQ = struct.Struct("<Q")
 
 #: the attribute of the plugin's state that holds its load signal, made at the first publish
@@ -85,10 +92,25 @@ class ReportWriter:
         self._offset = _HEADER.size + dp_rank * _SLOT.size
         self._seq = _SEQ.unpack_from(self.mmap, self._offset)[0] & ~1
 
-    def write(self, timestamp: float, rounds: float, seconds: float, requests: int) -> None:
+    def write(
+        self,
+        timestamp: float,
+        rounds: float,
+        seconds: float,
+        requests: int,
+        hist: WorkHistogram | None = None,
+    ) -> None:
+        # no histogram: NaN counts, which a reader turns back into None (rank by work alone)
+        counts, sums = (
+            (np.full(WORK_BUCKETS, np.nan), np.zeros(WORK_BUCKETS))
+            if hist is None
+            else (hist.counts, hist.sums)
+        )
         seq = self._seq + 1
         _SEQ.pack_into(self.mmap, self._offset, seq)  # odd: a write is under way
-        _SLOT.pack_into(self.mmap, self._offset, seq, timestamp, rounds, seconds, requests)
+        _SLOT.pack_into(
+            self.mmap, self._offset, seq, timestamp, rounds, seconds, requests, *counts, *sums
+        )
         self._seq = seq + 1
         _SEQ.pack_into(self.mmap, self._offset, self._seq)
 
@@ -130,7 +152,7 @@ class ReportReader:
         mapped = self.mmap
         offset = _HEADER.size + dp_rank * _SLOT.size
         for _ in range(4):  # a write under way: read again
-            seq, ts, rounds, seconds, requests = _SLOT.unpack_from(mapped, offset)
+            seq, ts, rounds, seconds, requests, *hist = _SLOT.unpack_from(mapped, offset)
             if seq == 0:
                 return None  # never written
             if seq & 1 or _SEQ.unpack_from(mapped, offset)[0] != seq:
@@ -142,6 +164,7 @@ class ReportReader:
                 work_rounds=float(rounds),
                 work_seconds=float(seconds),
                 timestamp=float(ts),
+                work_hist=None if math.isnan(hist[0]) else _histogram(hist),
             )
         return None
 
@@ -153,6 +176,10 @@ class ReportReader:
         if self.mmap is not None:
             self.mmap.close()
             self.mmap = None
+
+
+def _histogram(values: list[float]) -> WorkHistogram:
+    return WorkHistogram(np.asarray(values[:WORK_BUCKETS]), np.asarray(values[WORK_BUCKETS:]))
 
 
 class WorkGauges:
@@ -220,7 +247,8 @@ class LoadSignal:
         if self.gauges is not None:
             self.gauges.set(rounds, seconds)
         if self.writer is not None:
-            self.writer.write(timestamp, rounds, seconds, int(core.table.live_rows))
+            hist = WorkHistogram.of(core.outstanding_work())
+            self.writer.write(timestamp, rounds, seconds, int(core.table.live_rows), hist)
         self.published += 1
         return rounds, seconds
 

@@ -250,7 +250,7 @@ def run_fleet(
     rank's true outstanding work (for the oracle), when ``true_work`` maps request ids to it.
     ``silent`` ranks never publish (a rank whose report is missing).
     """
-    from dwise_predict.runtime.fleet import ReplicaLoad
+    from dwise_predict.runtime.fleet import ReplicaLoad, WorkHistogram
 
     instance = "fleet-" + uuid.uuid4().hex[:10]
     controller = make_controller(dp_size, method, instance)
@@ -271,6 +271,9 @@ def run_fleet(
             servers.append(srv)
         stack.callback(remove_shm, instance)
 
+        #: each live request's true work left, by rank (the oracle's work histogram)
+        true_rem: list[dict[str, float]] = [{} for _ in range(dp_size)]
+
         def true_loads() -> list[Any]:
             return [
                 ReplicaLoad(
@@ -281,6 +284,7 @@ def run_fleet(
                     true_left[r],
                     true_work_rounds=true_left[r],
                     timestamp=_report_time(r),
+                    true_work_hist=WorkHistogram.of(np.fromiter(true_rem[r].values(), float)),
                 )
                 for r in range(dp_size)
             ]
@@ -320,6 +324,7 @@ def run_fleet(
                     res.rank_of[spec.rid] = rank
                     if true_work is not None:
                         true_left[rank] += true_work[spec.rid]
+                        true_rem[rank][spec.rid] = true_work[spec.rid]
             for rank, srv in enumerate(servers):
                 batch_run = srv.step()
                 if batch_run is None:
@@ -327,8 +332,11 @@ def run_fleet(
                 true_left[rank] -= len(batch_run.reqs)
                 for req in batch_run.reqs:
                     res.work[req.rid] = res.work.get(req.rid, 0) + 1
+                    if req.rid in true_rem[rank]:
+                        true_rem[rank][req.rid] -= 1.0
                     if req.finished() and req.rid not in res.completion:
                         res.completion[req.rid] = tick + 1
+                        true_rem[rank].pop(req.rid, None)
             tick += 1
             done = len(res.completion) == len(requests)
             if nxt >= len(order) and not done and all(_idle(s) for s in servers):

@@ -9,6 +9,7 @@ import time
 import uuid
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from fleet_harness import (
     equip_publisher,
@@ -21,6 +22,7 @@ from fleet_harness import (
 from harness import CpuServer, TinyBDRunner, environ, eval_requests, plugin_env
 from prometheus_client import CollectorRegistry
 
+from dwise_predict.runtime.fleet import WorkHistogram
 from dwise_predict.sglang import dispatch, load
 from dwise_predict.sglang.config import load_config
 from dwise_predict.sglang.plugin import attach
@@ -82,6 +84,10 @@ def test_outstanding_work_is_exported_under_metrics_and_reported(monkeypatch, ru
             assert report is not None
             assert (report.work_rounds, report.timestamp) == (rounds, load_.timestamp)
             assert report.requests == core.table.live_rows > 0
+            # and how that work is spread over the requests: what the dwise method ranks by
+            assert report.work_hist is not None
+            assert report.work_hist.counts.sum() == report.requests
+            assert report.work_hist.sums.sum() == pytest.approx(rounds)
             while any(not r.finished() for r in srv.reqs.values()):
                 srv.step()
             srv.drain()
@@ -119,19 +125,24 @@ def test_the_dwise_method_sends_to_least_work_and_falls_back_while_a_report_is_m
             controller.dispatch_batch_generate(BatchTokenizedGenerateReqInput(batch=[tok]))
             return [r for r, w in enumerate(controller.workers) if w.take()]
 
+        def hist(work):
+            return WorkHistogram.of(np.asarray(work, dtype=float))
+
         now = time.time()
-        writers[0].write(now, 400.0, math.nan, 9)
-        writers[1].write(now, 10.0, math.nan, 2)  # rank 2 has not reported
+        writers[0].write(now, 400.0, math.nan, 9, hist([400.0 / 9] * 9))
+        writers[1].write(now, 10.0, math.nan, 2, hist([5.0, 5.0]))  # rank 2 has not reported
         with caplog.at_level(logging.INFO):
             got = [send(s) for s in reqs[:2]]
         # SGLang's total_requests over its own (empty) budget: rank 0, then rank 1
         assert got == [[0], [1]] and wd.fallbacks == 2 and wd.dispatched == 0
         assert "DP rank(s) [2]" in caplog.text and "total_requests" in caplog.text
         rank2 = load.ReportWriter(load.report_path(shm_path_for(instance)), 3, 2)
-        rank2.write(now, 60.0, math.nan, 3)
+        rank2.write(now, 60.0, math.nan, 3, hist([20.0] * 3))
         own, tokens = wd.own_work(tokenized(reqs[2]))
         assert own > tokens // 32 and tokens == len(reqs[2].input_ids)
-        assert send(reqs[2]) == [1]  # least work: 10 against 60 and 400
+        # where it adds least under SRPT: behind 10 rounds, against min(60, 3 x own) on rank 2
+        # and 9 x own (or 400) on rank 0
+        assert own > 10 / 3 and send(reqs[2]) == [1]
         assert wd.dispatched == 1 and wd.refreshes >= 1
         # the request's own estimate now sits on rank 1 until its next report
         assert wd.dispatcher._work[1] == pytest.approx(10.0 + own)
