@@ -41,6 +41,7 @@ from ..errors import ConfigError
 from ..runtime.fleet import WORK_BUCKETS, ReplicaLoad, WorkHistogram
 from ..runtime.load import LoadTrackingScheduler
 from . import seam
+from .metrics import exported_labels
 
 log = logging.getLogger(__name__)
 
@@ -222,14 +223,8 @@ class WorkGauges:
 
 def work_gauges_for(scheduler: Any, registry: Any = None) -> WorkGauges | None:
     """Gauges when this SGLang scheduler exports metrics (``--enable-metrics``), else None."""
-    labels = seam.metrics_labels(scheduler)
-    if labels is None:
-        return None
-    try:
-        import prometheus_client  # noqa: F401 - SGLang's own metrics dependency
-    except ImportError:
-        return None
-    return WorkGauges(labels, registry)
+    labels = exported_labels(scheduler)
+    return None if labels is None else WorkGauges(labels, registry)
 
 
 class LoadSignal:

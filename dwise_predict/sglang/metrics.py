@@ -91,20 +91,28 @@ def _value(x: float | None) -> float:
     return float("nan") if x is None else float(x)
 
 
-def gauges_for(scheduler: Any, registry: Any = None) -> MonitorGauges | None:
-    """Gauges when this SGLang scheduler exports metrics (``--enable-metrics``), else None."""
+def exported_labels(scheduler: Any, *, missing: str | None = None) -> dict[str, str] | None:
+    """SGLang's metric labels when this scheduler exports metrics (``--enable-metrics``) and
+    prometheus_client (SGLang's own metrics dependency) imports, else None; ``missing`` is
+    logged as a warning when metrics are on but prometheus_client is not there."""
     labels = seam.metrics_labels(scheduler)
     if labels is None:
         return None
     try:
-        import prometheus_client  # noqa: F401 - SGLang's own metrics dependency
+        import prometheus_client  # noqa: F401
     except ImportError:
-        log.warning(
-            "--enable-metrics is on but prometheus_client is missing: the dwise monitor "
-            "writes only its log lines and JSON file"
-        )
+        if missing is not None:
+            log.warning("--enable-metrics is on but prometheus_client is missing: %s", missing)
         return None
-    return MonitorGauges(labels, registry)
+    return labels
+
+
+def gauges_for(scheduler: Any, registry: Any = None) -> MonitorGauges | None:
+    """Gauges when this SGLang scheduler exports metrics (``--enable-metrics``), else None."""
+    labels = exported_labels(
+        scheduler, missing="the dwise monitor writes only its log lines and JSON file"
+    )
+    return None if labels is None else MonitorGauges(labels, registry)
 
 
 class LifecycleGauges:
@@ -151,12 +159,6 @@ class LifecycleGauges:
 
 
 def lifecycle_gauges_for(scheduler: Any, registry: Any = None) -> LifecycleGauges | None:
-    """Hot swap's gauges when this scheduler exports metrics, else None (as :func:`gauges_for`)."""
-    labels = seam.metrics_labels(scheduler)
-    if labels is None:
-        return None
-    try:
-        import prometheus_client  # noqa: F401
-    except ImportError:
-        return None
-    return LifecycleGauges(labels, registry)
+    """Hot swap's gauges when this scheduler exports metrics, else None."""
+    labels = exported_labels(scheduler)
+    return None if labels is None else LifecycleGauges(labels, registry)
