@@ -82,6 +82,7 @@ class LengthBaseline:
     """What the four output-length baselines share: prompt features in, tokens out, one
     tokens-per-round rate to state them in rounds (see the module docstring).
 
+    Every kind has a LightGBM model of the prompt features, saved as its ``FILE``.
     Subclasses set the registry members and :meth:`predict_tokens`; :meth:`arrival_rounds` is
     what a scheduler ranks a new request by, and :meth:`refined_rounds` (``refines`` kinds
     only) what it ranks it by after its first denoising round.
@@ -97,13 +98,17 @@ class LengthBaseline:
     #: the scheduler of the paper's comparison this kind stands for, and what it ranks by
     #: (``dwise-predict eval``'s rounds-or-tokens table labels the score with it)
     paper_name: ClassVar[str] = ""
+    #: the LightGBM text model's file in a bundle
+    FILE: ClassVar[str] = ""
 
     def __init__(
         self,
+        model_text: str,
         tokens_per_round: float,
         feature_names: Sequence[str] = FEATURE_NAMES,
         info: Mapping[str, Any] | None = None,
     ) -> None:
+        self.booster = _Booster(model_text)
         tpr = float(tokens_per_round)
         if not np.isfinite(tpr) or tpr <= 0:
             raise PredictorError(
@@ -122,6 +127,11 @@ class LengthBaseline:
         """Predicted output tokens, one per row of the admission features ``X`` (n, 3)."""
         raise NotImplementedError
 
+    def _regressed_tokens(self, X: Any) -> np.ndarray:
+        """Tokens from a regressor of ``log1p(output_tokens)`` (SSJF, TRAIL at arrival)."""
+        X = self.features(X)
+        return _expm1_tokens(self.booster.predict(X)) if len(X) else np.zeros(0)
+
     def arrival_rounds(self, X: Any) -> np.ndarray:
         """The estimate a request arrives with, in rounds: predicted tokens / tokens per round
         (what :class:`~dwise_predict.runtime.policies.LengthSRPT` ranks by)."""
@@ -134,6 +144,15 @@ class LengthBaseline:
         raise PredictorError(f"the {self.kind} baseline does not re-estimate after round one")
 
     # -- bundle module --------------------------------------------------------------------------
+    def save(self, folder: str | Path) -> list[str]:
+        folder = Path(folder)
+        write_text(folder / self.FILE, self.booster.text)
+        return [self.FILE, *self._save_more(folder)]
+
+    def _save_more(self, folder: Path) -> list[str]:
+        """Files a kind saves beside its LightGBM model; returns their names."""
+        return []
+
     def _entry(self, **more: Any) -> dict[str, Any]:
         return {
             "estimate": next(iter(self.estimates.values())),
@@ -149,8 +168,10 @@ class LengthBaseline:
 
     @classmethod
     def _recorded(cls, entry: Mapping[str, Any], folder: BundleFolder) -> dict[str, Any]:
-        """The constructor arguments every baseline's record holds (see :meth:`_entry`)."""
+        """The constructor arguments every baseline's bundle holds: its LightGBM model and
+        what :meth:`_entry` records."""
         return {
+            "model_text": folder.read_text(cls.FILE),
             "tokens_per_round": cls._need(entry, "tokens_per_round", folder),
             "feature_names": cls._need(entry, "feature_names", folder),
             "info": entry.get("info"),
@@ -184,27 +205,15 @@ class SSJFPredictor(LengthBaseline):
     paper_name: ClassVar[str] = "SSJF, predicted output length"
     FILE: ClassVar[str] = "ssjf.lgb.txt"
 
-    def __init__(self, model_text: str, tokens_per_round: float, **kw: Any) -> None:
-        super().__init__(tokens_per_round, **kw)
-        self.booster = _Booster(model_text)
-
     def predict_tokens(self, X: Any) -> np.ndarray:
-        X = self.features(X)
-        return _expm1_tokens(self.booster.predict(X)) if len(X) else np.zeros(0)
-
-    def save(self, folder: str | Path) -> list[str]:
-        write_text(Path(folder) / self.FILE, self.booster.text)
-        return [self.FILE]
+        return self._regressed_tokens(X)
 
     def entry(self) -> dict[str, Any]:
         return self._entry(target="log1p(output_tokens)")
 
     @classmethod
     def load(cls, folder: BundleFolder, entry: Mapping[str, Any]) -> SSJFPredictor:
-        return cls(
-            folder.read_text(cls.FILE),
-            **cls._recorded(entry, folder),
-        )
+        return cls(**cls._recorded(entry, folder))
 
     @classmethod
     def card_summary(cls, entry: Mapping[str, Any], manifest: Mapping[str, Any]) -> str:
@@ -235,8 +244,7 @@ class S3Predictor(LengthBaseline):
         tokens_per_round: float,
         **kw: Any,
     ) -> None:
-        super().__init__(tokens_per_round, **kw)
-        self.booster = _Booster(model_text)
+        super().__init__(model_text, tokens_per_round, **kw)
         self.bucket_edges = np.asarray(bucket_edges, dtype=np.float64)
         self.bucket_tokens = np.asarray(bucket_tokens, dtype=np.float64)
         if (
@@ -262,10 +270,6 @@ class S3Predictor(LengthBaseline):
     def predict_tokens(self, X: Any) -> np.ndarray:
         return self.probabilities(X) @ self.bucket_tokens
 
-    def save(self, folder: str | Path) -> list[str]:
-        write_text(Path(folder) / self.FILE, self.booster.text)
-        return [self.FILE]
-
     def entry(self) -> dict[str, Any]:
         return self._entry(
             target="output-length bucket (block_size-token buckets)",
@@ -276,9 +280,8 @@ class S3Predictor(LengthBaseline):
     @classmethod
     def load(cls, folder: BundleFolder, entry: Mapping[str, Any]) -> S3Predictor:
         return cls(
-            folder.read_text(cls.FILE),
-            cls._need(entry, "bucket_edges", folder),
-            cls._need(entry, "bucket_tokens", folder),
+            bucket_edges=cls._need(entry, "bucket_edges", folder),
+            bucket_tokens=cls._need(entry, "bucket_tokens", folder),
             **cls._recorded(entry, folder),
         )
 
@@ -310,8 +313,7 @@ class LTRPredictor(LengthBaseline):
     def __init__(
         self, model_text: str, to_tokens: IsotonicMap, tokens_per_round: float, **kw: Any
     ) -> None:
-        super().__init__(tokens_per_round, **kw)
-        self.booster = _Booster(model_text)
+        super().__init__(model_text, tokens_per_round, **kw)
         self.to_tokens = to_tokens
 
     def score(self, X: Any) -> np.ndarray:
@@ -322,10 +324,9 @@ class LTRPredictor(LengthBaseline):
     def predict_tokens(self, X: Any) -> np.ndarray:
         return self.to_tokens(self.score(X))
 
-    def save(self, folder: str | Path) -> list[str]:
-        write_text(Path(folder) / self.FILE, self.booster.text)
-        write_json(Path(folder) / self.MAP_FILE, self.to_tokens.to_dict())
-        return [self.FILE, self.MAP_FILE]
+    def _save_more(self, folder: Path) -> list[str]:
+        write_json(folder / self.MAP_FILE, self.to_tokens.to_dict())
+        return [self.MAP_FILE]
 
     def entry(self) -> dict[str, Any]:
         return self._entry(target="lambdarank on output-length grades; isotonic map to tokens")
@@ -336,11 +337,7 @@ class LTRPredictor(LengthBaseline):
             to_tokens = IsotonicMap.from_dict(folder.read_json(cls.MAP_FILE))
         except PredictorError as e:
             raise BundleIntegrityError(f"{folder.root}/{cls.MAP_FILE}: {e}") from e
-        return cls(
-            folder.read_text(cls.FILE),
-            to_tokens,
-            **cls._recorded(entry, folder),
-        )
+        return cls(to_tokens=to_tokens, **cls._recorded(entry, folder))
 
     @classmethod
     def card_summary(cls, entry: Mapping[str, Any], manifest: Mapping[str, Any]) -> str:
@@ -385,8 +382,7 @@ class TRAILPredictor(LengthBaseline):
         tokens_per_round: float,
         **kw: Any,
     ) -> None:
-        super().__init__(tokens_per_round, **kw)
-        self.booster = _Booster(model_text)
+        super().__init__(model_text, tokens_per_round, **kw)
         self.hidden_mean = np.asarray(hidden_mean, dtype=np.float32).ravel()
         self.hidden_std = np.asarray(hidden_std, dtype=np.float32).ravel()
         self.weights = np.asarray(weights, dtype=np.float64).ravel()
@@ -410,8 +406,7 @@ class TRAILPredictor(LengthBaseline):
         return int(self.hidden_mean.size)
 
     def predict_tokens(self, X: Any) -> np.ndarray:
-        X = self.features(X)
-        return _expm1_tokens(self.booster.predict(X)) if len(X) else np.zeros(0)
+        return self._regressed_tokens(X)
 
     def inputs(self, hidden: Any, prompt_tokens: Any, output_budget: Any) -> np.ndarray:
         """The ridge input ``(n, H+2)``; the trainer uses this very function (train = serve)."""
@@ -447,11 +442,9 @@ class TRAILPredictor(LengthBaseline):
         tokens = self.remaining_tokens(hidden, prompt_tokens, output_budget)
         return np.maximum(tokens / self.tokens_per_round - 1.0, 0.0)
 
-    def save(self, folder: str | Path) -> list[str]:
+    def _save_more(self, folder: Path) -> list[str]:
         from safetensors.numpy import save
 
-        folder = Path(folder)
-        write_text(folder / self.FILE, self.booster.text)
         tensors: dict[str, np.ndarray] = {
             "weights": self.weights.astype(np.float64),
             "bias": np.array([self.bias], dtype=np.float64),
@@ -461,7 +454,7 @@ class TRAILPredictor(LengthBaseline):
         write_bytes(
             folder / self.WEIGHTS_FILE, save(tensors, metadata={"format": "dwise-trail-v1"})
         )
-        return [self.FILE, self.WEIGHTS_FILE]
+        return [self.WEIGHTS_FILE]
 
     def entry(self) -> dict[str, Any]:
         return self._entry(
@@ -479,13 +472,12 @@ class TRAILPredictor(LengthBaseline):
         try:
             t = load_file(str(folder.path(cls.WEIGHTS_FILE)))
             return cls(
-                folder.read_text(cls.FILE),
-                t["weights"],
-                float(t["bias"][0]),
-                t["hidden_mean"],
-                t["hidden_std"],
-                cls._need(entry, "prompt_tokens_scale", folder),
-                cls._need(entry, "output_budget_scale", folder),
+                weights=t["weights"],
+                bias=float(t["bias"][0]),
+                hidden_mean=t["hidden_mean"],
+                hidden_std=t["hidden_std"],
+                prompt_tokens_scale=cls._need(entry, "prompt_tokens_scale", folder),
+                output_budget_scale=cls._need(entry, "output_budget_scale", folder),
                 **cls._recorded(entry, folder),
             )
         except (ValueError, SafetensorError, KeyError) as e:
