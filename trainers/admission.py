@@ -44,17 +44,24 @@ class AdmissionConfig:
             )
 
     def lightgbm_params(self) -> dict[str, Any]:
-        return {
-            "objective": "regression",
-            "num_leaves": self.num_leaves,
-            "learning_rate": self.learning_rate,
-            "min_data_in_leaf": self.min_data_in_leaf,
-            "seed": self.seed,
-            "deterministic": True,
-            "force_row_wise": True,
-            "num_threads": self.num_threads,
-            "verbose": -1,
-        }
+        return {"objective": "regression", **tree_params(self)}
+
+
+def tree_params(config: Any, **more: Any) -> dict[str, Any]:
+    """LightGBM's parameters from a config's tree settings (``num_leaves``, ``learning_rate``,
+    ``min_data_in_leaf``, ``seed``, ``num_threads``), deterministic and quiet; the admission
+    model's and the output-length baselines' (which learn from the same features)."""
+    return {
+        "num_leaves": config.num_leaves,
+        "learning_rate": config.learning_rate,
+        "min_data_in_leaf": config.min_data_in_leaf,
+        "seed": config.seed,
+        "deterministic": True,
+        "force_row_wise": True,
+        "num_threads": config.num_threads,
+        "verbose": -1,
+        **more,
+    }
 
 
 def train_admission(

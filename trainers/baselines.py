@@ -31,6 +31,7 @@ from dwise_predict.predictors.baselines import (
 )
 from dwise_predict.predictors.calibration import IsotonicMap
 
+from .admission import tree_params
 from .dataset import TraceArrays
 from .kind import KindTrainer, TrainedPart, TrainSettings
 
@@ -85,17 +86,7 @@ class LengthBaselineConfig:
             )
 
     def lightgbm_params(self, **more: Any) -> dict[str, Any]:
-        return {
-            "num_leaves": self.num_leaves,
-            "learning_rate": self.learning_rate,
-            "min_data_in_leaf": self.min_data_in_leaf,
-            "seed": self.seed,
-            "deterministic": True,
-            "force_row_wise": True,
-            "num_threads": self.num_threads,
-            "verbose": -1,
-            **more,
-        }
+        return tree_params(self, **more)
 
 
 # -- data ----------------------------------------------------------------------------------------
