@@ -420,14 +420,10 @@ def serve(table: pa.Table, workdir: Path, progress: Path) -> dict[str, Any]:
     from harness import install_torchvision_shim
 
     install_torchvision_shim()
-    from harness import TinyBDRunner, environ, eval_requests, plugin_env, remove_hooks
-    from harness import serve as serve_requests
-    from sglang.srt.plugins import load_plugins
-    from sglang_ladder import arrival_rounds
+    from harness import TinyBDRunner, eval_requests
+    from sglang_ladder import arrival_rounds, serve_policy
 
     from dwise_predict.atomic import write_json
-    from dwise_predict.sglang.config import load_config
-    from dwise_predict.sglang.plugin import attach
 
     bundle = served_bundle(table, workdir)
     ladder = json.loads((ROOT / "benchmarks/results/sglang_ladder_split.json").read_text())
@@ -442,24 +438,10 @@ def serve(table: pa.Table, workdir: Path, progress: Path) -> dict[str, Any]:
     doc: dict[str, Any] = {"requests": len(reqs), "slots": slots, "k": k}
     doc.update(rate_per_round=rate, runs={})
 
-    def keep(sch: Any) -> None:
-        attach(sch, load_config()).keep_finished = True
-
     for policy in SERVED:
         for regime, arrive in arrivals.items():
             t0 = time.perf_counter()
-            remove_hooks()
-            env = plugin_env(str(bundle), slots=slots, k=k, policy=policy)
-            with environ({**env, "SGLANG_PLUGINS": "dwise"}):
-                load_plugins()
-                res, _ = serve_requests(
-                    reqs,
-                    max_running_requests=slots * k,
-                    runner=runner,
-                    on_scheduler=keep,
-                    arrival_rounds=arrive,
-                )
-            remove_hooks()
+            res, _ = serve_policy(policy, reqs, arrive, runner, slots, k, None, bundle=str(bundle))
             done = [q.rid for q in reqs if q.rid in res.completion_round]
             lat = np.array([res.completion_round[r] - res.arrival_round[r] for r in done], float)
             doc["runs"].setdefault(regime, {})[policy] = {

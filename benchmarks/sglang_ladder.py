@@ -181,6 +181,7 @@ def serve_policy(
     k: int,
     oracle_file: Path | None,
     extra: dict[str, Any] | None = None,
+    bundle: str = "tiny-bd",
 ) -> tuple[Any, Any]:
     from harness import environ, plugin_env, remove_hooks, serve
     from sglang.srt.plugins import load_plugins
@@ -205,7 +206,7 @@ def serve_policy(
     settings: dict[str, Any] = {"slots": slots, "k": k, "policy": policy, **(extra or {})}
     if policy == "oracle":
         settings["oracle"] = oracle_file
-    with environ({**plugin_env("tiny-bd", **settings), "SGLANG_PLUGINS": "dwise"}):
+    with environ({**plugin_env(bundle, **settings), "SGLANG_PLUGINS": "dwise"}):
         load_plugins()
         res, s = serve(
             reqs,
