@@ -79,7 +79,7 @@ class WorkHistogram:
     def of(cls, work: np.ndarray) -> WorkHistogram:
         """The histogram of per-request work ``work`` (rounds; negative counts as 0)."""
         w = np.maximum(np.asarray(work, dtype=np.float64).ravel(), 0.0)
-        b = np.searchsorted(_EDGES, w, side="right") - 1
+        b = _bucket(w)
         return cls(
             np.bincount(b, minlength=WORK_BUCKETS).astype(np.float64),
             np.bincount(b, weights=w, minlength=WORK_BUCKETS),
@@ -95,7 +95,7 @@ class WorkHistogram:
     def added(self, work: float) -> WorkHistogram:
         """This histogram with one more request of ``work`` rounds."""
         w = max(float(work), 0.0)
-        b = int(np.searchsorted(_EDGES, w, side="right")) - 1
+        b = int(_bucket(w))
         counts, sums = self.counts.copy(), self.sums.copy()
         counts[b] += 1.0
         sums[b] += w
@@ -105,7 +105,7 @@ class WorkHistogram:
         """(rounds of the requests shorter than ``work``, how many are longer): whole buckets
         below and above ``work``'s, and its own bucket split as if spread evenly over it."""
         w = max(float(work), 0.0)
-        b = int(np.searchsorted(_EDGES, w, side="right")) - 1
+        b = int(_bucket(w))
         ahead = float(self.sums[:b].sum())
         longer = float(self.counts[b + 1 :].sum())
         c = float(self.counts[b])
@@ -119,6 +119,11 @@ class WorkHistogram:
 
 
 _EDGES = np.asarray(WORK_EDGES)
+
+
+def _bucket(work: np.ndarray | float) -> np.ndarray:
+    """The bucket of each (non-negative) work value."""
+    return np.searchsorted(_EDGES, work, side="right") - 1
 
 
 @dataclass(frozen=True)
