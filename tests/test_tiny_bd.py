@@ -17,12 +17,14 @@ from dwise_predict.zoo.tiny_bd.generate import _extend, generate, prefill
 from dwise_predict.zoo.tiny_bd.io import WEIGHTS_DIR, from_pretrained, save_pretrained
 from dwise_predict.zoo.tiny_bd.model import TinyBDModel
 from dwise_predict.zoo.tiny_bd.recipe.data import (
+    STRUCTURED_MATH_CLOSING,
     DataConfig,
     TrainingExample,
     build_training_set,
     encode_examples,
     generated_examples,
     render_prompt,
+    structured_math_response,
     token_budget_batches,
 )
 from dwise_predict.zoo.tiny_bd.recipe.free_text import (
@@ -32,6 +34,8 @@ from dwise_predict.zoo.tiny_bd.recipe.free_text import (
     CLARIFY,
     CLOSINGS,
     OPENINGS,
+    STRUCTURED_CODE_CLOSING,
+    STRUCTURED_CODE_OPENING,
     ContentPools,
     free_text_examples,
     free_text_sources,
@@ -825,6 +829,44 @@ def test_free_text_category_weights_are_settable_and_checked() -> None:
         parse_free_text_categories("chat=0,instruction=0")
     with pytest.raises(TrainingError, match="no free-text prompts in the weighted"):
         free_text_examples(prompts[:1], 5, seed=0, pools=_pools(), category_weights={"code": 1})
+
+
+def test_structured_code_and_math_are_fixed_text_around_the_uncertain_part() -> None:
+    # math: the workload's reference as written (steps, answer), then one fixed closing;
+    # every response fits the output budget
+    rng = random.Random(4)
+    for _ in range(300):
+        rec = make_math(rng)
+        text = structured_math_response(rec.reference)
+        assert text == f"{rec.reference}\n{STRUCTURED_MATH_CLOSING}"
+        assert len(text) < 255  # with its EOS, inside the 256-token budget
+    with pytest.raises(TrainingError, match="not a math reference"):
+        structured_math_response("(B)")
+    # code: the body of the function over its first argument, one real code line of content
+    prompts = [('def add_two(values: list, b):\n    """Add."""\n', "code")]
+    ex = free_text_examples(
+        prompts, 200, seed=2, pools=_pools(), category_weights={"code": 1}, structured_code=True
+    )
+    for e in ex:
+        assert e.response.startswith(STRUCTURED_CODE_OPENING)
+        assert e.response.endswith(STRUCTURED_CODE_CLOSING)
+        assert "    for item in values:\n" in e.response and len(e.response) <= 230
+        assert sum(line in e.response for line in _pools().code_lines) >= 1
+    assert len({e.response for e in ex}) > 5  # the content line varies
+    # a training set with both structured: no real code reply, every math example framed
+    splits = SimpleNamespace(train=[], eval=[])
+    cfg = DataConfig(n_generated=30, real_repeats=0, mix={"math": 1.0}, structured=("math",))
+    ts = build_training_set(cfg, seed=1, splits=splits, conversations={})
+    tok = build_tokenizer()
+    closing = tok.encode("\n" + STRUCTURED_MATH_CLOSING, add_special_tokens=False).ids
+    assert ts.counts == {"math": 30}
+    for e in ts.examples:
+        ids = [i for i in e.response_ids if i != EOS]
+        assert ids[-len(closing) :] == closing
+    with pytest.raises(TrainingError, match="unknown structured categories"):
+        build_training_set(
+            DataConfig(n_generated=5, structured=("chat",)), splits=splits, conversations={}
+        )
 
 
 def test_report_plots_the_loss_curves_in_training_order() -> None:

@@ -237,6 +237,38 @@ def code_response(prompt: str, pools: ContentPools, rng: random.Random) -> str:
     return rng.choice(OPENINGS["code"]) + "\n\n" + code + "\n\n" + rng.choice(CLOSINGS["code"])
 
 
+#: the fixed text of a structured code reply (:func:`structured_code_response`)
+STRUCTURED_CODE_OPENING = "Here is the body of the function:"
+STRUCTURED_CODE_CLOSING = (
+    "This follows the docstring above. Let me know if you want me to explain any line."
+)
+
+
+def structured_code_response(prompt: str, pools: ContentPools, rng: random.Random) -> str:
+    """A code reply that is mostly predictable: one fixed opening, a loop skeleton over the
+    function's first argument (copied from the prompt), one short real code line, one fixed
+    closing.
+
+    Why: in a real dLLM's traffic code is structured text -- indentation, keywords, names
+    copied from the signature -- and commits many tokens a round, where chat content commits
+    one or two. Trained in this shape, the reference model's rounds stop tracking its output
+    length (an output-length scheduler ranks code as long; here it is cheap).
+    """
+    sigs = _DEF.findall(prompt)
+    args = sigs[-1][1] if sigs else "x"
+    first_arg = (args.split(",")[0].split(":")[0].strip() or "x") if args else "x"
+    short = [line for line in (rng.choice(pools.code_lines) for _ in range(8)) if len(line) <= 30]
+    line = short[0] if short else "result.append(item)"
+    body = [
+        "    result = []",
+        f"    for item in {first_arg}:",
+        f"        {line}",
+        "    return result",
+    ]
+    code = "```python\n" + "\n".join(body) + "\n```"
+    return f"{STRUCTURED_CODE_OPENING}\n\n{code}\n\n{STRUCTURED_CODE_CLOSING}"
+
+
 def check_category_weights(weights: Mapping[str, float]) -> dict[str, float]:
     """The free-text category weights, checked against the known categories."""
     return check_named_weights(weights, CATEGORY_WEIGHTS, "free-text categories")
@@ -250,6 +282,7 @@ def free_text_examples(
     max_chars: int = 230,
     style: str = "list",
     category_weights: Mapping[str, float] | None = None,
+    structured_code: bool = False,
 ) -> list[TrainingExample]:
     """``n`` (prompt, scaffolded response) pairs over ``prompts`` = (text, category) pairs.
 
@@ -257,7 +290,8 @@ def free_text_examples(
     those with prompts), then a prompt of that category, each time with a fresh response;
     responses over ``max_chars`` characters are redrawn, so every one ends, EOS included,
     inside the 256-token budget. ``style`` (one of :data:`STYLES`) picks how chat and
-    instruction responses are shaped.
+    instruction responses are shaped; ``structured_code`` gives code
+    :func:`structured_code_response`'s mostly predictable shape.
     """
     if style not in STYLES:
         raise TrainingError(f"unknown free-text style {style!r}; known: {', '.join(STYLES)}")
@@ -285,7 +319,9 @@ def free_text_examples(
         prompt = rng.choice(by_cat[category])
         for _ in range(20):
             response = (
-                code_response(prompt, pools, rng)
+                structured_code_response(prompt, pools, rng)
+                if category == "code" and structured_code
+                else code_response(prompt, pools, rng)
                 if category == "code"
                 else shaped_response(prompt, category, pools, rng)
                 if style == "by_ending"

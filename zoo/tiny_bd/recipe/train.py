@@ -56,6 +56,7 @@ from .data import (
     build_training_set,
     check_math_op_weights,
     check_mcq_kind_weights,
+    check_structured,
     token_budget_batches,
 )
 from .distill import Teachers, distillation_loss
@@ -732,6 +733,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(stage 6); by_ending: the prompt's last character picks a brief answer, a list or a "
         "whole fixed reply (stage 7)",
     )
+    ap.add_argument(
+        "--structured",
+        default="",
+        help="categories trained in a structured, mostly predictable shape, comma-separated "
+        "(code, math): fixed text around the uncertain part, so they commit many tokens a "
+        "round",
+    )
     default_cats = ",".join(f"{k}={v}" for k, v in FREE_TEXT_CATEGORY_WEIGHTS.items())
     ap.add_argument(
         "--free-text-categories",
@@ -866,6 +874,7 @@ def main(argv: list[str] | None = None) -> int:
         real_repeats=args.real_repeats,
         long_context_long_share=args.long_context_long_share,
         free_text_style=args.free_text_style,
+        structured=check_structured(c for c in args.structured.split(",") if c),
         **data_kw,
     )
     log_csv = args.log_csv or Path("runs/tiny-bd-train/train_log.csv")
