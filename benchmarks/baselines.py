@@ -352,15 +352,23 @@ def served_reference() -> dict[str, Any]:
 SERVED = ("fcfs-mixed", "ssjf", "s3", "ltr", "trail", "dwise")
 
 
-def served_bundle(table: pa.Table, workdir: Path) -> Path:
-    """The served bundle: the zoo's admission and refinement predictors and the four
-    baselines trained on every trace of ``table`` (deterministic: the same files each time)."""
+def served_bundle(table: pa.Table, workdir: Path, model: str = "tiny-bd") -> Path:
+    """The served bundle: DWISE's admission and refinement predictors and the four baselines
+    trained on every trace of ``table`` (deterministic: the same files each time).
+
+    For the shipped model, DWISE's two are the zoo bundle's (trained on the train split); for
+    a candidate checkpoint (``model`` a folder) they are trained on the same traces as the
+    baselines, so every predictor is in-sample alike."""
     from dwise_predict.trainers.baselines import train_ltr, train_s3, train_ssjf, train_trail
     from dwise_predict.trainers.dataset import trace_arrays
+    from dwise_predict.trainers.pipeline import train_bundle
 
     from dwise_predict import load_bundle
     from dwise_predict.bundle import save_bundle
 
+    if model != "tiny-bd":
+        only = "admission,refinement," + ",".join(KINDS)
+        return train_bundle(table, workdir / "bundle-served", only=only, seed=0, overwrite=True)
     arrays = trace_arrays(table, need_hidden=True)
     zoo = load_bundle("tiny-bd")
     parts = [zoo.admission, zoo.refinement]
@@ -408,13 +416,16 @@ def replay_check(table: pa.Table, tracks_dir: Path, workdir: Path) -> dict[str, 
     return out
 
 
-def serve(table: pa.Table, workdir: Path, progress: Path) -> dict[str, Any]:
+def serve(
+    bundle: Path, progress: Path, model: str = "tiny-bd", policies: tuple[str, ...] = SERVED
+) -> dict[str, Any]:
     """The served ladder's 512 split-mix requests in SGLang's loop (B = 16, k = 8; run with
     ``.venv-sglang``), under ``fcfs-mixed``, the four baselines and ``dwise``, burst and Poisson
     at 1.5x ``fcfs-mixed``'s capacity (the ladder's rate). The bundle: the zoo's admission and
     refinement predictors and the four baselines trained on every trace given, these 512
-    requests included (in-sample for the baselines: it can only flatter them). Each run's
-    figures go to ``progress`` as soon as it ends."""
+    requests included (in-sample for the baselines: it can only flatter them), is ``bundle``
+    (:func:`served_bundle`); ``model`` is the served checkpoint. Each run's figures go to
+    ``progress`` as soon as it ends."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     sys.path.insert(0, str(ROOT / "tests" / "sglang_plugin"))
     from harness import install_torchvision_shim
@@ -425,10 +436,9 @@ def serve(table: pa.Table, workdir: Path, progress: Path) -> dict[str, Any]:
 
     from dwise_predict.atomic import write_json
 
-    bundle = served_bundle(table, workdir)
     ladder = json.loads((ROOT / "benchmarks/results/sglang_ladder_split.json").read_text())
     rate = 1.5 * ladder["fcfs_mixed_capacity_requests_per_round"]
-    runner = TinyBDRunner(block_size=32, memo=True)
+    runner = TinyBDRunner(block_size=32, checkpoint=model, memo=True)
     reqs = eval_requests(512, runner, max_new_tokens=256, stratified=False)
     arrivals = {
         "burst": arrival_rounds("burst", len(reqs), None, 0),
@@ -438,7 +448,7 @@ def serve(table: pa.Table, workdir: Path, progress: Path) -> dict[str, Any]:
     doc: dict[str, Any] = {"requests": len(reqs), "slots": slots, "k": k}
     doc.update(rate_per_round=rate, runs={})
 
-    for policy in SERVED:
+    for policy in policies:
         for regime, arrive in arrivals.items():
             t0 = time.perf_counter()
             res, _ = serve_policy(policy, reqs, arrive, runner, slots, k, None, bundle=str(bundle))
@@ -459,9 +469,14 @@ def serve(table: pa.Table, workdir: Path, progress: Path) -> dict[str, Any]:
     return doc
 
 
-def prepare_traces(folder: Path) -> int:
+def prepare_traces(folder: Path, model: str = "tiny-bd", shards: int = 1) -> int:
     """Trace the served ladder's eval requests (its 512 stratified ones and the split's first
-    512, each once) with tiny-bd into ``folder/traces``; resumes an interrupted run."""
+    512, each once) with ``model`` (tiny-bd or a checkpoint folder of it) into
+    ``folder/traces``; resumes an interrupted run. ``shards`` > 1 runs that many one-thread
+    tracing processes side by side (the CLI's ``--num-shards``), faster on a few cores than
+    one process with as many threads."""
+    import subprocess
+
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from block_alignment import stratified, tiny_bd_workload
 
@@ -481,12 +496,21 @@ def prepare_traces(folder: Path) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     workload = folder / "workload.jsonl"
     write_text(workload, "".join(json.dumps(r) + "\n" for r in records))
-    argv = ["trace", "--model", "tiny-bd", "--workload", str(workload)]
+    argv = ["trace", "--model", model, "--workload", str(workload)]
     argv += ["--out", str(folder / "traces"), "--max-new-tokens", "256", "--batch-size", "8"]
-    if (folder / "traces").exists():
-        argv.append("--resume")
+    if (folder / "traces").exists() or shards > 1:
+        argv.append("--resume")  # the shards share one folder: none may refuse another's files
     print(f"tracing {len(records)} eval requests into {folder / 'traces'}", flush=True)
-    return int(cli(argv))
+    if shards <= 1:
+        return int(cli(argv))
+    exe = str(Path(sys.executable).with_name("dwise-predict"))
+    procs = [
+        subprocess.Popen(
+            [exe, *argv, "--threads", "1", "--num-shards", str(shards), "--shard-index", str(i)]
+        )
+        for i in range(shards)
+    ]
+    return max(p.wait() for p in procs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -511,10 +535,43 @@ def main(argv: list[str] | None = None) -> int:
         "(run with .venv-sglang; an hour or more on a CPU): writes 'served'",
     )
     ap.add_argument(
+        "--served-bundle",
+        type=Path,
+        help="the served bundle's folder: built there from the traces when missing, "
+        "served from when it exists",
+    )
+    ap.add_argument(
+        "--serve-only",
+        action="store_true",
+        help="serve with an existing --served-bundle and write only the progress file "
+        "(under .venv-sglang, which cannot train the refinement predictor); then rerun "
+        "without it and with --served-from that file",
+    )
+    ap.add_argument(
+        "--served-policies",
+        default=",".join(SERVED),
+        help="with --serve-only: the policies to serve (default: %(default)s)",
+    )
+    ap.add_argument(
         "--served-from",
         type=Path,
+        nargs="+",
         help="take 'served' from the progress file of an earlier --serve run "
-        "(benchmarks/results/baselines.served.json) instead of serving again",
+        "(benchmarks/results/baselines.served.json) instead of serving again; further files "
+        "add their runs (other --served-policies)",
+    )
+    ap.add_argument(
+        "--model",
+        default="tiny-bd",
+        help="the reference model traced and served: tiny-bd (the shipped weights) or a "
+        "checkpoint folder of it (a candidate stage; its DWISE predictors are then trained on "
+        "the traces given, and the zoo bundle's figures are left out)",
+    )
+    ap.add_argument(
+        "--shards",
+        type=int,
+        default=1,
+        help="with --prepare-traces: tracing processes side by side, one thread each",
     )
     ap.add_argument("--folds", type=int, default=2)
     ap.add_argument("--sim-requests", type=int, default=4096)
@@ -523,7 +580,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/baselines.json")
     args = ap.parse_args(argv)
     if args.prepare_traces is not None:
-        return prepare_traces(args.prepare_traces)
+        return prepare_traces(args.prepare_traces, args.model, args.shards)
+    if args.serve_only:
+        if args.served_bundle is None or not args.served_bundle.exists():
+            ap.error("--serve-only needs an existing --served-bundle (built by a run without it)")
+        policies = tuple(args.served_policies.split(","))
+        serve(args.served_bundle, args.out.with_suffix(".served.json"), args.model, policies)
+        return 0
     if not args.traces:
         ap.error("--traces is required (make them with --prepare-traces DIR)")
 
@@ -542,12 +605,14 @@ def main(argv: list[str] | None = None) -> int:
             "folders": [str(t) for t in args.traces],
             "requests": table.num_rows,
             "categories": {str(c): int((cats == c).sum()) for c in sorted(set(cats.tolist()))},
+            "model": args.model,
             "model_revision": table.column("model_revision")[0].as_py(),
         }
     }
     with tempfile.TemporaryDirectory(prefix="baselines-") as tmp:
         doc.update(offline(table, args.folds, Path(tmp)))
-    doc["offline_zoo"] = offline_zoo(table)
+    if args.model == "tiny-bd":
+        doc["offline_zoo"] = offline_zoo(table)
     doc["reference_model"] = tokens_and_rounds(
         cats,
         table.column("output_tokens").to_numpy(),
@@ -562,11 +627,19 @@ def main(argv: list[str] | None = None) -> int:
         doc["served_reference"] = served_reference()
     progress = args.out.with_suffix(".served.json")
     served: dict[str, Any] = {}
+    if args.served_bundle is not None and not args.served_bundle.exists():
+        args.served_bundle.parent.mkdir(parents=True, exist_ok=True)
+        built = served_bundle(table, args.served_bundle.parent, args.model)
+        built.rename(args.served_bundle)
     if args.serve:
         with tempfile.TemporaryDirectory(prefix="baselines-served-") as tmp:
-            served = serve(table, Path(tmp), progress)
-    elif args.served_from is not None:
-        served = json.loads(args.served_from.read_text())
+            bundle = args.served_bundle or served_bundle(table, Path(tmp), args.model)
+            served = serve(bundle, progress, args.model)
+    elif args.served_from:
+        served = json.loads(args.served_from[0].read_text())
+        for more in args.served_from[1:]:  # further policies' runs (--served-policies)
+            for regime, runs in json.loads(more.read_text())["runs"].items():
+                served["runs"].setdefault(regime, {}).update(runs)
     doc["served"] = served.get("runs", {})
     doc["served_setting"] = {k: v for k, v in served.items() if k not in ("runs", "bundle")}
     if doc["served"] and args.served_tracks is not None:
@@ -579,6 +652,11 @@ def main(argv: list[str] | None = None) -> int:
         "baseline estimates (as benchmarks/sglang_ladder.py checks its replays against served "
         "runs; 'served_reference' holds the earlier served runs of fcfs-mixed and the DWISE "
         "policies). Runs missing from 'served' did not finish in the time box."
+        if args.model == "tiny-bd"
+        else f"SGLang's loop on CPU serving the checkpoint {args.model}; DWISE's predictors and "
+        "the four baselines all trained on every trace given (served requests among them are "
+        "in-sample for every predictor alike). Poisson at the rate the shipped model's ladder "
+        "uses (rate_per_round). Runs missing from 'served' did not finish in the time box."
     )
     doc["seconds"]["total"] = time.perf_counter() - t0
     write_json(args.out, json_safe(doc))
@@ -591,8 +669,8 @@ def print_tables(doc: dict[str, Any]) -> None:
     print("Table 12 on our traces (held-out folds' mean): ρ with work")
     for name, v in doc["offline"].items():
         print(f"  {name:16s} all {v['rho_all']:+.3f}   without mcq {v['rho_other']:+.3f}")
-    z = doc["offline_zoo"]
-    for name in ("dwise-admission", "dwise-refined"):
+    z = doc.get("offline_zoo", {})
+    for name in ("dwise-admission", "dwise-refined") if z else ():
         a, o = z[name]["rho_all"], z[name]["rho_other"]
         print(f"  zoo {name:12s} all {a:+.3f}   without mcq {o:+.3f}")
     ref = doc["reference_model"]

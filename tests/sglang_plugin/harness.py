@@ -27,6 +27,7 @@ from array import array
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -80,6 +81,11 @@ class TinyBDRunner:
         #: function of the request, the block's position and its current tokens only
         self.memo: dict[tuple[Any, int, bytes], torch.Tensor] | None = {} if memo else None
         tb = from_pretrained(checkpoint)
+        #: the name SGLang serves the model under (its --model-path), as tracing names it, so
+        #: a bundle trained on a checkpoint's traces passes the plugin's fingerprint check
+        self.model_id = (
+            "tiny-bd" if str(checkpoint) == "tiny-bd" else f"tiny-bd:{Path(checkpoint).name}"
+        )
         self.model = tb.model.eval()
         self.tokenizer = tb.tokenizer
         self.chat_template = tb.chat_template
@@ -412,6 +418,7 @@ class CpuServer:
             block_size=self.block_size,
             threshold=self.threshold,
             pool_tokens=self.pool_tokens,
+            model_path=getattr(self.runner, "model_id", "tiny-bd"),
         )
         # what Scheduler.abort_request reads besides the queues (a server without
         # disaggregation, multimodal encoders, grammars or a Rust front end)
