@@ -27,11 +27,11 @@ from array import array
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import torch
+from dwise_predict.tracing.adapters.tiny_bd import tiny_bd_model_id
 from dwise_predict.zoo.tiny_bd.generate import _extend
 from dwise_predict.zoo.tiny_bd.io import from_pretrained
 from dwise_predict.zoo.tiny_bd.model import KV
@@ -83,9 +83,7 @@ class TinyBDRunner:
         tb = from_pretrained(checkpoint)
         #: the name SGLang serves the model under (its --model-path), as tracing names it, so
         #: a bundle trained on a checkpoint's traces passes the plugin's fingerprint check
-        self.model_id = (
-            "tiny-bd" if str(checkpoint) == "tiny-bd" else f"tiny-bd:{Path(checkpoint).name}"
-        )
+        self.model_id = tiny_bd_model_id(checkpoint)
         self.model = tb.model.eval()
         self.tokenizer = tb.tokenizer
         self.chat_template = tb.chat_template

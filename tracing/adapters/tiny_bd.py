@@ -138,9 +138,16 @@ def load_tiny_bd(
     name_or_path: str | Path = "tiny-bd", *, dtype: torch.dtype = torch.float32, device: str = "cpu"
 ) -> TinyBDAdapter:
     """Load the shipped ``tiny-bd`` or a tiny-bd checkpoint folder as an adapter."""
-    from dwise_predict.zoo.tiny_bd.io import NAME, from_pretrained
+    from dwise_predict.zoo.tiny_bd.io import from_pretrained
 
     loaded = from_pretrained(name_or_path, dtype=dtype)
     loaded.model.to(device)
-    model_id = NAME if str(name_or_path) == NAME else f"tiny-bd:{Path(name_or_path).name}"
-    return TinyBDAdapter(loaded, model_id=model_id)
+    return TinyBDAdapter(loaded, model_id=tiny_bd_model_id(name_or_path))
+
+
+def tiny_bd_model_id(name_or_path: str | Path) -> str:
+    """The model id traces (and a server) name tiny-bd or a checkpoint folder of it by:
+    ``tiny-bd`` for the shipped weights, ``tiny-bd:FOLDER`` for a checkpoint."""
+    from dwise_predict.zoo.tiny_bd.io import NAME
+
+    return NAME if str(name_or_path) == NAME else f"tiny-bd:{Path(name_or_path).name}"

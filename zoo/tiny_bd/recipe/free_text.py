@@ -224,11 +224,18 @@ def shaped_response(prompt: str, category: str, pools: ContentPools, rng: random
     return rng.choice(CLARIFY[category])
 
 
-def code_response(prompt: str, pools: ContentPools, rng: random.Random) -> str:
-    """Opening, the prompt's own signature copied, 1-4 body lines, a return, closing."""
+def signature(prompt: str) -> tuple[str, str, str]:
+    """(name, argument list, first argument's name) of the prompt's last ``def`` (a default
+    ``solution(x)`` when it has none): what a code reply copies from the prompt."""
     sigs = _DEF.findall(prompt)
     name, args = sigs[-1] if sigs else ("solution", "x")
     first_arg = (args.split(",")[0].split(":")[0].strip() or "x") if args else "x"
+    return name, args, first_arg
+
+
+def code_response(prompt: str, pools: ContentPools, rng: random.Random) -> str:
+    """Opening, the prompt's own signature copied, 1-4 body lines, a return, closing."""
+    name, args, first_arg = signature(prompt)
     body = rng.sample(pools.code_lines, rng.randint(1, 4))
     lines = [f"def {name}({args}):", "    result = []"]
     lines += [f"    {b}" for b in body]
@@ -254,9 +261,7 @@ def structured_code_response(prompt: str, pools: ContentPools, rng: random.Rando
     one or two. Trained in this shape, the reference model's rounds stop tracking its output
     length (an output-length scheduler ranks code as long; here it is cheap).
     """
-    sigs = _DEF.findall(prompt)
-    args = sigs[-1][1] if sigs else "x"
-    first_arg = (args.split(",")[0].split(":")[0].strip() or "x") if args else "x"
+    first_arg = signature(prompt)[2]
     short = [line for line in (rng.choice(pools.code_lines) for _ in range(8)) if len(line) <= 30]
     line = short[0] if short else "result.append(item)"
     body = [
