@@ -9,8 +9,8 @@ Writes ``benchmarks/results/baselines.json`` (issue 54):
   is trained by the library's pipeline (``train_bundle(only="admission,refinement,ssjf,s3,
   ltr,trail")``) on the same traces, in ``--folds`` category-stratified folds (train on the
   others, score the held-out fold; figures are the folds' mean, each fold's kept too).
-  ``offline_zoo`` adds the shipped zoo bundle's two estimates on every trace (it was trained on
-  600 other requests of the train split).
+  ``offline_zoo`` adds the shipped zoo bundle's two estimates on every trace of a request
+  outside the workload's train split (the zoo bundle is trained on that split).
 * ``reference_model``: ``rho_tokens_rounds`` (output tokens vs total rounds over code, math,
   chat and instruction) and each category's median tokens per round and rounds.
 * ``simulated[REGIME][POLICY]``: the paper-matched synthetic workload (4,096 requests, B = 128,
@@ -31,20 +31,25 @@ Writes ``benchmarks/results/baselines.json`` (issue 54):
   SGLang's real loop on CPU (``tests/sglang_plugin/harness.py``), ``fcfs-mixed``, the four
   baselines and ``dwise``, burst and ``poisson-overload`` (see ``served_note``).
 
-Run (about 1.5 minutes on two shared cores once the traces exist)::
+The committed JSON (tiny-bd v1.0.0) reads the traces the zoo release's rebuild writes (the
+whole train split and the report's 1,000 eval requests: ``python -m
+dwise_predict.zoo.tiny_bd.recipe.rebuild``), about 40 s, then serves in ``.venv-sglang``
+(about 15 minutes on two shared cores) and merges::
 
-    .venv/bin/python benchmarks/baselines.py --prepare-traces runs/baselines-traces
-    .venv-sglang/bin/python benchmarks/sglang_tails.py --save-tracks runs/tails-tracks
-    .venv/bin/python benchmarks/baselines.py --traces runs/baselines-traces/traces \
-        --served-tracks runs/tails-tracks/split
+    .venv/bin/python benchmarks/baselines.py --traces runs/traces-train runs/tiny-bd-eval/tau0.95 \
+        --served-bundle runs/bl/bundle-served --out runs/bl/baselines.json
+    .venv-sglang/bin/python benchmarks/baselines.py --served-bundle runs/bl/bundle-served \
+        --serve-only --served-policies fcfs-mixed,ssjf,s3,ltr,trail,dwise,dwise-uncapped \
+        --out runs/bl/baselines.json
+    .venv/bin/python benchmarks/baselines.py --traces runs/traces-train runs/tiny-bd-eval/tau0.95 \
+        --served-from runs/bl/baselines.served.json
 
 ``--prepare-traces DIR`` traces, with tiny-bd and hidden states in SGLang's absolute layout,
 the eval requests the served ladder serves (its 512 stratified requests and the split's first
-512: 691 distinct; resumable, about an hour and a half on two cores) and exits. The
-committed JSON was measured on 597 of them (``traces.requests``), all 512 split requests
-among them; the full set moves its figures a little. ``--traces`` are trace
-folders of the reference model with hidden states; ``--served-tracks`` the request tracks
-``benchmarks/sglang_tails.py --save-tracks DIR`` wrote for the split mix.
+512: 691 distinct; resumable) and exits: the previous release's JSON
+(``baselines_v0.9.0.json``) was measured on 597 of them with ``--served-tracks``, the request
+tracks ``benchmarks/sglang_tails.py --save-tracks DIR`` wrote for the split mix. ``--traces``
+are trace folders of the reference model with hidden states.
 """
 
 from __future__ import annotations
@@ -169,14 +174,18 @@ def offline(table: pa.Table, folds: int, workdir: Path) -> dict[str, Any]:
 
 
 def offline_zoo(table: pa.Table) -> dict[str, Any]:
-    """The shipped zoo bundle's DWISE estimates on every trace (held out: it was trained on
-    other requests)."""
+    """The shipped zoo bundle's DWISE estimates on the traces of requests outside the
+    workload's train split, which the zoo bundle is trained on (so every one is held out)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from block_alignment import tiny_bd_workload
     from dwise_predict.trainers.dataset import trace_arrays
     from dwise_predict.trainers.evaluate import evaluate_arrays, rounds_vs_tokens
 
     from dwise_predict.bundle import load_bundle
 
     bundle = load_bundle("tiny-bd")
+    train = {r.prompt for r in tiny_bd_workload().train}
+    table = table.filter(pa.array([p not in train for p in table.column("prompt").to_pylist()]))
     arrays = trace_arrays(table, need_hidden=True)
     _, preds = evaluate_arrays(bundle, arrays)
     assert arrays.output_tokens is not None

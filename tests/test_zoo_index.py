@@ -168,16 +168,21 @@ def test_shipped_tiny_bd_bundle_prices_requests_with_its_int8_dws_and_no_torch()
     assert dws["encoder"].startswith("sentence-transformers/all-MiniLM-L6-v2")  # a name, no path
     assert "dws.int8.onnx" in manifest["files"] and "dws.onnx" not in manifest["files"]
     assert (local / "dws.int8.onnx").stat().st_size < 40e6
+    # a multiple-choice question (two rounds on tiny-bd, traced) and an essay (about 150)
+    mcq = (
+        "Which option has the most letters?\\n(A) dog\\n(B) rose\\n(C) umbrella\\n(D) garden"
+        "\\nAnswer with the letter of the correct option."
+    )
     code = (
         "import sys, json, dwise_predict as d; b = d.load_bundle('tiny-bd'); "
-        "c = b.predict_cost(['What is 2 + 3?', 'Write a long essay about the history of "
+        f"c = b.predict_cost(['{mcq}', 'Write a long essay about the history of "
         "rivers, with ten sections and a summary.']); "
         "print(json.dumps([c.tolist(), 'torch' in sys.modules, 'transformers' in sys.modules]))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     costs, torch_loaded, transformers_loaded = json.loads(out.stdout.strip().splitlines()[-1])
     assert not torch_loaded and not transformers_loaded
-    assert all(c > 0 for c in costs) and costs[1] > costs[0]  # an essay outweighs a sum
+    assert all(c > 0 for c in costs) and costs[1] > 3 * costs[0]  # an essay outweighs a letter
 
 
 def test_zoo_release_versions_agree():

@@ -67,11 +67,13 @@ def admission_text(X: np.ndarray, rounds: np.ndarray, seed: int = 0) -> str:
 
 
 def feature_grid(n: int = 2000, seed: int = 0) -> np.ndarray:
-    """Plausible prompt feature rows (words, newlines, tokens) to fit variants on."""
+    """Plausible prompt feature rows (words, newlines, tokens) to fit variants on: words
+    log-uniform, so short prompts are as densely covered as long ones, and 1.1 to 9 tokens a
+    word, which spans subword tokenizers and byte-level ones such as tiny-bd's (5-8)."""
     rng = np.random.default_rng(seed)
-    words = rng.integers(1, 600, size=n)
+    words = np.exp(rng.uniform(0.0, np.log(600.0), size=n)).astype(int)
     lines = rng.integers(0, 40, size=n)
-    tokens = (words * rng.uniform(1.1, 1.6, size=n)).astype(int) + 8
+    tokens = (words * rng.uniform(1.1, 9.0, size=n)).astype(int) + 8
     return np.stack([words, lines, tokens], axis=1).astype(np.float64)
 
 

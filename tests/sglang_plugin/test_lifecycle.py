@@ -174,16 +174,20 @@ def test_a_revision_shadows_then_serves_and_the_waiting_queue_takes_its_estimate
 def test_a_promoted_revision_that_degrades_on_probation_is_rolled_back(runner, bundles, tmp_path):
     """The revision ranks short prompts as r1 does and long ones in reverse. Requests come
     shortest prompt first, the short third one every 4 rounds: the revision shadows on them and
-    is promoted; on probation the long ones arrive in a burst, its ρ falls past the rollback
-    drop while r1 ranks them well, so r1 comes back and the queue takes r1's estimates."""
+    is promoted; once they have finished the long ones come one a round, faster than the
+    server serves them, its ρ falls past the rollback drop while r1 ranks them well, so r1
+    comes back and the queue takes r1's estimates."""
     reqs = sorted(
         eval_requests(48, runner, max_new_tokens=32, max_prompt_tokens=160),
         key=lambda r: len(r.input_ids),
     )
     third = len(reqs) // 3
     cut = len(reqs[third].input_ids)
+    # Each phase judges 16 finished requests, so the long third comes after the short one has
+    # finished, and spread out: in a burst the first 16 to finish are the 16 least work, among
+    # them every multiple-choice question (two rounds each), whose order no estimate knows.
     arrive = [4 * i for i in range(third)] + [
-        4 * third + (i - third) // 4 for i in range(third, len(reqs))
+        4 * third + 80 + (i - third) for i in range(third, len(reqs))
     ]
     flipping = revision(
         bundles["r1"], tmp_path / "flip", 2, admission_text=split_text(bundles["r1"], cut)
@@ -197,7 +201,7 @@ def test_a_promoted_revision_that_degrades_on_probation_is_rolled_back(runner, b
         link,
         before_round=_swap_checker(link, {**bundles, "r2": flipping}, seen),
         arrivals=arrive,
-        shadow_requests=8,
+        shadow_requests=16,
         promote_margin=0.5,
     )
     lc = state.lifecycle

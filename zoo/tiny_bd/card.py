@@ -135,6 +135,9 @@ def model_card(config: TinyBDConfig, training: dict[str, Any]) -> str:
                 "Each command continues the previous one's "
                 "output (its `--init-from`; the folders are",
                 "where each stage ran) with a fresh schedule and other data draws.",
+                "`zoo/tiny_bd/weights` in a command (as `--init-from` or `--anchor`) "
+                "means the weights shipped",
+                "when that command ran, the previous zoo release.",
             ]
             if len(stages) > 1
             else []
