@@ -25,7 +25,8 @@ only: whether any setting of the default's rule reaches fcfs's p99 where the def
         benchmarks/vllm_scheduler.py --requests 256 --out benchmarks/results/vllm_scheduler.json
 
 Decoding the 256 requests with tiny-bd takes about 10 minutes on one core (cached in
-``--traces``, committed beside the results); the 20 serving runs take under a minute. Needs
+``--traces``, committed beside the results, and read only for the weights it was decoded from);
+the 20 serving runs take under a minute. Needs
 ``make test-vllm``'s environment.
 """
 

@@ -69,10 +69,18 @@ def tiny_bd_traces(
     """``n`` eval-split requests (stratified over categories) decoded by tiny-bd.
 
     ``cache``: a JSON file to read them from, or to write them to (decoding takes about a
-    second per request on one CPU core; long contexts dominate)."""
+    second per request on one CPU core; long contexts dominate). It is read only when it was
+    written from the same weights (their revision), so a zoo release re-decodes."""
+    from dwise_predict.zoo.tiny_bd.io import WEIGHTS_DIR, weights_revision
+
+    revision = weights_revision(WEIGHTS_DIR / "model.safetensors")
     if cache is not None and Path(cache).is_file():
         rows = json.loads(Path(cache).read_text(encoding="utf-8"))
-        if rows.get("n") == n and rows.get("max_prompt_tokens") == max_prompt_tokens:
+        if (rows.get("n"), rows.get("max_prompt_tokens"), rows.get("model_revision")) == (
+            n,
+            max_prompt_tokens,
+            revision,
+        ):
             return [TraceRequest(**r) for r in rows["requests"]]
     import torch
     from dwise_predict.tracing.workload import build_workload
@@ -116,6 +124,7 @@ def tiny_bd_traces(
         payload = {
             "n": n,
             "max_prompt_tokens": max_prompt_tokens,
+            "model_revision": revision,
             "requests": [asdict(t) for t in out],
         }
         Path(cache).write_text(json.dumps(payload), encoding="utf-8")
