@@ -73,7 +73,8 @@ def tiny_bd_traces(
     written from the same weights (their revision), so a zoo release re-decodes."""
     from dwise_predict.zoo.tiny_bd.io import WEIGHTS_DIR, weights_revision
 
-    revision = weights_revision(WEIGHTS_DIR / "model.safetensors")
+    # hashing the weights is only needed to key a cache
+    revision = None if cache is None else weights_revision(WEIGHTS_DIR / "model.safetensors")
     if cache is not None and Path(cache).is_file():
         rows = json.loads(Path(cache).read_text(encoding="utf-8"))
         if (rows.get("n"), rows.get("max_prompt_tokens"), rows.get("model_revision")) == (
