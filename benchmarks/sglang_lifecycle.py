@@ -680,13 +680,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _ranked_by(finished: dict[Any, Any], spec: Any, bundle: Any, state: Any) -> bool:
     """Whether ``spec`` finished with the estimate ``bundle`` gives it (not re-estimated)."""
-    from dwise_predict.sglang.prompt import text_features, user_prompt
+    from dwise_predict.sglang.prompt import user_prompt
 
     tr = finished.get(spec.rid)
     if tr is None:
         return False
     text = user_prompt(spec.input_ids, state.decoder, bundle.admission.featurizer)
-    x = text_features(text, spec.input_ids)
+    x = bundle.admission_row(text, len(spec.input_ids))
     return bool(np.isclose(tr.admission, bundle.predict_admission_one(x)))
 
 

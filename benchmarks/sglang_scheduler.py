@@ -390,6 +390,9 @@ class _ScriptedAdmission:
     def predict_admission_one(self, x: Any) -> float:
         return float(self.predict_admission_features(np.asarray([x]))[0])
 
+    def admission_row(self, text: str, prompt_tokens: int) -> tuple[float, ...]:
+        return (float(prompt_tokens),)
+
 
 def overhead(
     residents: int = 1024,

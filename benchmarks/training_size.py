@@ -201,6 +201,7 @@ def measure(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
     from dwise_predict.trainers.dataset import category_counts, trace_arrays
 
     from dwise_predict import load_bundle
+    from dwise_predict.features import feature_set
     from dwise_predict.ranking import spearman
     from dwise_predict.runtime import estimates_from_bundle
     from dwise_predict.traces import read_traces
@@ -230,13 +231,16 @@ def measure(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
         n = train_all.num_rows if size is None else min(size, train_all.num_rows)
         train = train_all.slice(0, n)
         arrays = trace_arrays(train)
-        model = train_admission((arrays.features, arrays.total_rounds), AdmissionConfig(seed=0))
+        cfg = AdmissionConfig(seed=0)
+        X = arrays.admission_features(feature_set(cfg.features))
+        model = train_admission((X, arrays.total_rounds), cfg)
         if size == ZOO_SIZE and model.model_text != zoo.admission.model_text:
             raise SystemExit(
                 "the train-split traces do not reproduce the zoo bundle's admission model: "
                 "these traces are not the ones it was trained on (re-trace the split)"
             )
-        sources = {"lightgbm": np.asarray(model.predict_features(ev_arrays.features), float)}
+        X_ev = ev_arrays.admission_features(model.feature_names)
+        sources = {"lightgbm": np.asarray(model.predict_features(X_ev), float)}
         row: dict[str, Any] = {"train_requests": n, "categories": category_counts(arrays.category)}
         if ("all" if size is None else str(size)) in dws_at:
             dws, seconds = dws_rounds(train, prompts, zoo.cost_profile)

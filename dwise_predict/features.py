@@ -1,11 +1,18 @@
-"""Prompt features for the admission predictor: word count, newline count, chat-template token
-count.
+"""Prompt features for the admission predictor.
 
-These three numbers are all the admission predictor sees (docs/concepts.md, "The predictors"). The
-token count must be the one the *served* model sees, i.e. after its chat template, so the featurizer
+Two feature sets (docs/predictors.md, "Admission features"):
+
+- ``"counts"``, the paper's: word count, newline count, token count after the chat template;
+- ``"counts+lexical"`` (the default): those plus three counts read off the prompt's characters,
+  digits and code symbols per mille of the characters and question marks. They tell a sum from a
+  chat question of the same length, which the counts cannot, and they stay integers, so the ONNX
+  export (float32 trees) compares exactly like LightGBM (float64).
+
+Every feature is a count of the user's prompt, computed in microseconds with no model. The token
+count must be the one the *served* model sees, i.e. after its chat template, so the featurizer
 carries the model's tokenizer (a Hugging Face ``tokenizers`` file: no torch, no transformers) and
-its chat template (Jinja, rendered like ``transformers`` does). A bundle ships both, which is how a
-scheduler process can predict from raw text alone.
+its chat template (Jinja, rendered like ``transformers`` does). A bundle ships both, and records
+its feature names, which is how a scheduler process can predict from raw text alone.
 """
 
 from __future__ import annotations
@@ -21,8 +28,19 @@ import numpy as np
 from .errors import ConfigError, PredictorInputError
 from .fingerprint import text_hash
 
-#: column order of the feature matrix; bundles record it and refuse another order
-FEATURE_NAMES: tuple[str, ...] = ("word_count", "newline_count", "prompt_tokens")
+#: the paper's three counts, in the column order traces record them
+COUNT_FEATURES: tuple[str, ...] = ("word_count", "newline_count", "prompt_tokens")
+#: the count features' column order (what traces, baselines and feature rows of three use)
+FEATURE_NAMES: tuple[str, ...] = COUNT_FEATURES
+#: counts read off the prompt's characters (:func:`lexical_features`)
+LEXICAL_FEATURES: tuple[str, ...] = ("digit_permille", "symbol_permille", "question_marks")
+#: the admission model's feature sets; a bundle records the names it was trained on
+FEATURE_SETS: dict[str, tuple[str, ...]] = {
+    "counts": COUNT_FEATURES,
+    "counts+lexical": COUNT_FEATURES + LEXICAL_FEATURES,
+}
+DEFAULT_FEATURE_SET = "counts+lexical"
+_SETS_IN_ORDER = (FEATURE_SETS["counts"], FEATURE_SETS["counts+lexical"])
 
 #: a prompt no user writes, rendered once to find what the chat template wraps around a prompt
 _PROMPT_SENTINEL = "\x00dwise-prompt\x00"
@@ -34,6 +52,104 @@ def word_count(text: str) -> int:
 
 def newline_count(text: str) -> int:
     return text.count("\n")
+
+
+_DIGITS = b"0123456789"
+#: characters that mark code and formulas: brackets, operators, assignment, statement ends
+_SYMBOLS = b"{}()[];=_<>+*/%"
+
+
+def lexical_features(text: str) -> tuple[int, int, int]:
+    """:data:`LEXICAL_FEATURES` of one prompt: ASCII digits and code symbols per mille of its
+    characters, and its question marks.
+
+    Counted on the UTF-8 bytes, where an ASCII character is one byte and no byte of another
+    character is ASCII: the same counts as on the characters, several times faster (a scheduler
+    computes them on every arrival)."""
+    if not text:
+        return 0, 0, 0
+    raw = text.encode("utf-8", "surrogatepass")
+    n = len(text)
+    digits = len(raw) - len(raw.translate(None, _DIGITS))
+    symbols = len(raw) - len(raw.translate(None, _SYMBOLS))
+    return round(1000 * digits / n), round(1000 * symbols / n), text.count("?")
+
+
+def check_feature_names(names: Sequence[str]) -> tuple[str, ...]:
+    """``names`` as a tuple when every one is a feature this library computes, else an error
+    naming the unknown ones (a bundle from a newer release)."""
+    known = set(FEATURE_SETS["counts+lexical"])
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise PredictorInputError(
+            f"unknown admission features {unknown or list(names)}: this release computes "
+            f"{sorted(known)}; upgrade dwise-predict to load this bundle"
+        )
+    return tuple(names)
+
+
+def feature_set(name: str) -> tuple[str, ...]:
+    """The feature names of a named set (:data:`FEATURE_SETS`)."""
+    try:
+        return FEATURE_SETS[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown admission feature set {name!r}; choose one of {sorted(FEATURE_SETS)}"
+        ) from None
+
+
+def needs_text(names: Sequence[str]) -> bool:
+    """Whether features ``names`` read the prompt's characters (not just its three counts)."""
+    return any(n in LEXICAL_FEATURES for n in names)
+
+
+def feature_row(names: Sequence[str], text: str, prompt_tokens: int) -> tuple[float, ...]:
+    """One request's features ``names`` from its user prompt and served token count: the
+    per-arrival path of a scheduler (a few microseconds)."""
+    if names == _SETS_IN_ORDER[0] or names == _SETS_IN_ORDER[1]:  # the shipped orders, fast
+        counts = (float(len(text.split())), float(text.count("\n")), float(prompt_tokens))
+        if len(names) == len(COUNT_FEATURES):
+            return counts
+        return counts + tuple(float(v) for v in lexical_features(text))
+    values: dict[str, float] = {
+        "word_count": word_count(text),
+        "newline_count": newline_count(text),
+        "prompt_tokens": prompt_tokens,
+    }
+    if needs_text(names):
+        values.update(zip(LEXICAL_FEATURES, lexical_features(text)))
+    return tuple(float(values[n]) for n in names)
+
+
+def lexical_matrix(prompts: Sequence[str | None]) -> np.ndarray | None:
+    """``(n, 3)`` :data:`LEXICAL_FEATURES` of ``prompts``; None when a prompt is missing (traces
+    written with prompts redacted)."""
+    if any(p is None for p in prompts):
+        return None
+    out = np.zeros((len(prompts), len(LEXICAL_FEATURES)), dtype=np.float64)
+    for i, p in enumerate(prompts):
+        out[i] = lexical_features(str(p))
+    return out
+
+
+def select_features(
+    names: Sequence[str], counts: np.ndarray, lexical: np.ndarray | None
+) -> np.ndarray:
+    """Features ``names`` as ``(n, len(names))`` from the count columns ``counts``
+    (:data:`COUNT_FEATURES` order) and the lexical ones (None: the prompts were redacted)."""
+    counts = np.asarray(counts, dtype=np.float64).reshape(-1, len(COUNT_FEATURES))
+    if needs_text(names) and lexical is None:
+        raise PredictorInputError(
+            f"the admission features {list(names)} read each prompt's text, and these traces "
+            "were written with prompts redacted: re-trace without redaction, or use a bundle "
+            "trained with `--admission-features counts`"
+        )
+    columns: dict[str, np.ndarray] = dict(zip(COUNT_FEATURES, counts.T))
+    if lexical is not None:
+        columns.update(zip(LEXICAL_FEATURES, np.asarray(lexical, dtype=np.float64).T))
+    return (
+        np.column_stack([columns[n] for n in names]) if len(counts) else np.empty((0, len(names)))
+    )
 
 
 @dataclass
@@ -184,20 +300,24 @@ class PromptFeaturizer:
         )
         return np.fromiter((len(e.ids) for e in encs), dtype=np.float64, count=len(encs))
 
-    def __call__(self, prompts: str | Sequence[str]) -> np.ndarray:
-        """Feature matrix ``(n, 3)`` float64 in :data:`FEATURE_NAMES` order."""
+    def __call__(
+        self, prompts: str | Sequence[str], names: Sequence[str] = COUNT_FEATURES
+    ) -> np.ndarray:
+        """Feature matrix ``(n, len(names))`` float64 in ``names`` order (the three counts by
+        default)."""
         if isinstance(prompts, str):
             prompts = [prompts]
         for i, p in enumerate(prompts):
             if not isinstance(p, str):
                 raise PredictorInputError(f"prompt #{i} is {type(p).__name__}, expected str")
-        out = np.empty((len(prompts), 3), dtype=np.float64)
+        counts = np.empty((len(prompts), 3), dtype=np.float64)
         if len(prompts) == 0:
-            return out
-        out[:, 0] = [word_count(p) for p in prompts]
-        out[:, 1] = [newline_count(p) for p in prompts]
-        out[:, 2] = self.token_counts(prompts)
-        return out
+            return np.empty((0, len(names)), dtype=np.float64)
+        counts[:, 0] = [word_count(p) for p in prompts]
+        counts[:, 1] = [newline_count(p) for p in prompts]
+        counts[:, 2] = self.token_counts(prompts)
+        lexical = lexical_matrix(prompts) if needs_text(names) else None
+        return select_features(names, counts, lexical)
 
     @property
     def tokenizer_hash(self) -> str:

@@ -55,7 +55,8 @@ def test_round_trip_predicts_identically(bundle_dir, traces, tmp_path):
     ev = trace_arrays(traces[1])
     prompts = traces[1].column("prompt").to_pylist()
     # raw text through the bundled tokenizer + chat template == the traced features
-    assert np.array_equal(b.predict_admission(prompts), b.predict_admission_features(ev.features))
+    X = ev.admission_features(b.admission.feature_names)
+    assert np.array_equal(b.predict_admission(prompts), b.predict_admission_features(X))
     refined = b.predict_refined(ev.hidden, ev.prompt_tokens, ev.output_budget)
     raw = b.predict_refined(ev.hidden, ev.prompt_tokens, ev.output_budget, raw=True)
     assert refined.shape == raw.shape == (200,) and not np.array_equal(refined, raw)
@@ -86,7 +87,10 @@ def test_manifest_declares_everything(bundle_dir):
     assert m["library"]["requires"] and m["fingerprint"]["hidden_size"] == H
     assert set(m["files"]) == {p.name for p in bundle_dir.iterdir()} - {"manifest.json"}
     adm, ref = m["predictors"]["admission"], m["predictors"]["refinement"]
-    assert adm["feature_names"] == ["word_count", "newline_count", "prompt_tokens"]
+    assert adm["feature_names"] == [
+        *("word_count", "newline_count", "prompt_tokens"),
+        *("digit_permille", "symbol_permille", "question_marks"),
+    ]
     assert ref["hidden_size"] == H and ref["members"] >= 1 and "features" not in m
     assert "refinement.json" not in m["files"]  # its description lives in the entry only
     assert sum(m["training"]["categories"].values()) == 400
@@ -266,17 +270,18 @@ def test_holdout_category_retrains_without_it(bundle_dir, traces):
 def test_simulator_runs_on_a_bundles_estimates(bundle_dir, traces, tmp_path):
     """The simulate path: a trained bundle's estimates drive DWISE on (synthetic) traces.
 
-    Admission reads the traced prompt features, so a featurizer-less bundle works as well.
+    Admission reads the traced prompt counts and the prompts' lexical features, so a
+    featurizer-less bundle works as well.
     """
     from dwise_predict.runtime import compare_policies, estimates_from_bundle, requests_from_traces
 
     bundle = load_bundle(bundle_dir)
     table = traces[1]
     adm, ref = estimates_from_bundle(bundle, table)
-    X = np.column_stack(
-        [table.column(c).to_numpy() for c in ("word_count", "newline_count", "prompt_tokens")]
-    )
-    np.testing.assert_array_equal(adm, bundle.predict_admission_features(X.astype(float)))
+    prompts = table.column("prompt").to_pylist()
+    tokens = table.column("prompt_tokens").to_pylist()
+    X = np.array([bundle.admission_row(p, n) for p, n in zip(prompts, tokens)])
+    np.testing.assert_array_equal(adm, bundle.predict_admission_features(X))
     assert adm.shape == ref.shape == (table.num_rows,) and np.all(ref >= 0)
     report = compare_policies(
         requests_from_traces(table, adm, ref), "fcfs,dwise,oracle", "burst", slots=16, k=8, seed=0

@@ -163,9 +163,10 @@ def test_recording_keeps_predictions_and_replaces_an_earlier_evaluation(trained,
     fresh, evals, metrics, plots = trained
     arrays = trace_arrays(evals)
     before, after = load_bundle(fresh), load_bundle(recorded)
+    names = before.admission.feature_names
     assert np.array_equal(
-        before.predict_admission_features(arrays.features),
-        after.predict_admission_features(arrays.features),
+        before.predict_admission_features(arrays.admission_features(names)),
+        after.predict_admission_features(arrays.admission_features(names)),
     )
     args = (arrays.hidden, arrays.prompt_tokens, arrays.output_budget)
     assert np.array_equal(before.predict_refined(*args), after.predict_refined(*args))

@@ -153,6 +153,9 @@ def test_a_format_v1_bundle_loads_through_the_migration(tmp_path):
         rtol=1e-12,
         atol=0,
     )
+    # a bundle on the paper's three counts is fed three counts by a scheduler, from the text
+    assert old.admission_row("What is 7 * 8?\nAnswer.", 20) == (6.0, 1.0, 20.0)
+    assert not admission.needs_text
 
     rng = np.random.default_rng(0)
     hidden = rng.standard_normal((6, refinement.hidden_size)).astype(np.float32)

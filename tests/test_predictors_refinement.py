@@ -54,7 +54,8 @@ def test_shapes_and_meaning(ensemble, data):
 
 def test_refined_beats_admission_overall_and_within_category(ensemble, data):
     train, ev = data
-    adm = train_admission(train).predict_features(ev.features)
+    model = train_admission(train)
+    adm = model.predict_features(ev.admission_features(model.feature_names))
     refined = ensemble.predict(ev.hidden, ev.prompt_tokens, ev.output_budget)
     m_adm = estimate_metrics(adm, ev.total_rounds.astype(float), ev.category)
     m_ref = estimate_metrics(refined, ev.remaining.astype(float), ev.category)

@@ -12,6 +12,7 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from dwise_predict.trainers.admission import AdmissionConfig
 from dwise_predict.trainers.pipeline import train_bundle
 from dwise_predict.trainers.refresh import RefreshConfig, refresh_bundle, split_recent, verdict
 from synthetic_traces import CATEGORIES, make_traces, synthetic_featurizer, write_traces
@@ -118,3 +119,30 @@ def test_unlabelled_serving_traffic_is_refreshed(live, tmp_path):
     assert (report.train_requests, report.holdout_requests) == (400, 100)
     assert np.isfinite(report.candidate["spearman"]) and np.isfinite(report.live["spearman"])
     assert report.promoted == (tmp_path / "next").exists()
+
+
+def test_the_candidate_reads_the_live_bundles_features(live, tmp_path):
+    """A candidate is trained on the live bundle's feature set; one that reads prompt text
+    needs serving traces that keep it, and a bundle on the three counts refreshes without."""
+    import pyarrow as pa
+
+    table = make_traces(400, 16, seed=5, id_prefix="srv")
+    i = table.column_names.index("prompt")
+    redacted = table.set_column(i, "prompt", pa.array([None] * table.num_rows, pa.string()))
+    path = write_traces(tmp_path / "redacted" / "shard-000.parquet", redacted)
+    assert load_bundle(live).admission.needs_text  # the default set reads the prompts
+    with pytest.raises(TrainingError, match="DWISE_SGLANG_TRACE_PROMPT_TEXT=1.*counts"):
+        refresh_bundle(live, path, tmp_path / "x")
+    old = make_traces(300, 16, seed=0, categories=CATEGORIES[:2], id_prefix="old")
+    counts_live = train_bundle(
+        old,
+        tmp_path / "counts-live",
+        only="admission",
+        seed=0,
+        featurizer=synthetic_featurizer(),
+        configs={"admission": AdmissionConfig(features="counts")},
+    )
+    report = refresh_bundle(counts_live, path, tmp_path / "revisions")
+    assert report.promoted, report.reason
+    published = load_bundle(report.published)
+    assert published.admission.feature_names == load_bundle(counts_live).admission.feature_names

@@ -1,8 +1,10 @@
-"""Train the admission predictor: LightGBM on three prompt features, target log(total rounds).
+"""Train the admission predictor: LightGBM on prompt features, target log(total rounds).
 
 docs/concepts.md, "The predictors": 100 trees, at most 15 leaves, features = word count, newline
-count, chat-template token count. Deterministic: ``deterministic=True``, ``force_row_wise=True``, a
-fixed thread count and seed, so the same traces and seed give the same model text byte for byte.
+count, chat-template token count, and by default the prompt's digits, code symbols and question
+marks (``AdmissionConfig.features``; docs/predictors.md, "Admission features"). Deterministic:
+``deterministic=True``, ``force_row_wise=True``, a fixed thread count and seed, so the same traces
+and seed give the same model text byte for byte.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from dwise_predict.errors import ConfigError, TrainingError
-from dwise_predict.features import FEATURE_NAMES, PromptFeaturizer
+from dwise_predict.errors import ConfigError, PredictorInputError, TrainingError
+from dwise_predict.features import DEFAULT_FEATURE_SET, PromptFeaturizer, feature_set
 from dwise_predict.predictors import AdmissionModel
 
 from .dataset import TraceArrays, trace_arrays
@@ -35,8 +37,11 @@ class AdmissionConfig:
     num_threads: int = 1
     #: fewer training requests than this is refused (LightGBM would fit noise)
     min_samples: int = 32
+    #: the feature set (dwise_predict.features.FEATURE_SETS): ``"counts"`` is the paper's three
+    features: str = DEFAULT_FEATURE_SET
 
     def __post_init__(self) -> None:
+        feature_set(self.features)  # an unknown name is refused here, naming the choices
         if self.n_trees < 1 or not 2 <= self.num_leaves <= 131072 or self.learning_rate <= 0:
             raise ConfigError(
                 f"invalid admission config {self}: need n_trees "
@@ -70,22 +75,24 @@ def train_admission(
     *,
     featurizer: PromptFeaturizer | None = None,
 ) -> AdmissionModel:
-    """Fit the admission model on traces (or ``(features (n, 3), total_rounds (n,))``).
+    """Fit the admission model on traces (or ``(features (n, len(names)), total_rounds (n,))``
+    with the columns of ``config.features``).
 
     The returned model estimates TOTAL denoising rounds (``exp`` of the log-rounds regression).
     """
     import lightgbm as lgb
 
     config = config or AdmissionConfig()
+    names = feature_set(config.features)
     if isinstance(data, tuple):
         X, rounds = (np.asarray(a, dtype=np.float64) for a in data)
     else:
         arrays = trace_arrays(data)
-        X, rounds = arrays.features, arrays.total_rounds.astype(np.float64)
-    if X.ndim != 2 or X.shape[1] != len(FEATURE_NAMES) or len(X) != len(rounds):
+        X, rounds = _features(arrays, config), arrays.total_rounds.astype(np.float64)
+    if X.ndim != 2 or X.shape[1] != len(names) or len(X) != len(rounds):
         raise TrainingError(
-            f"admission features must be (n, {len(FEATURE_NAMES)}) with one total_rounds each, "
-            f"got {X.shape} and {rounds.shape}"
+            f"admission features {list(names)} must be (n, {len(names)}) with one total_rounds "
+            f"each, got {X.shape} and {rounds.shape}"
         )
     if len(X) < config.min_samples:
         raise TrainingError(
@@ -103,20 +110,32 @@ def train_admission(
     ds = lgb.Dataset(
         X,
         np.log(rounds),
-        feature_name=list(FEATURE_NAMES),
+        feature_name=list(names),
         free_raw_data=True,
         params={"verbose": -1, "min_data_in_leaf": config.min_data_in_leaf},
     )
     booster = lgb.train(config.lightgbm_params(), ds, num_boost_round=config.n_trees)
     info = {"config": asdict(config), "n_train": int(len(X)), "lightgbm": lgb.__version__}
-    return AdmissionModel(
-        booster.model_to_string(), FEATURE_NAMES, featurizer=featurizer, info=info
-    )
+    return AdmissionModel(booster.model_to_string(), names, featurizer=featurizer, info=info)
+
+
+def _features(arrays: TraceArrays, config: AdmissionConfig) -> np.ndarray:
+    """The traces' features of ``config.features``; redacted prompts under a set that reads
+    them are refused, naming the set that does not."""
+    try:
+        return arrays.admission_features(feature_set(config.features))
+    except PredictorInputError:
+        raise TrainingError(
+            f"the admission feature set {config.features!r} reads each prompt's text, and "
+            "these traces were written with prompts redacted: train with "
+            "`--admission-features counts` (AdmissionConfig(features='counts'))"
+        ) from None
 
 
 def _train(arrays: TraceArrays, s: TrainSettings) -> TrainedPart:
     cfg = replace(s.config(AdmissionModel.kind, AdmissionConfig), seed=s.seed)
-    model = train_admission((arrays.features, arrays.total_rounds), cfg, featurizer=s.featurizer)
+    X = _features(arrays, cfg)
+    model = train_admission((X, arrays.total_rounds), cfg, featurizer=s.featurizer)
     return TrainedPart(model)
 
 
@@ -131,7 +150,9 @@ def evaluate_estimates(
     (name,) = AdmissionModel.estimates
     return {
         name: (
-            bundle.predict_admission_features(arrays.features),
+            bundle.predict_admission_features(
+                arrays.admission_features(bundle.need(AdmissionModel).feature_names)
+            ),
             arrays.total_rounds.astype(float),
         )
     }

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dwise_predict.errors import TraceError, TrainingError
-from dwise_predict.features import FEATURE_NAMES
+from dwise_predict.features import FEATURE_NAMES, lexical_matrix, select_features
 from dwise_predict.traces import hidden_matrix, read_traces
 
 
@@ -32,6 +32,9 @@ class TraceArrays:
     hidden: np.ndarray | None  # (n, H) float32, None when the traces lack hidden states
     #: (n,) int: output tokens written (the output-length baselines' target); None when not read
     output_tokens: np.ndarray | None = None
+    #: (n, 3) the prompts' lexical features (LEXICAL_FEATURES); None when the prompts were
+    #: redacted or not read
+    lexical: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -40,6 +43,11 @@ class TraceArrays:
     @property
     def remaining(self) -> np.ndarray:
         return self.total_rounds - 1
+
+    def admission_features(self, names: tuple[str, ...]) -> np.ndarray:
+        """The admission features ``names`` of every row (an error naming the fix when they
+        read prompts the traces redacted)."""
+        return select_features(names, self.features, self.lexical)
 
     def subset(self, mask: np.ndarray) -> TraceArrays:
         return TraceArrays(
@@ -52,6 +60,7 @@ class TraceArrays:
             self.hit_budget[mask],
             None if self.hidden is None else self.hidden[mask],
             None if self.output_tokens is None else self.output_tokens[mask],
+            None if self.lexical is None else self.lexical[mask],
         )
 
 
@@ -84,6 +93,9 @@ def trace_arrays(traces: str | Path | pa.Table, *, need_hidden: bool = False) ->
         hidden=hidden,
         output_tokens=table.column("output_tokens").to_numpy().astype(np.int64)
         if "output_tokens" in table.column_names
+        else None,
+        lexical=lexical_matrix(table.column("prompt").to_pylist())
+        if "prompt" in table.column_names
         else None,
     )
 

@@ -31,8 +31,11 @@ import pyarrow as pa
 
 from dwise_predict.bundle import Bundle, load_bundle
 from dwise_predict.errors import ConfigError, TrainingError
+from dwise_predict.features import FEATURE_SETS
 from dwise_predict.predictors import AdmissionModel
 from dwise_predict.traces import read_trace_fingerprint, read_traces
+
+from .admission import AdmissionConfig
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +107,7 @@ def refresh_bundle(
     if base_traces is not None:
         train = _concat(read_traces(base_traces), train)
     kinds = _trainable_kinds(bundle, train)
+    admission = _admission_config(bundle, train, holdout)
     log.info(
         "refresh %s: training %s on %d requests, judging on the %d most recent",
         bundle.name,
@@ -112,7 +116,7 @@ def refresh_bundle(
         holdout.num_rows,
     )
     with tempfile.TemporaryDirectory(prefix="dwise-refresh-") as tmp:
-        draft = _train_candidate(bundle, train, Path(tmp) / "candidate", kinds, cfg.seed)
+        draft = _train_candidate(bundle, train, Path(tmp) / "candidate", kinds, cfg.seed, admission)
         candidate = load_bundle(draft)
         live_m, cand_m = _judged(bundle, holdout), _judged(candidate, holdout)
         promoted, reason = verdict(live_m, cand_m, cfg.margin)
@@ -180,12 +184,41 @@ def _trainable_kinds(bundle: Bundle, train: pa.Table) -> list[str]:
     return kinds
 
 
+def _admission_config(bundle: Bundle, train: pa.Table, holdout: pa.Table) -> AdmissionConfig:
+    """The candidate's admission model reads the live one's features, so the two are judged on
+    the same inputs; features that read the prompt's text need serving traces that keep it."""
+    model = bundle.need(AdmissionModel)
+    name = next((k for k, v in FEATURE_SETS.items() if v == model.feature_names), None)
+    if name is None:
+        raise TrainingError(
+            f"bundle '{bundle.name}' reads the admission features {list(model.feature_names)}, "
+            f"in no order this release trains ({sorted(FEATURE_SETS)}); retrain it with "
+            "`dwise-predict train`"
+        )
+    if model.needs_text and (_any_null(train, "prompt") or _any_null(holdout, "prompt")):
+        raise TrainingError(
+            f"bundle '{bundle.name}' predicts from each prompt's text ({name} features) and the "
+            "serving traces carry none: serve with DWISE_SGLANG_TRACE_PROMPT_TEXT=1 so they keep "
+            "it, or serve a bundle trained with `--admission-features counts`"
+        )
+    return AdmissionConfig(features=name)
+
+
+def _any_null(table: pa.Table, column: str) -> bool:
+    return column not in table.column_names or table.column(column).null_count > 0
+
+
 def _all_null(table: pa.Table, column: str) -> bool:
     return column not in table.column_names or table.column(column).null_count == table.num_rows
 
 
 def _train_candidate(
-    bundle: Bundle, train: pa.Table, out: Path, kinds: list[str], seed: int
+    bundle: Bundle,
+    train: pa.Table,
+    out: Path,
+    kinds: list[str],
+    seed: int,
+    admission: AdmissionConfig,
 ) -> Path:
     from .pipeline import train_bundle
 
@@ -198,6 +231,7 @@ def _train_candidate(
         featurizer=featurizer,
         name=bundle.name,
         cost_profile=bundle.cost_profile,
+        configs={AdmissionModel.kind: admission},
         # serving traffic need not be labelled: the candidate is judged on the held-out
         # requests' rank correlation, which one category does not prevent
         allow_single_category=True,

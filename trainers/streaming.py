@@ -37,14 +37,15 @@ from dwise_predict.traces import (
 
 from .dataset import TraceArrays, trace_arrays
 
-#: the columns :func:`trace_arrays` reads: everything the predictors and the metrics need,
-#: nothing of the prompt or output text
+#: the columns :func:`trace_arrays` reads: everything the predictors and the metrics need
+#: (the prompt for its lexical features, never the output text)
 ARRAY_COLUMNS: tuple[str, ...] = tuple(
     dict.fromkeys(
         (
             "request_id",
             "category",
             *FEATURE_NAMES,
+            "prompt",
             "total_rounds",
             "prompt_tokens",
             "output_budget",
@@ -233,6 +234,9 @@ def concat_arrays(parts: Sequence[TraceArrays]) -> TraceArrays:
         output_tokens=None
         if any(p.output_tokens is None for p in parts)
         else np.concatenate([p.output_tokens for p in parts if p.output_tokens is not None]),
+        lexical=None
+        if any(p.lexical is None for p in parts)
+        else np.concatenate([p.lexical for p in parts if p.lexical is not None]),
     )
 
 

@@ -145,13 +145,19 @@ class Bundle(ShippedKinds):
         surface = self.need(DWSPredictor).predict_surface(prompts)
         return np.asarray(surface.sum(axis=(1, 2), dtype=np.float64))
 
+    def admission_row(self, text: str, prompt_tokens: int) -> tuple[float, ...]:
+        """The admission model's feature row of one request: its user prompt (chat template
+        removed) and its token count as served. Schedulers build rows here, so a bundle trained
+        on other features (``admission.feature_names``) is fed what it was trained on."""
+        return self.need(AdmissionModel).row(text, prompt_tokens)
+
     def predict_admission_features(self, X: np.ndarray) -> np.ndarray:
-        """Estimated total denoising rounds from feature rows ``(n, 3)``: word, newline, token
-        counts."""
+        """Estimated total denoising rounds from feature rows ``(n, len(feature_names))`` in
+        the admission model's ``feature_names`` order."""
         return self.need(AdmissionModel).predict_features(X)
 
     def predict_admission_one(self, x: Sequence[float]) -> float:
-        """One request's estimate from its feature row (word, newline, token counts): the
+        """One request's estimate from its feature row (:meth:`admission_row`): the
         per-arrival path of a serving loop, a few microseconds instead of a batch call's tens."""
         return self.need(AdmissionModel).predict_one(x)
 

@@ -11,6 +11,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+from ..features import DEFAULT_FEATURE_SET, FEATURE_SETS
 from ..tables import format_table
 
 if TYPE_CHECKING:
@@ -74,6 +75,14 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
         "--chat-template",
         help="chat template (.jinja, or a tokenizer_config.json with chat_template)",
     )
+    p.add_argument(
+        "--admission-features",
+        choices=sorted(FEATURE_SETS),
+        default=DEFAULT_FEATURE_SET,
+        help="the admission model's features: 'counts' = words, newlines, tokens (the paper's); "
+        "'counts+lexical' adds digits, code symbols and question marks, read off the prompt "
+        f"(default: {DEFAULT_FEATURE_SET})",
+    )
     p.add_argument("--epochs", type=int, help="refinement training epochs (default: 20)")
     p.add_argument(
         "--allow-single-category",
@@ -111,8 +120,9 @@ def _add_device_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from dwise_predict.bundle import load_bundle
     from dwise_predict.features import PromptFeaturizer
-    from dwise_predict.predictors import RefinementEnsemble
+    from dwise_predict.predictors import AdmissionModel, RefinementEnsemble
     from dwise_predict.predictors.dws import DWSPredictor
+    from dwise_predict.trainers.admission import AdmissionConfig
     from dwise_predict.trainers.devices import DeviceConfig, is_global_zero
     from dwise_predict.trainers.pipeline import train_bundle
     from dwise_predict.trainers.refinement import RefinementConfig
@@ -133,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
         )
     epochs = {"epochs": args.epochs} if args.epochs else {}
     configs: dict[str, object] = {
-        RefinementEnsemble.kind: RefinementConfig(**epochs, num_workers=args.workers)
+        AdmissionModel.kind: AdmissionConfig(features=args.admission_features),
+        RefinementEnsemble.kind: RefinementConfig(**epochs, num_workers=args.workers),
     }
     if args.dws_encoder or args.dws_epochs or args.dws_int8_only:
         from dataclasses import replace

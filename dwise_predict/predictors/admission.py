@@ -1,9 +1,10 @@
 """The admission predictor: estimated TOTAL denoising rounds of a request, from its prompt alone.
 
-A LightGBM regressor (100 trees, at most 15 leaves) over three prompt features (word count,
-newline count, token count after the chat template; :mod:`dwise_predict.features`) trained on
-``log(total_rounds)``. The estimate is ``exp`` of the regression: a geometric-mean-like estimate
-of total denoising rounds (prefill blocks are not included; the scheduler adds them exactly).
+A LightGBM regressor (100 trees, at most 15 leaves) over prompt features (word count, newline count,
+token count after the chat template, and by default three character counts;
+:mod:`dwise_predict.features`) trained on ``log(total_rounds)``. The estimate is ``exp`` of the
+regression: a geometric-mean-like estimate of total denoising rounds (prefill blocks are not
+included; the scheduler adds them exactly).
 
 Inference never calls LightGBM: the model text is compiled into lookup tables
 (:class:`~dwise_predict.predictors.trees.CompiledForest`) that reproduce
@@ -23,7 +24,14 @@ import numpy as np
 
 from ..atomic import write_text
 from ..errors import BundleIntegrityError, PredictorError, PredictorInputError
-from ..features import FEATURE_NAMES, PromptFeaturizer
+from ..features import (
+    FEATURE_NAMES,
+    PromptFeaturizer,
+    check_feature_names,
+    feature_row,
+    needs_text,
+    select_features,
+)
 from .trees import DEFAULT_GRID_LIMIT, CompiledForest, parse_lightgbm_text
 
 if TYPE_CHECKING:
@@ -61,7 +69,10 @@ class AdmissionModel:
         grid_limit: int = DEFAULT_GRID_LIMIT,
     ) -> None:
         self.model_text = model_text
-        self.feature_names = tuple(feature_names)
+        try:
+            self.feature_names = check_feature_names(tuple(feature_names))
+        except PredictorInputError as e:
+            raise PredictorError(str(e)) from None
         header, trees = parse_lightgbm_text(model_text)
         n_model = int(header["max_feature_idx"]) + 1
         if n_model != len(self.feature_names):
@@ -72,6 +83,22 @@ class AdmissionModel:
         self.forest = CompiledForest(trees, n_model, grid_limit=grid_limit)
         self.featurizer = featurizer
         self.info = dict(info or {})
+
+    # -- features ---------------------------------------------------------------------------
+    @property
+    def needs_text(self) -> bool:
+        """Whether the features read the prompt's characters, not only its three counts."""
+        return needs_text(self.feature_names)
+
+    def row(self, text: str, prompt_tokens: int) -> tuple[float, ...]:
+        """The feature row of one request from its user prompt (chat template removed) and
+        its token count as served: what a scheduler feeds :meth:`predict_one`."""
+        return feature_row(self.feature_names, text, prompt_tokens)
+
+    def select(self, counts: np.ndarray, lexical: np.ndarray | None) -> np.ndarray:
+        """This model's feature matrix from the three count columns and the lexical ones
+        (:func:`dwise_predict.features.select_features`)."""
+        return select_features(self.feature_names, counts, lexical)
 
     # -- inference --------------------------------------------------------------------------
     def raw_score(self, X: np.ndarray) -> np.ndarray:
@@ -106,7 +133,7 @@ class AdmissionModel:
                 "this admission model has no tokenizer/chat template; use predict_features, or "
                 "retrain with `dwise-predict train --tokenizer FILE --chat-template FILE`"
             )
-        return self.predict_features(self.featurizer(prompts))
+        return self.predict_features(self.featurizer(prompts, self.feature_names))
 
     # -- reference path ---------------------------------------------------------------------
     def booster(self) -> Any:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from ..errors import SchedulerError, TraceError
+from ..errors import PredictorInputError, SchedulerError, TraceError
 from .request import SimRequest
 
 if TYPE_CHECKING:
@@ -296,15 +296,18 @@ def estimates_from_bundle(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(admission, refined) estimates for every trace row from a loaded predictor bundle.
 
-    Admission reads the prompt features the tracer recorded (word count, newline count,
+    Admission reads the prompt counts the tracer recorded (word count, newline count,
     chat-template token count: exactly what the featurizer would compute from the text, so
-    redacted traces work too) through ``predict_admission_features``; refinement reads
-    ``first_round_hidden`` through ``predict_refined(hidden, prompt_tokens, output_budget)``,
-    the estimated rounds still to go after the first denoising round.
-    ``admission_source="lightgbm+dws"`` averages the admission estimate with the DWS surface's
-    expected rounds, as the SGLang plugin does under that setting (it reads the prompts' text).
+    redacted traces work with a bundle on the ``counts`` feature set) and, when the bundle's
+    features read the prompt's characters, the ``prompt`` column, through
+    ``predict_admission_features``; refinement reads ``first_round_hidden`` through
+    ``predict_refined(hidden, prompt_tokens, output_budget)``, the estimated rounds still to go
+    after the first denoising round. ``admission_source="lightgbm+dws"`` averages the admission
+    estimate with the DWS surface's expected rounds, as the SGLang plugin does under that setting
+    (it reads the prompts' text).
     """
-    from ..features import FEATURE_NAMES
+    from ..features import FEATURE_NAMES, lexical_matrix
+    from ..predictors import AdmissionModel
     from ..traces import hidden_matrix  # the core reader; no heavy import
 
     for c in (*FEATURE_NAMES, "output_budget", "first_round_hidden"):
@@ -313,9 +316,15 @@ def estimates_from_bundle(
                 f"traces lack the column {c!r} the bundle "
                 "needs; re-trace with `dwise-predict trace`"
             )
-    features = np.column_stack(
-        [table.column(c).to_numpy().astype(np.float64) for c in FEATURE_NAMES]
-    )
+    counts = np.column_stack([table.column(c).to_numpy().astype(np.float64) for c in FEATURE_NAMES])
+    model = bundle.need(AdmissionModel)
+    lexical = None
+    if model.needs_text and "prompt" in table.column_names:
+        lexical = lexical_matrix(table.column("prompt").to_pylist())
+    try:
+        features = model.select(counts, lexical)
+    except PredictorInputError as e:
+        raise TraceError(str(e)) from None
     admission = np.asarray(bundle.predict_admission_features(features), dtype=np.float64).ravel()
     bundle.check_admission_source(admission_source)
     prompts: list[Any] = []

@@ -30,7 +30,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -131,14 +130,16 @@ class BundleLifecycle:
         self.epoch = 0
 
     # -- per request (scheduler thread) -----------------------------------------------------------
-    def on_arrival(self, x: Sequence[float]) -> float | None:
+    def on_arrival(self, text: str, prompt_tokens: int) -> float | None:
         """A new request ranked by the live bundle; returns the shadow's admission estimate
-        of its features ``x`` (None when nothing shadows)."""
+        of its prompt (None when nothing shadows). The shadow builds its own feature row: a
+        revision may be trained on other features than the live bundle."""
         self.served[self.label] += 1
         side = self.shadow
         if side is None:
             return None
-        e = float(side.bundle.predict_admission_one(x))
+        bundle = side.bundle
+        e = float(bundle.predict_admission_one(bundle.admission_row(text, prompt_tokens)))
         return e if math.isfinite(e) and e >= 0 else None
 
     def on_finished(

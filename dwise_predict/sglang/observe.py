@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from ..features import PromptFeaturizer
 from . import seam
 from .config import PluginConfig
-from .prompt import served_prompt, text_features
+from .prompt import served_prompt
 from .state import PluginState, RequestTrack
 
 if TYPE_CHECKING:
@@ -72,11 +72,11 @@ class ObserveServing(PluginState):
     # -- a round's result -------------------------------------------------------------------------
     def _track(self, req: Any) -> RequestTrack:
         estimate = 0.0
-        x = None
+        prompt = None
         if self.bundle is not None:
             text = served_prompt(req, self.decoder, self.featurizer)
-            x = text_features(text, seam.prompt_ids(req))
-            e = float(self.bundle.predict_admission_one(x))
+            prompt = text, len(seam.prompt_ids(req))
+            e = float(self.bundle.predict_admission_one(self.bundle.admission_row(*prompt)))
             if self.config.admission != "lightgbm":  # the monitor judges what dwise ranks by
                 e = float(self.bundle.admission_from_source([e], [text], self.config.admission)[0])
             estimate = e if math.isfinite(e) and e >= 0 else 0.0
@@ -85,8 +85,8 @@ class ObserveServing(PluginState):
         )
         tr.category = request_category(seam.label(req))
         self.tracks[seam.rid(req)] = tr
-        if x is not None:
-            self._shadow(tr, x)
+        if prompt is not None:
+            self._shadow(tr, prompt)
         return tr
 
     def observe_result(self, batch: Any, result: Any) -> None:

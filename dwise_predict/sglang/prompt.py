@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..features import PromptFeaturizer, newline_count, word_count
+from ..features import PromptFeaturizer
 from . import seam
 
 log = logging.getLogger(__name__)
@@ -134,12 +134,6 @@ def served_prompt(
 ) -> str:
     """The user's prompt of SGLang's request ``req`` (:func:`user_prompt` of its ids)."""
     return user_prompt(seam.prompt_ids(req), decode, featurizer)
-
-
-def text_features(text: str, ids: Any) -> tuple[int, int, int]:
-    """The admission features: the user prompt's words and newlines, and SGLang's own token
-    count (after the chat template)."""
-    return word_count(text), newline_count(text), len(ids)
 
 
 def featurizer_of(tokenizer: Any) -> PromptFeaturizer | None:

@@ -48,13 +48,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ConfigError
+from ..features import FEATURE_NAMES, feature_row
 from ..runtime import RoundPlan, RoundResult
 from ..runtime.lengths import length_predictor
 from ..runtime.load import LoadTrackingScheduler, WorkPrice
 from . import seam
 from .config import PluginConfig
 from .observe import request_category
-from .prompt import served_prompt, text_features
+from .prompt import served_prompt
 from .state import PluginState, RequestTrack
 
 if TYPE_CHECKING:
@@ -65,14 +66,14 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class _Scored:
-    """Arrivals' feature rows (words, newlines, tokens), admission estimates, DWS scores."""
+    """Arrivals' prompts (user text, served token count), admission estimates, DWS scores."""
 
-    rows: list[tuple[int, int, int]]
+    prompts: list[tuple[str, int]]
     estimates: list[float]
     scores: list[float | None]
 
     def subset(self, keep: list[int]) -> _Scored:
-        pick = [self.rows[i] for i in keep], [self.estimates[i] for i in keep]
+        pick = [self.prompts[i] for i in keep], [self.estimates[i] for i in keep]
         return _Scored(*pick, [self.scores[i] for i in keep])
 
 
@@ -219,26 +220,29 @@ class DwiseServing(PluginState):
         return self.config.admission == "lightgbm+dws" and self.estimates != "none"
 
     def _score(self, new: list[Any]) -> _Scored:
-        """Features, admission estimates and (a priced policy) DWS cost scores of ``new``."""
+        """Prompts, admission estimates and (a priced policy) DWS cost scores of ``new``."""
         texts = [served_prompt(req, self.decoder, self.featurizer) for req in new]
-        rows = [text_features(t, seam.prompt_ids(r)) for t, r in zip(texts, new)]
+        prompts = [(t, len(seam.prompt_ids(r))) for t, r in zip(texts, new)]
         if self.length is not None:  # an output-length baseline's estimate, in rounds
-            X = np.array(rows, dtype=np.float64).reshape(len(rows), 3)
+            counts = [feature_row(FEATURE_NAMES, t, n) for t, n in prompts]
+            X = np.array(counts, dtype=np.float64).reshape(len(counts), len(FEATURE_NAMES))
             est = self.length.arrival_rounds(X).tolist()
-        elif len(rows) <= 8:  # the usual few arrivals a round: no batch-call overhead
-            one = self.bundle.predict_admission_one
-            est = [one(x) for x in rows]
         else:
-            X = np.array(rows, dtype=np.float64).reshape(len(rows), 3)
-            est = np.asarray(self.bundle.predict_admission_features(X), np.float64).tolist()
+            rows = [self.bundle.admission_row(t, n) for t, n in prompts]
+            if len(rows) <= 8:  # the usual few arrivals a round: no batch-call overhead
+                one = self.bundle.predict_admission_one
+                est = [one(x) for x in rows]
+            else:
+                X = np.array(rows, dtype=np.float64)
+                est = np.asarray(self.bundle.predict_admission_features(X), np.float64).tolist()
         if self._blends and self.length is None:  # an encoder pass per prompt
             est = self.bundle.admission_from_source(est, texts, self.config.admission).tolist()
         scores: list[float | None] = [None] * len(new)
         if self.priced:  # the DWS surface priced by the cost profile, in ms
-            tokens = np.array([r[2] for r in rows], dtype=np.int64)
+            tokens = np.array([n for _, n in prompts], dtype=np.int64)
             cost = self.bundle.predict_cost(texts, prompt_tokens=tokens)
             scores = [float(c) if math.isfinite(c) and c >= 0 else 0.0 for c in cost.tolist()]
-        return _Scored(rows, est, scores)
+        return _Scored(prompts, est, scores)
 
     def register_arrivals(self, waiting: list[Any], tokenizer: Any = None) -> int:
         """Give every request new to ``waiting`` its admission estimate and a core row, now."""
@@ -253,14 +257,14 @@ class DwiseServing(PluginState):
 
     def _register(self, new: list[tuple[int, Any]], removed: int, scored: _Scored) -> None:
         """Core rows for ``new`` ((queue position, request) as seen when ``removed`` requests
-        had been taken out of the queue), with their features, estimates and scores."""
+        had been taken out of the queue), with their prompts, estimates and scores."""
         bs, kv = self.block_size, self.core.kv
         limit = kv.limit_tokens
-        for (pos, req), x, e, score in zip(new, scored.rows, scored.estimates, scored.scores):
+        for (pos, req), x, e, score in zip(new, scored.prompts, scored.estimates, scored.scores):
             rid = seam.rid(req)
             if rid in self.reqs:
                 continue  # registered already (a priced arrival scored twice)
-            n_prompt = int(x[2])
+            n_prompt = x[1]
             budget = seam.max_new_tokens(req)
             worst = kv.worst_case(n_prompt, budget, bs)
             if worst > limit:  # cannot ever fit the rule: run it alone rather than never

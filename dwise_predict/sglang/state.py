@@ -148,12 +148,12 @@ class PluginState:
         self.refine_allowed = False
 
     # -- hot swap (lifecycle.py) ------------------------------------------------------------------
-    def _shadow(self, tr: RequestTrack, x: Any) -> None:
-        """A new request, features ``x``: count it for the live bundle, and give it the
-        shadow bundle's estimate when one predicts beside it."""
+    def _shadow(self, tr: RequestTrack, prompt: tuple[str, int]) -> None:
+        """A new request, ``prompt`` = (user text, served token count): count it for the live
+        bundle, and give it the shadow bundle's estimate when one predicts beside it."""
         lc = self.lifecycle
         if lc is not None:
-            tr.shadow = lc.on_arrival(x)
+            tr.shadow = lc.on_arrival(*prompt)
             tr.shadow_epoch = lc.epoch
 
     def lifecycle_tick(self) -> None:

@@ -210,6 +210,6 @@ def _warm(bundle: Bundle) -> None:
     refused."""
     import numpy as np
 
-    row = (10.0, 1.0, 20.0)  # words, newlines, tokens
+    row = bundle.admission_row("What is 12 + 30?\nAnswer with a number.", 20)
     bundle.predict_admission_one(row)
     bundle.predict_admission_features(np.tile(np.asarray(row), (16, 1)))

@@ -88,17 +88,17 @@ class DwiseVllmState:
         self.stats = VllmStats()
 
     # -- arrivals -------------------------------------------------------------------------------
-    def features(self, req: Any) -> tuple[int, int, int]:
-        """(words, newlines, tokens) of a request: the admission model's feature row."""
-        from ..features import newline_count, word_count
-
+    def features(self, req: Any) -> tuple[float, ...]:
+        """The admission model's feature row of a request (needs the bundle)."""
+        if self.bundle is None:
+            raise ConfigError("the admission features of a request need DWISE_VLLM_BUNDLE")
         ids = seam.prompt_ids(req)
         text = ""
         feat = self.featurizer
         if feat is not None:
             text = str(feat.tokenizer.decode(list(ids), skip_special_tokens=False) or "")
             text = feat.user_text(text)
-        return word_count(text), newline_count(text), len(ids)
+        return self.bundle.admission_row(text, len(ids))
 
     def arrive(self, req: Any) -> None:
         rid = seam.rid(req)

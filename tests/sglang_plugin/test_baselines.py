@@ -27,9 +27,10 @@ from harness import (
 from dwise_predict import load_bundle
 from dwise_predict.bundle import save_bundle
 from dwise_predict.errors import BundleError
+from dwise_predict.features import FEATURE_NAMES, feature_row
 from dwise_predict.sglang import plugin
 from dwise_predict.sglang.config import load_config, planned_policies
-from dwise_predict.sglang.prompt import text_features, user_prompt
+from dwise_predict.sglang.prompt import user_prompt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from synthetic_traces import make_traces  # noqa: E402
@@ -87,9 +88,8 @@ def test_baseline_policies_rank_by_their_estimates_and_keep_outputs(baseline_bun
         tracks = dict(state.finished)
         model = getattr(bundle, policy)
         for r in reqs:
-            x = text_features(
-                user_prompt(r.input_ids, state.decoder, state.featurizer), r.input_ids
-            )
+            text = user_prompt(r.input_ids, state.decoder, state.featurizer)
+            x = feature_row(FEATURE_NAMES, text, len(r.input_ids))
             want = float(model.arrival_rounds([x])[0])
             assert tracks[r.rid].admission == pytest.approx(want, rel=1e-9), (policy, r.rid)
         refined = [t for t in tracks.values() if t.refined is not None]

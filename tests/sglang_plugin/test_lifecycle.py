@@ -20,7 +20,7 @@ from dwise_predict import load_bundle
 from dwise_predict.errors import ConfigError
 from dwise_predict.sglang import metrics, plugin, seam
 from dwise_predict.sglang.config import PluginConfig, load_config
-from dwise_predict.sglang.prompt import served_prompt, text_features
+from dwise_predict.sglang.prompt import served_prompt
 
 B, K = 4, 2
 LABELS = {"model_name": "tiny-bd"}
@@ -110,8 +110,10 @@ def _serve(requests, runner, link, *, before_round, arrivals=None, **settings):
 
 
 def _estimate(bundle, state, req) -> float:
-    x = text_features(served_prompt(req, state.decoder, state.featurizer), seam.prompt_ids(req))
-    return float(bundle.predict_admission_one(x))
+    text = served_prompt(req, state.decoder, state.featurizer)
+    return float(
+        bundle.predict_admission_one(bundle.admission_row(text, len(seam.prompt_ids(req))))
+    )
 
 
 def _swap_checker(link, bundles, seen):
