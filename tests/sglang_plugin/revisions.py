@@ -11,9 +11,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from dwise_predict.bundle import load_bundle, update_bundle
+from dwise_predict.features import FEATURE_NAMES
 
 #: what the DWISE policy never reads: the DWS predictor (23 MB) and the cost profile it prices
 LEAN = {"dws": ("dws.int8.onnx", "dws.json", "dws_tokenizer.json"), "cost_profile": ()}
@@ -44,9 +47,11 @@ def revision(
     return out
 
 
-def admission_text(X: np.ndarray, rounds: np.ndarray, seed: int = 0) -> str:
-    """LightGBM text of an admission model fitted to ``rounds`` from features ``X`` (the
-    library's target: log total rounds)."""
+def admission_text(
+    X: np.ndarray, rounds: np.ndarray, seed: int = 0, names: Sequence[str] = FEATURE_NAMES
+) -> str:
+    """LightGBM text of an admission model fitted to ``rounds`` from features ``X`` (columns
+    ``names``; the library's target: log total rounds)."""
     import lightgbm as lgb
 
     params: dict[str, Any] = {
@@ -59,54 +64,69 @@ def admission_text(X: np.ndarray, rounds: np.ndarray, seed: int = 0) -> str:
         "verbose": -1,
         "deterministic": True,
     }
-    names = ["word_count", "newline_count", "prompt_tokens"]
     data = lgb.Dataset(np.asarray(X, np.float64), np.log(np.maximum(rounds, 1.0)))
-    data.set_feature_name(names)
+    data.set_feature_name(list(names))
     booster = lgb.train(params, data, num_boost_round=60)
     return str(booster.model_to_string())
 
 
-def feature_grid(n: int = 2000, seed: int = 0) -> np.ndarray:
-    """Plausible prompt feature rows (words, newlines, tokens) to fit variants on: words
+def feature_grid(
+    n: int = 2000, seed: int = 0, names: Sequence[str] = FEATURE_NAMES
+) -> np.ndarray:
+    """Plausible prompt feature rows (columns ``names``) to fit variants on: words
     log-uniform, so short prompts are as densely covered as long ones, and 1.1 to 9 tokens a
-    word, which spans subword tokenizers and byte-level ones such as tiny-bd's (5-8)."""
+    word, which spans subword tokenizers and byte-level ones such as tiny-bd's (5-8); half the
+    prompts without digits or code symbols, the rest up to 40% and 20% of their characters."""
     rng = np.random.default_rng(seed)
     words = np.exp(rng.uniform(0.0, np.log(600.0), size=n)).astype(int)
     lines = rng.integers(0, 40, size=n)
     tokens = (words * rng.uniform(1.1, 9.0, size=n)).astype(int) + 8
-    return np.stack([words, lines, tokens], axis=1).astype(np.float64)
+    cols = {"word_count": words, "newline_count": lines, "prompt_tokens": tokens}
+    if len(names) > len(cols):
+        cols["digit_permille"] = np.where(rng.random(n) < 0.5, 0, rng.integers(0, 400, n))
+        cols["symbol_permille"] = np.where(rng.random(n) < 0.5, 0, rng.integers(0, 200, n))
+        cols["question_marks"] = rng.integers(0, 3, size=n)
+    return np.stack([cols[k] for k in names], axis=1).astype(np.float64)
+
+
+def _distilled(src: str | Path) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+    """``src``'s admission estimates on a feature grid of its own features."""
+    bundle = load_bundle(src)
+    names = bundle.admission.feature_names
+    X = feature_grid(names=names)
+    return X, np.asarray(bundle.predict_admission_features(X)), names
 
 
 def scaled_copy_text(src: str | Path, factor: float) -> str:
     """An admission model that predicts ``factor`` times what ``src``'s does (distilled)."""
-    X = feature_grid()
-    live = load_bundle(src).predict_admission_features(X)
-    return admission_text(X, factor * np.asarray(live))
+    X, live, names = _distilled(src)
+    return admission_text(X, factor * live, names=names)
 
 
 def inverted_text(src: str | Path) -> str:
     """An admission model whose targets were corrupted: it orders requests the reverse of
     ``src``'s (the longest predicted shortest), at ``src``'s median scale."""
-    X = feature_grid()
-    live = np.asarray(load_bundle(src).predict_admission_features(X))
-    return admission_text(X, float(np.median(live)) ** 2 / live)
+    X, live, names = _distilled(src)
+    return admission_text(X, float(np.median(live)) ** 2 / live, names=names)
 
 
 def split_text(src: str | Path, tokens: int) -> str:
     """An admission model that predicts as ``src`` does for prompts under ``tokens`` tokens
     and in reverse order (as :func:`inverted_text`) for longer ones: good on short-prompt
     traffic, bad once long prompts come."""
-    X = feature_grid()
-    live = np.asarray(load_bundle(src).predict_admission_features(X))
+    X, live, names = _distilled(src)
     flipped = float(np.median(live)) ** 2 / live
-    return admission_text(X, np.where(X[:, 2] < tokens, live, flipped))
+    short = X[:, names.index("prompt_tokens")] < tokens
+    return admission_text(X, np.where(short, live, flipped), names=names)
 
 
-def random_text(seed: int = 0) -> str:
-    """An admission model fitted to noise: it ranks no better than chance."""
-    X = feature_grid(seed=seed)
+def random_text(src: str | Path, seed: int = 0) -> str:
+    """An admission model on ``src``'s features fitted to noise: it ranks no better than
+    chance."""
+    names = load_bundle(src).admission.feature_names
+    X = feature_grid(seed=seed, names=names)
     noise = np.random.default_rng(seed + 1).lognormal(3.0, 1.0, size=len(X))
-    return admission_text(X, noise, seed)
+    return admission_text(X, noise, seed, names=names)
 
 
 def publish(link: Path, target: Path) -> None:

@@ -39,7 +39,7 @@ def bundles(tmp_path_factory):
         "r1": r1,
         # the same ranking, 1.25x the estimates: a revision that predicts differently
         "r2": revision(r1, root / "r2", 2, admission_text=scaled_copy_text(r1, 1.25)),
-        "worse": revision(r1, root / "worse", 3, admission_text=random_text()),
+        "worse": revision(r1, root / "worse", 3, admission_text=random_text(r1)),
         "other-model": revision(r1, root / "other", 4, threshold=0.9),
     }
 
