@@ -201,7 +201,7 @@ def measure(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
     from dwise_predict.trainers.dataset import category_counts, trace_arrays
 
     from dwise_predict import load_bundle
-    from dwise_predict.features import feature_set
+    from dwise_predict.features import DEFAULT_FEATURE_SET, feature_set
     from dwise_predict.ranking import spearman
     from dwise_predict.runtime import estimates_from_bundle
     from dwise_predict.traces import read_traces
@@ -231,8 +231,8 @@ def measure(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
         n = train_all.num_rows if size is None else min(size, train_all.num_rows)
         train = train_all.slice(0, n)
         arrays = trace_arrays(train)
-        cfg = AdmissionConfig(seed=0)
-        X = arrays.admission_features(feature_set(cfg.features))
+        cfg = AdmissionConfig(seed=0, features=DEFAULT_FEATURE_SET)  # what the zoo's traces pick
+        X = arrays.admission_features(feature_set(DEFAULT_FEATURE_SET))
         model = train_admission((X, arrays.total_rounds), cfg)
         if size == ZOO_SIZE and model.model_text != zoo.admission.model_text:
             raise SystemExit(

@@ -196,8 +196,11 @@ def test_the_feature_set_is_recorded_and_redacted_prompts_refused(traces):
     i = traces.column_names.index("prompt")
     redacted = traces.set_column(i, "prompt", pa.array([None] * traces.num_rows, pa.string()))
     with pytest.raises(TrainingError, match="redacted.*--admission-features counts"):
-        train_admission(redacted)
-    counts = train_admission(redacted, AdmissionConfig(features="counts"))
+        train_admission(redacted, AdmissionConfig(features="counts+lexical"))
+    # by default, traces without the prompts' text train the paper's three counts
+    counts = train_admission(redacted)
     assert counts.feature_names == FEATURE_SETS["counts"] and not counts.needs_text
+    assert counts.info["config"]["features"] == "counts"
+    assert both.info["config"]["features"] == "counts+lexical"
     with pytest.raises(Exception, match="unknown admission feature set"):
         AdmissionConfig(features="bag-of-words")

@@ -9,6 +9,7 @@ and seed give the same model text byte for byte.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,8 @@ from .kind import KindTrainer, TrainedPart, TrainSettings
 if TYPE_CHECKING:
     from dwise_predict.bundle import Bundle
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class AdmissionConfig:
@@ -37,11 +40,13 @@ class AdmissionConfig:
     num_threads: int = 1
     #: fewer training requests than this is refused (LightGBM would fit noise)
     min_samples: int = 32
-    #: the feature set (dwise_predict.features.FEATURE_SETS): ``"counts"`` is the paper's three
-    features: str = DEFAULT_FEATURE_SET
+    #: the feature set (dwise_predict.features.FEATURE_SETS): ``"counts"`` is the paper's three;
+    #: None picks ``"counts+lexical"`` when the traces keep every prompt's text, else ``"counts"``
+    features: str | None = None
 
     def __post_init__(self) -> None:
-        feature_set(self.features)  # an unknown name is refused here, naming the choices
+        if self.features is not None:
+            feature_set(self.features)  # an unknown name is refused here, naming the choices
         if self.n_trees < 1 or not 2 <= self.num_leaves <= 131072 or self.learning_rate <= 0:
             raise ConfigError(
                 f"invalid admission config {self}: need n_trees "
@@ -83,12 +88,13 @@ def train_admission(
     import lightgbm as lgb
 
     config = config or AdmissionConfig()
-    names = feature_set(config.features)
     if isinstance(data, tuple):
         X, rounds = (np.asarray(a, dtype=np.float64) for a in data)
     else:
         arrays = trace_arrays(data)
+        config = resolved(config, arrays)
         X, rounds = _features(arrays, config), arrays.total_rounds.astype(np.float64)
+    names = feature_set(config.features or DEFAULT_FEATURE_SET)
     if X.ndim != 2 or X.shape[1] != len(names) or len(X) != len(rounds):
         raise TrainingError(
             f"admission features {list(names)} must be (n, {len(names)}) with one total_rounds "
@@ -119,11 +125,28 @@ def train_admission(
     return AdmissionModel(booster.model_to_string(), names, featurizer=featurizer, info=info)
 
 
+def resolved(config: AdmissionConfig, arrays: TraceArrays) -> AdmissionConfig:
+    """``config`` with its feature set named: the one given, else ``counts+lexical`` when the
+    traces keep every prompt's text and the paper's ``counts`` when they do not (serving traces
+    keep it only with DWISE_SGLANG_TRACE_PROMPT_TEXT=1), which is logged."""
+    if config.features is not None:
+        return config
+    if arrays.lexical is not None:
+        return replace(config, features=DEFAULT_FEATURE_SET)
+    log.warning(
+        "the traces keep no prompt text (redacted, or serving traces written without "
+        "DWISE_SGLANG_TRACE_PROMPT_TEXT=1): the admission model reads the three prompt counts, "
+        "not the %s features",
+        DEFAULT_FEATURE_SET,
+    )
+    return replace(config, features="counts")
+
+
 def _features(arrays: TraceArrays, config: AdmissionConfig) -> np.ndarray:
     """The traces' features of ``config.features``; redacted prompts under a set that reads
     them are refused, naming the set that does not."""
     try:
-        return arrays.admission_features(feature_set(config.features))
+        return arrays.admission_features(feature_set(config.features or DEFAULT_FEATURE_SET))
     except PredictorInputError:
         raise TrainingError(
             f"the admission feature set {config.features!r} reads each prompt's text, and "
@@ -133,7 +156,7 @@ def _features(arrays: TraceArrays, config: AdmissionConfig) -> np.ndarray:
 
 
 def _train(arrays: TraceArrays, s: TrainSettings) -> TrainedPart:
-    cfg = replace(s.config(AdmissionModel.kind, AdmissionConfig), seed=s.seed)
+    cfg = resolved(replace(s.config(AdmissionModel.kind, AdmissionConfig), seed=s.seed), arrays)
     X = _features(arrays, cfg)
     model = train_admission((X, arrays.total_rounds), cfg, featurizer=s.featurizer)
     return TrainedPart(model)

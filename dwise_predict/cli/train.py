@@ -78,10 +78,9 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
     p.add_argument(
         "--admission-features",
         choices=sorted(FEATURE_SETS),
-        default=DEFAULT_FEATURE_SET,
         help="the admission model's features: 'counts' = words, newlines, tokens (the paper's); "
         "'counts+lexical' adds digits, code symbols and question marks, read off the prompt "
-        f"(default: {DEFAULT_FEATURE_SET})",
+        f"(default: {DEFAULT_FEATURE_SET} when the traces keep every prompt's text, else counts)",
     )
     p.add_argument("--epochs", type=int, help="refinement training epochs (default: 20)")
     p.add_argument(

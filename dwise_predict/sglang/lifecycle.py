@@ -125,6 +125,8 @@ class BundleLifecycle:
         self.counts = dict.fromkeys(EVENTS, 0)
         #: rounds in which the scheduler thread took a revision or swapped the live bundle
         self.swap_rounds: list[int] = []
+        #: waiting requests each swap re-estimated with the incoming bundle, in swap order
+        self.reestimated: list[int] = []
         #: bumped whenever the shadow or the live bundle changes: a request's shadow estimate
         #: counts only in the epoch it was made in
         self.epoch = 0
@@ -233,6 +235,7 @@ class BundleLifecycle:
         switched = state.swap_bundle(incoming.bundle, old, self.epoch)
         self.revision, self.label = incoming.revision, incoming.label
         self.served[self.label] = self.served.get(self.label, 0) + switched
+        self.reestimated.append(switched)
         state.monitor.restart({AdmissionModel.kind: pairs})
         self.swap_rounds.append(state.stats.rounds)
 

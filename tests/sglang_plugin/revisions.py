@@ -8,10 +8,9 @@ as it would load a revision ``dwise-predict refresh`` published. ``publish`` fli
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-from collections.abc import Sequence
 
 import numpy as np
 
@@ -70,9 +69,7 @@ def admission_text(
     return str(booster.model_to_string())
 
 
-def feature_grid(
-    n: int = 2000, seed: int = 0, names: Sequence[str] = FEATURE_NAMES
-) -> np.ndarray:
+def feature_grid(n: int = 2000, seed: int = 0, names: Sequence[str] = FEATURE_NAMES) -> np.ndarray:
     """Plausible prompt feature rows (columns ``names``) to fit variants on: words
     log-uniform, so short prompts are as densely covered as long ones, and 1.1 to 9 tokens a
     word, which spans subword tokenizers and byte-level ones such as tiny-bd's (5-8); half the
@@ -98,9 +95,16 @@ def _distilled(src: str | Path) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]
 
 
 def scaled_copy_text(src: str | Path, factor: float) -> str:
-    """An admission model that predicts ``factor`` times what ``src``'s does (distilled)."""
-    X, live, names = _distilled(src)
-    return admission_text(X, factor * live, names=names)
+    """An admission model that predicts exactly ``factor`` times what ``src``'s does: its
+    first tree's leaves raised by log(factor), which shifts every raw score by that much."""
+    import math
+
+    lines = load_bundle(src).admission.model_text.splitlines(keepends=True)
+    first = next(i for i, line in enumerate(lines) if line.startswith("leaf_value="))
+    values = lines[first].removeprefix("leaf_value=").split()
+    shifted = " ".join(repr(float(v) + math.log(factor)) for v in values)
+    lines[first] = f"leaf_value={shifted}\n"
+    return "".join(lines)
 
 
 def inverted_text(src: str | Path) -> str:
