@@ -140,9 +140,9 @@ def select_features(
     counts = np.asarray(counts, dtype=np.float64).reshape(-1, len(COUNT_FEATURES))
     if needs_text(names) and lexical is None:
         raise PredictorInputError(
-            f"the admission features {list(names)} read each prompt's text, and these traces "
-            "were written with prompts redacted: re-trace without redaction, or use a bundle "
-            "trained with `--admission-features counts`"
+            f"the admission features {list(names)} read each prompt's lexical counts, and these "
+            "traces were written with prompts redacted before trace schema v3, which records "
+            "them: re-trace, or use a bundle trained with `--admission-features counts`"
         )
     columns: dict[str, np.ndarray] = dict(zip(COUNT_FEATURES, counts.T))
     if lexical is not None:

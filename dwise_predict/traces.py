@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 from .errors import TraceError
 from .fingerprint import ABSOLUTE, RESPONSE, ModelFingerprint, check_block_alignment
 
-TRACE_SCHEMA_VERSION = 2
+TRACE_SCHEMA_VERSION = 3
 
 #: Parquet key-value metadata keys.
 META_SCHEMA_VERSION = b"dwise.schema_version"
@@ -47,8 +47,9 @@ _IDENTITY_COLUMNS = ("request_id", "prompt_sha256")
 
 log = logging.getLogger(__name__)
 
-#: The columns of schema version 2, in file order. Nullable columns may hold nulls;
-#: ``prompt`` is null when the trace was written with prompts redacted (the hash stays).
+#: The columns of schema version 3, in file order. Nullable columns may hold nulls;
+#: ``prompt`` is null when the trace was written with prompts redacted (the hash stays), and
+#: the prompt's lexical counts (v3) stay, so redacted traces still train the default features.
 TRACE_SCHEMA = pa.schema(
     [
         pa.field("schema_version", pa.int16(), nullable=False),
@@ -61,6 +62,9 @@ TRACE_SCHEMA = pa.schema(
         pa.field("prompt_tokens", pa.int32(), nullable=False),
         pa.field("word_count", pa.int32(), nullable=False),
         pa.field("newline_count", pa.int32(), nullable=False),
+        pa.field("digit_permille", pa.int32()),
+        pa.field("symbol_permille", pa.int32()),
+        pa.field("question_marks", pa.int32()),
         pa.field("prompt_blocks", pa.int32(), nullable=False),
         pa.field("output_budget", pa.int32(), nullable=False),
         # -- how it was decoded
@@ -90,7 +94,19 @@ TRACE_SCHEMA = pa.schema(
 
 REQUIRED_COLUMNS: tuple[str, ...] = tuple(f.name for f in TRACE_SCHEMA if not f.nullable)
 #: columns a file of an older schema version may lack; :func:`migrate_table` derives them
-_ADDED_IN: dict[str, int] = {"max_steps_per_block": 2}
+_ADDED_IN: dict[str, int] = {
+    "max_steps_per_block": 2,
+    "digit_permille": 3,
+    "symbol_permille": 3,
+    "question_marks": 3,
+}
+#: the column on disk each derived column is computed from
+_DERIVED_FROM: dict[str, str] = {
+    "max_steps_per_block": "block_size",
+    "digit_permille": "prompt",
+    "symbol_permille": "prompt",
+    "question_marks": "prompt",
+}
 
 
 def activity_matrix(
@@ -186,7 +202,11 @@ def migrate_table(table: pa.Table) -> pa.Table:
     v1 -> v2: ``max_steps_per_block = block_size``. Every decoder a v1 trace could record
     (LowConfidence, DiffusionGemma with at most ``canvas_length`` steps) was bounded by the
     block size, which is exactly what the v1 reader enforced.
+
+    v2 -> v3: the prompt's lexical counts, counted from ``prompt`` (null where it was redacted).
     """
+    from .features import LEXICAL_FEATURES, lexical_features
+
     names = table.column_names
     if "max_steps_per_block" not in names and "block_size" in names:  # v1 -> v2
         at = names.index("threshold") + 1 if "threshold" in names else len(names)
@@ -195,11 +215,44 @@ def migrate_table(table: pa.Table) -> pa.Table:
             TRACE_SCHEMA.field("max_steps_per_block"),
             table.column("block_size").cast(pa.int32()),
         )
+    names = table.column_names
+    if "prompt" in names and not any(c in names for c in LEXICAL_FEATURES):  # v2 -> v3
+        counted = [
+            None if p is None else lexical_features(p) for p in table.column("prompt").to_pylist()
+        ]
+        at = names.index("newline_count") + 1 if "newline_count" in names else len(names)
+        for j, c in enumerate(LEXICAL_FEATURES):
+            values = pa.array([None if v is None else v[j] for v in counted], pa.int32())
+            table = table.add_column(at + j, TRACE_SCHEMA.field(c), values)
     if "schema_version" in table.column_names:
         i = table.column_names.index("schema_version")
         version = pa.array(np.full(table.num_rows, TRACE_SCHEMA_VERSION, dtype=np.int16))
         table = table.set_column(i, TRACE_SCHEMA.field("schema_version"), version)
     return table
+
+
+def lexical_of_table(table: pa.Table) -> np.ndarray | None:
+    """``(n, 3)`` lexical features of a trace table's prompts (``LEXICAL_FEATURES`` order):
+    the recorded columns (schema v3, kept when the prompt text is redacted), else counted from
+    the ``prompt`` column (older traces); None when neither is there for every row."""
+    from .features import LEXICAL_FEATURES, lexical_matrix
+
+    names = table.column_names
+    if all(c in names and table.column(c).null_count == 0 for c in LEXICAL_FEATURES):
+        return np.column_stack(
+            [table.column(c).to_numpy().astype(np.float64) for c in LEXICAL_FEATURES]
+        )
+    if "prompt" in names:
+        return lexical_matrix(table.column("prompt").to_pylist())
+    return None
+
+
+def derived_helpers(columns: Sequence[str], on_disk: Sequence[str]) -> list[str]:
+    """The columns on disk to read besides ``columns`` so that :func:`migrate_table` can
+    derive those of ``columns`` a file of an older schema lacks."""
+    wanted = [c for c in columns if c not in on_disk and c in _DERIVED_FROM]
+    helpers = dict.fromkeys(_DERIVED_FROM[c] for c in wanted)
+    return [h for h in helpers if h in on_disk and h not in columns]
 
 
 def read_trace_fingerprint(path: str | Path) -> ModelFingerprint:
@@ -218,8 +271,7 @@ def _read_one(f: Path, columns: list[str] | None, schema: pa.Schema) -> pa.Table
     if columns is None:
         return migrate_table(pq.read_table(f))
     on_disk = [c for c in columns if c in schema.names]
-    derived = [c for c in columns if c not in schema.names and c in _ADDED_IN]
-    helpers = ["block_size"] if derived and "block_size" not in on_disk else []
+    helpers = derived_helpers(columns, schema.names)
     table = migrate_table(pq.read_table(f, columns=on_disk + helpers))
     return table.select([c for c in columns if c in table.column_names])
 

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from dwise_predict.features import PromptFeaturizer
+from dwise_predict.features import LEXICAL_FEATURES, PromptFeaturizer, lexical_features
 from dwise_predict.fingerprint import ModelFingerprint
 from dwise_predict.traces import (
     META_FINGERPRINT,
@@ -238,6 +238,7 @@ def make_traces(
             "prompt_tokens": tokens,
             "word_count": int(feats[i, 0]),
             "newline_count": int(feats[i, 1]),
+            **dict(zip(LEXICAL_FEATURES, lexical_features(p))),
             "prompt_blocks": prompt_blocks(tokens, block_size),
             "output_budget": output_budget,
             "block_size": block_size,

@@ -195,10 +195,13 @@ def test_the_feature_set_is_recorded_and_redacted_prompts_refused(traces):
     assert both.entry()["feature_names"] == list(FEATURE_SETS["counts+lexical"])
     i = traces.column_names.index("prompt")
     redacted = traces.set_column(i, "prompt", pa.array([None] * traces.num_rows, pa.string()))
+    # the trace records the prompt's lexical counts: redacted, it trains the same model
+    assert train_admission(redacted).model_text == both.model_text
+    old = redacted.drop_columns(["digit_permille", "symbol_permille", "question_marks"])
     with pytest.raises(TrainingError, match="redacted.*--admission-features counts"):
-        train_admission(redacted, AdmissionConfig(features="counts+lexical"))
-    # by default, traces without the prompts' text train the paper's three counts
-    counts = train_admission(redacted)
+        train_admission(old, AdmissionConfig(features="counts+lexical"))
+    # by default, traces with neither (redacted before schema v3) train the three counts
+    counts = train_admission(old)
     assert counts.feature_names == FEATURE_SETS["counts"] and not counts.needs_text
     assert counts.info["config"]["features"] == "counts"
     assert both.info["config"]["features"] == "counts+lexical"

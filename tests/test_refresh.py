@@ -122,16 +122,22 @@ def test_unlabelled_serving_traffic_is_refreshed(live, tmp_path):
 
 
 def test_the_candidate_reads_the_live_bundles_features(live, tmp_path):
-    """A candidate is trained on the live bundle's feature set; one that reads prompt text
-    needs serving traces that keep it, and a bundle on the three counts refreshes without."""
+    """A candidate is trained on the live bundle's feature set. Serving traces record the
+    prompt's lexical counts without its text, so a bundle that reads them refreshes from
+    redacted traces; traces with neither are refused, and a bundle on the three counts
+    refreshes from them."""
     import pyarrow as pa
 
     table = make_traces(400, 16, seed=5, id_prefix="srv")
     i = table.column_names.index("prompt")
     redacted = table.set_column(i, "prompt", pa.array([None] * table.num_rows, pa.string()))
-    path = write_traces(tmp_path / "redacted" / "shard-000.parquet", redacted)
     assert load_bundle(live).admission.needs_text  # the default set reads the prompts
-    with pytest.raises(TrainingError, match="DWISE_SGLANG_TRACE_PROMPT_TEXT=1.*counts"):
+    kept = write_traces(tmp_path / "redacted" / "shard-000.parquet", redacted)
+    report = refresh_bundle(live, kept, tmp_path / "from-redacted")
+    assert report.candidate["spearman"] is not None
+    old = redacted.drop_columns(["digit_permille", "symbol_permille", "question_marks"])
+    path = write_traces(tmp_path / "old" / "shard-000.parquet", old)
+    with pytest.raises(TrainingError, match="schema v3.*--admission-features counts"):
         refresh_bundle(live, path, tmp_path / "x")
     old = make_traces(300, 16, seed=0, categories=CATEGORIES[:2], id_prefix="old")
     counts_live = train_bundle(

@@ -31,6 +31,9 @@ def _row(i: int, rounds: list[int]) -> dict:
         "prompt_tokens": 9,
         "word_count": 2,
         "newline_count": 0,
+        "digit_permille": 0,
+        "symbol_permille": 0,
+        "question_marks": 0,
         "prompt_blocks": 3,
         "output_budget": 16,
         "block_size": 4,
@@ -184,3 +187,36 @@ def test_validation_names_the_first_bad_request_among_many(tmp_path):
     _write(tmp_path / "b.parquet", rows)
     with pytest.raises(TraceError, match=r"request #321"):
         read_traces(tmp_path / "b.parquet")
+
+
+def test_a_version_2_trace_reads_with_its_lexical_counts_counted_from_the_prompt(tmp_path):
+    from dwise_predict.trainers.dataset import trace_arrays
+    from dwise_predict.trainers.streaming import ARRAY_COLUMNS, ParquetSource
+
+    from dwise_predict.features import LEXICAL_FEATURES, lexical_features
+
+    v2 = pa.schema([f for f in TRACE_SCHEMA if f.name not in LEXICAL_FEATURES])
+    rows = [{k: v for k, v in _row(i, [2]).items() if k not in LEXICAL_FEATURES} for i in (0, 1)]
+    rows[0]["prompt"] = "What is 12 + 30?"
+    for r in rows:
+        r["schema_version"] = 2
+    _write(tmp_path / "shard-00000.parquet", rows, version=2, schema=v2)
+    t = read_traces(tmp_path)
+    assert t.schema.remove_metadata().equals(TRACE_SCHEMA)
+    got = [tuple(t.column(c)[0].as_py() for c in LEXICAL_FEATURES)]
+    assert got == [lexical_features("What is 12 + 30?")]
+    some = read_traces(tmp_path, columns=["request_id", "question_marks"], validate=False)
+    assert some.column_names == ["request_id", "question_marks"]
+    assert some.column("question_marks").to_pylist() == [1, 0]  # "hi there" has none
+    # streaming reads derive them too (the prompt is read only to count them)
+    source = ParquetSource(tmp_path)
+    table = source.read_columns([c for c in ARRAY_COLUMNS if c != "first_round_hidden"])
+    assert "prompt" not in table.column_names
+    assert table.column("digit_permille").to_pylist() == t.column("digit_permille").to_pylist()
+    assert trace_arrays(table).lexical is not None
+    # a v2 prompt redacted has no counts to derive: null, and no lexical features
+    rows[1]["prompt"] = None
+    _write(tmp_path / "shard-00000.parquet", rows, version=2, schema=v2)
+    redacted = read_traces(tmp_path)
+    assert redacted.column("digit_permille").to_pylist()[1] is None
+    assert trace_arrays(redacted).lexical is None

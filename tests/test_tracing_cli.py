@@ -14,6 +14,7 @@ from dwise_predict.tracing.adapters import load_adapter
 from dwise_predict.tracing.runner import trace_workload
 
 from dwise_predict.cli import main
+from dwise_predict.features import lexical_features
 from dwise_predict.fingerprint import ModelFingerprint
 from dwise_predict.traces import (
     META_FINGERPRINT,
@@ -105,6 +106,8 @@ def test_trace_files_follow_schema_and_are_read_everywhere(traced, workload):
         assert r["word_count"] == len(r["prompt"].split()) and r["newline_count"] == r[
             "prompt"
         ].count("\n")
+        lexical = (r["digit_permille"], r["symbol_permille"], r["question_marks"])
+        assert lexical == lexical_features(r["prompt"])
         assert r["prompt_blocks"] == r["prompt_tokens"] // 8  # tiny-bd's default: absolute
         assert sum(r["rounds_per_block"]) == r["total_rounds"] and r["output_blocks"] == len(
             r["rounds_per_block"]

@@ -127,16 +127,16 @@ def train_admission(
 
 def resolved(config: AdmissionConfig, arrays: TraceArrays) -> AdmissionConfig:
     """``config`` with its feature set named: the one given, else ``counts+lexical`` when the
-    traces keep every prompt's text and the paper's ``counts`` when they do not (serving traces
-    keep it only with DWISE_SGLANG_TRACE_PROMPT_TEXT=1), which is logged."""
+    traces carry every prompt's lexical counts (schema v3 records them even with the text
+    redacted) or its text, and the paper's ``counts`` when they do not, which is logged."""
     if config.features is not None:
         return config
     if arrays.lexical is not None:
         return replace(config, features=DEFAULT_FEATURE_SET)
     log.warning(
-        "the traces keep no prompt text (redacted, or serving traces written without "
-        "DWISE_SGLANG_TRACE_PROMPT_TEXT=1): the admission model reads the three prompt counts, "
-        "not the %s features",
+        "the traces carry neither the prompts' lexical counts nor their text (written redacted "
+        "before trace schema v3): the admission model reads the three prompt counts, not the "
+        "%s features",
         DEFAULT_FEATURE_SET,
     )
     return replace(config, features="counts")
@@ -149,9 +149,10 @@ def _features(arrays: TraceArrays, config: AdmissionConfig) -> np.ndarray:
         return arrays.admission_features(feature_set(config.features or DEFAULT_FEATURE_SET))
     except PredictorInputError:
         raise TrainingError(
-            f"the admission feature set {config.features!r} reads each prompt's text, and "
-            "these traces were written with prompts redacted: train with "
-            "`--admission-features counts` (AdmissionConfig(features='counts'))"
+            f"the admission feature set {config.features!r} reads each prompt's lexical counts, "
+            "and these traces were written with prompts redacted before trace schema v3, which "
+            "records them: re-trace, or train with `--admission-features counts` "
+            "(AdmissionConfig(features='counts'))"
         ) from None
 
 

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dwise_predict.errors import TraceError, TrainingError
-from dwise_predict.features import FEATURE_NAMES, lexical_matrix, select_features
-from dwise_predict.traces import hidden_matrix, read_traces
+from dwise_predict.features import FEATURE_NAMES, select_features
+from dwise_predict.traces import hidden_matrix, lexical_of_table, read_traces
 
 
 def as_table(traces: str | Path | pa.Table) -> pa.Table:
@@ -94,9 +94,7 @@ def trace_arrays(traces: str | Path | pa.Table, *, need_hidden: bool = False) ->
         output_tokens=table.column("output_tokens").to_numpy().astype(np.int64)
         if "output_tokens" in table.column_names
         else None,
-        lexical=lexical_matrix(table.column("prompt").to_pylist())
-        if "prompt" in table.column_names
-        else None,
+        lexical=lexical_of_table(table),
     )
 
 

@@ -33,7 +33,7 @@ from dwise_predict.bundle import Bundle, load_bundle
 from dwise_predict.errors import ConfigError, TrainingError
 from dwise_predict.features import FEATURE_SETS
 from dwise_predict.predictors import AdmissionModel
-from dwise_predict.traces import read_trace_fingerprint, read_traces
+from dwise_predict.traces import lexical_of_table, read_trace_fingerprint, read_traces
 
 from .admission import AdmissionConfig
 
@@ -195,17 +195,14 @@ def _admission_config(bundle: Bundle, train: pa.Table, holdout: pa.Table) -> Adm
             f"in no order this release trains ({sorted(FEATURE_SETS)}); retrain it with "
             "`dwise-predict train`"
         )
-    if model.needs_text and (_any_null(train, "prompt") or _any_null(holdout, "prompt")):
+    if model.needs_text and (lexical_of_table(train) is None or lexical_of_table(holdout) is None):
         raise TrainingError(
-            f"bundle '{bundle.name}' predicts from each prompt's text ({name} features) and the "
-            "serving traces carry none: serve with DWISE_SGLANG_TRACE_PROMPT_TEXT=1 so they keep "
-            "it, or serve a bundle trained with `--admission-features counts`"
+            f"bundle '{bundle.name}' reads the prompt's lexical counts ({name} features) and "
+            "these serving traces carry neither them nor the prompt's text (traces older than "
+            "schema v3): trace again with this release, or serve a bundle trained with "
+            "`--admission-features counts`"
         )
     return AdmissionConfig(features=name)
-
-
-def _any_null(table: pa.Table, column: str) -> bool:
-    return column not in table.column_names or table.column(column).null_count > 0
 
 
 def _all_null(table: pa.Table, column: str) -> bool:

@@ -26,10 +26,11 @@ import numpy as np
 import pyarrow as pa
 
 from dwise_predict.errors import TraceError, TrainingError
-from dwise_predict.features import FEATURE_NAMES
+from dwise_predict.features import FEATURE_NAMES, LEXICAL_FEATURES
 from dwise_predict.traces import (
     META_FINGERPRINT,
     check_schema,
+    derived_helpers,
     migrate_table,
     trace_files,
     validate_table,
@@ -38,14 +39,15 @@ from dwise_predict.traces import (
 from .dataset import TraceArrays, trace_arrays
 
 #: the columns :func:`trace_arrays` reads: everything the predictors and the metrics need
-#: (the prompt for its lexical features, never the output text)
+#: (the prompt's lexical counts, derived from its text in traces older than schema v3; never
+#: the text itself)
 ARRAY_COLUMNS: tuple[str, ...] = tuple(
     dict.fromkeys(
         (
             "request_id",
             "category",
             *FEATURE_NAMES,
-            "prompt",
+            *LEXICAL_FEATURES,
             "total_rounds",
             "prompt_tokens",
             "output_budget",
@@ -150,7 +152,9 @@ class ParquetSource:
         self._groups = groups
         self._starts = np.array([g.start for g in groups], dtype=np.int64)
         self._n = start
-        self.columns = [c for c in CHECK_COLUMNS if c in fragments[0].physical_schema.names]
+        on_disk = fragments[0].physical_schema.names
+        #: the columns read: those on disk, and those an older schema derives from them
+        self.columns = [c for c in CHECK_COLUMNS if c in on_disk or derived_helpers([c], on_disk)]
         if self._n == 0:
             raise TrainingError(
                 f"the traces at {path} hold no requests; trace some with `dwise-predict trace`"
@@ -183,7 +187,10 @@ class ParquetSource:
 
     def read_columns(self, columns: Sequence[str]) -> pa.Table:
         """Whole columns of every row (the small ones: admission features, rounds, category)."""
-        cols = [c for c in columns if c in self.columns or c in self.head().column_names]
+        names = self.head().column_names
+        cols = [
+            c for c in columns if c in self.columns or c in names or derived_helpers([c], names)
+        ]
         table = pa.concat_tables([_read_fragment(g.fragment, cols) for g in self._groups])
         return table.replace_schema_metadata(self.metadata)
 
@@ -200,9 +207,7 @@ def _read_fragment(fragment: Any, columns: Sequence[str]) -> pa.Table:
     """One shard's columns, migrated to the current trace schema (a v1 shard has no S column:
     it is derived from ``block_size``, which is then read too)."""
     names = fragment.physical_schema.names
-    on_disk = [c for c in columns if c in names]
-    if "max_steps_per_block" in columns and "max_steps_per_block" not in names:
-        on_disk = list(dict.fromkeys([*on_disk, "block_size"]))
+    on_disk = [c for c in columns if c in names] + derived_helpers(columns, names)
     table = migrate_table(fragment.to_table(columns=on_disk, use_threads=False))
     return table.select([c for c in columns if c in table.column_names])
 

@@ -306,9 +306,9 @@ def estimates_from_bundle(
     estimate with the DWS surface's expected rounds, as the SGLang plugin does under that setting
     (it reads the prompts' text).
     """
-    from ..features import FEATURE_NAMES, lexical_matrix
+    from ..features import FEATURE_NAMES
     from ..predictors import AdmissionModel
-    from ..traces import hidden_matrix  # the core reader; no heavy import
+    from ..traces import hidden_matrix, lexical_of_table  # the core reader; no heavy import
 
     for c in (*FEATURE_NAMES, "output_budget", "first_round_hidden"):
         if c not in table.column_names:
@@ -318,9 +318,7 @@ def estimates_from_bundle(
             )
     counts = np.column_stack([table.column(c).to_numpy().astype(np.float64) for c in FEATURE_NAMES])
     model = bundle.need(AdmissionModel)
-    lexical = None
-    if model.needs_text and "prompt" in table.column_names:
-        lexical = lexical_matrix(table.column("prompt").to_pylist())
+    lexical = lexical_of_table(table) if model.needs_text else None
     try:
         features = model.select(counts, lexical)
     except PredictorInputError as e:

@@ -14,6 +14,7 @@ from harness import TinyBDRunner, environ, eval_requests, remove_hooks, serve
 
 from dwise_predict import load_bundle, read_traces
 from dwise_predict.errors import ConfigError
+from dwise_predict.features import lexical_features
 from dwise_predict.sglang import plugin
 from dwise_predict.sglang.config import PluginConfig, load_config
 from dwise_predict.sglang.observe import request_category
@@ -95,6 +96,10 @@ def test_observe_mode_leaves_sglang_stock_and_traces_every_request(runner, tmp_p
         # the raw prompt's words: the template's frame, read from the server's tokenizer, is cut
         raw = spec.text.removeprefix("<|user|>\n").removesuffix("\n<|assistant|>\n")
         assert (t["word_count"], t["newline_count"]) == (len(raw.split()), raw.count("\n"))
+        # the text is not kept by default, its lexical counts are (what the features read)
+        assert t["prompt"] is None
+        lexical = (t["digit_permille"], t["symbol_permille"], t["question_marks"])
+        assert lexical == lexical_features(raw)
     assert state.stats.rounds == res.rounds and state.plugin_us_per_round > 0
 
 
