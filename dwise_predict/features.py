@@ -40,7 +40,9 @@ FEATURE_SETS: dict[str, tuple[str, ...]] = {
     "counts+lexical": COUNT_FEATURES + LEXICAL_FEATURES,
 }
 DEFAULT_FEATURE_SET = "counts+lexical"
-_SETS_IN_ORDER = (FEATURE_SETS["counts"], FEATURE_SETS["counts+lexical"])
+#: every feature this release computes, in the order :func:`feature_values` returns them
+ALL_FEATURES: tuple[str, ...] = COUNT_FEATURES + LEXICAL_FEATURES
+_POSITION: dict[str, int] = {name: i for i, name in enumerate(ALL_FEATURES)}
 
 #: a prompt no user writes, rendered once to find what the chat template wraps around a prompt
 _PROMPT_SENTINEL = "\x00dwise-prompt\x00"
@@ -78,14 +80,19 @@ def lexical_features(text: str) -> tuple[int, int, int]:
 def check_feature_names(names: Sequence[str]) -> tuple[str, ...]:
     """``names`` as a tuple when every one is a feature this library computes, else an error
     naming the unknown ones (a bundle from a newer release)."""
-    known = set(FEATURE_SETS["counts+lexical"])
-    unknown = [n for n in names if n not in known]
+    unknown = [n for n in names if n not in _POSITION]
     if unknown or not names:
         raise PredictorInputError(
             f"unknown admission features {unknown or list(names)}: this release computes "
-            f"{sorted(known)}; upgrade dwise-predict to load this bundle"
+            f"{sorted(ALL_FEATURES)}; upgrade dwise-predict to load this bundle"
         )
     return tuple(names)
+
+
+def feature_positions(names: Sequence[str]) -> tuple[int, ...]:
+    """Where each of ``names`` sits in :func:`feature_values`' output (computed once per model,
+    so a row is a pick, not a lookup by name, on every arrival)."""
+    return tuple(_POSITION[n] for n in check_feature_names(names))
 
 
 def feature_set(name: str) -> tuple[str, ...]:
@@ -103,22 +110,20 @@ def needs_text(names: Sequence[str]) -> bool:
     return any(n in LEXICAL_FEATURES for n in names)
 
 
+def feature_values(text: str, prompt_tokens: int, lexical: bool) -> tuple[float, ...]:
+    """:data:`ALL_FEATURES` of one request from its user prompt and served token count (the
+    three counts only, without ``lexical``): the per-arrival path of a scheduler."""
+    counts = (float(word_count(text)), float(newline_count(text)), float(prompt_tokens))
+    if not lexical:
+        return counts
+    return counts + tuple(float(v) for v in lexical_features(text))
+
+
 def feature_row(names: Sequence[str], text: str, prompt_tokens: int) -> tuple[float, ...]:
-    """One request's features ``names`` from its user prompt and served token count: the
-    per-arrival path of a scheduler (a few microseconds)."""
-    if names == _SETS_IN_ORDER[0] or names == _SETS_IN_ORDER[1]:  # the shipped orders, fast
-        counts = (float(len(text.split())), float(text.count("\n")), float(prompt_tokens))
-        if len(names) == len(COUNT_FEATURES):
-            return counts
-        return counts + tuple(float(v) for v in lexical_features(text))
-    values: dict[str, float] = {
-        "word_count": word_count(text),
-        "newline_count": newline_count(text),
-        "prompt_tokens": prompt_tokens,
-    }
-    if needs_text(names):
-        values.update(zip(LEXICAL_FEATURES, lexical_features(text)))
-    return tuple(float(values[n]) for n in names)
+    """One request's features ``names`` (any order) from its user prompt and served token
+    count."""
+    values = feature_values(text, prompt_tokens, needs_text(names))
+    return tuple(values[i] for i in feature_positions(names))
 
 
 def lexical_matrix(prompts: Sequence[str | None]) -> np.ndarray | None:

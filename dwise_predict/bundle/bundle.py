@@ -161,6 +161,12 @@ class Bundle(ShippedKinds):
         per-arrival path of a serving loop, a few microseconds instead of a batch call's tens."""
         return self.need(AdmissionModel).predict_one(x)
 
+    def predict_admission_prompt(self, text: str, prompt_tokens: int) -> float:
+        """One request's estimate from its user prompt and served token count: its
+        :meth:`admission_row` through :meth:`predict_admission_one`."""
+        model = self.need(AdmissionModel)
+        return model.predict_one(model.row(text, prompt_tokens))
+
     def predict_refined(
         self, hidden: Any, prompt_tokens: Any, output_budget: Any, *, raw: bool = False
     ) -> np.ndarray:

@@ -27,10 +27,9 @@ from ..errors import BundleIntegrityError, PredictorError, PredictorInputError
 from ..features import (
     FEATURE_NAMES,
     PromptFeaturizer,
-    check_feature_names,
-    feature_row,
+    feature_positions,
+    feature_values,
     needs_text,
-    select_features,
 )
 from .trees import DEFAULT_GRID_LIMIT, CompiledForest, parse_lightgbm_text
 
@@ -69,10 +68,13 @@ class AdmissionModel:
         grid_limit: int = DEFAULT_GRID_LIMIT,
     ) -> None:
         self.model_text = model_text
+        self.feature_names = tuple(feature_names)
         try:
-            self.feature_names = check_feature_names(tuple(feature_names))
+            self._positions = feature_positions(self.feature_names)
         except PredictorInputError as e:
             raise PredictorError(str(e)) from None
+        #: whether the features read the prompt's characters, not only its three counts
+        self.needs_text = needs_text(self.feature_names)
         header, trees = parse_lightgbm_text(model_text)
         n_model = int(header["max_feature_idx"]) + 1
         if n_model != len(self.feature_names):
@@ -85,20 +87,11 @@ class AdmissionModel:
         self.info = dict(info or {})
 
     # -- features ---------------------------------------------------------------------------
-    @property
-    def needs_text(self) -> bool:
-        """Whether the features read the prompt's characters, not only its three counts."""
-        return needs_text(self.feature_names)
-
     def row(self, text: str, prompt_tokens: int) -> tuple[float, ...]:
         """The feature row of one request from its user prompt (chat template removed) and
         its token count as served: what a scheduler feeds :meth:`predict_one`."""
-        return feature_row(self.feature_names, text, prompt_tokens)
-
-    def select(self, counts: np.ndarray, lexical: np.ndarray | None) -> np.ndarray:
-        """This model's feature matrix from the three count columns and the lexical ones
-        (:func:`dwise_predict.features.select_features`)."""
-        return select_features(self.feature_names, counts, lexical)
+        values = feature_values(text, prompt_tokens, self.needs_text)
+        return tuple(values[i] for i in self._positions)
 
     # -- inference --------------------------------------------------------------------------
     def raw_score(self, X: np.ndarray) -> np.ndarray:

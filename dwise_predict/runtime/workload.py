@@ -306,7 +306,7 @@ def estimates_from_bundle(
     estimate with the DWS surface's expected rounds, as the SGLang plugin does under that setting
     (it reads the prompts' text).
     """
-    from ..features import FEATURE_NAMES
+    from ..features import FEATURE_NAMES, select_features
     from ..predictors import AdmissionModel
     from ..traces import hidden_matrix, lexical_of_table  # the core reader; no heavy import
 
@@ -320,7 +320,7 @@ def estimates_from_bundle(
     model = bundle.need(AdmissionModel)
     lexical = lexical_of_table(table) if model.needs_text else None
     try:
-        features = model.select(counts, lexical)
+        features = select_features(model.feature_names, counts, lexical)
     except PredictorInputError as e:
         raise TraceError(str(e)) from None
     admission = np.asarray(bundle.predict_admission_features(features), dtype=np.float64).ravel()

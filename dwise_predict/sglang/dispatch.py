@@ -103,7 +103,7 @@ class WorkDispatch:
             return float(self.true_work[str(rid)]), n
         if self.featurizer is not None and text:
             text = self.featurizer.user_text(text)
-        est = self.bundle.predict_admission_one(self.bundle.admission_row(text, n))
+        est = self.bundle.predict_admission_prompt(text, n)
         est = float(est) if math.isfinite(est) and est >= 0 else 0.0
         return n // self.block_size + est, n
 

@@ -140,8 +140,7 @@ class BundleLifecycle:
         side = self.shadow
         if side is None:
             return None
-        bundle = side.bundle
-        e = float(bundle.predict_admission_one(bundle.admission_row(text, prompt_tokens)))
+        e = float(side.bundle.predict_admission_prompt(text, prompt_tokens))
         return e if math.isfinite(e) and e >= 0 else None
 
     def on_finished(

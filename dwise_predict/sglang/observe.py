@@ -76,7 +76,7 @@ class ObserveServing(PluginState):
         if self.bundle is not None:
             text = served_prompt(req, self.decoder, self.featurizer)
             prompt = text, len(seam.prompt_ids(req))
-            e = float(self.bundle.predict_admission_one(self.bundle.admission_row(*prompt)))
+            e = float(self.bundle.predict_admission_prompt(*prompt))
             if self.config.admission != "lightgbm":  # the monitor judges what dwise ranks by
                 e = float(self.bundle.admission_from_source([e], [text], self.config.admission)[0])
             estimate = e if math.isfinite(e) and e >= 0 else 0.0

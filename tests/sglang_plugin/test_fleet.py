@@ -159,7 +159,7 @@ def test_the_dwise_method_sends_to_least_work_and_falls_back_while_a_report_is_m
         def broken(x):
             raise RuntimeError("no estimate")
 
-        wd.bundle = SimpleNamespace(predict_admission_one=broken, admission_row=lambda t, n: (n,))
+        wd.bundle = SimpleNamespace(predict_admission_prompt=lambda text, n: broken((n,)))
         with caplog.at_level(logging.ERROR):
             assert len(send(reqs[2])) == 1
         assert wd.failed == 1 and wd.dispatched == 2 and "no estimate" in caplog.text
