@@ -8,6 +8,19 @@ correlation with the actual rounds. A bundle trained on other traffic drifts in 
 (the ratio leaves 1) and then in order (ρ falls): the first is what ranking tolerates least
 across admission and refinement, because the two estimates must share one scale.
 
+**The window holds whole arrival cohorts.** A size-based policy finishes requests in the order
+of their estimates, so the last N *finishers* are a slice of the estimate range: their ρ is
+range-restricted and swings with the slice (on a 512-request burst of tiny-bd's zoo bundle
+under plain DWISE, 0.87 for the first 256 finishers and 0.42 for finishers 129-384, with the same
+bundle on the same traffic, while FCFS's finish order keeps it steady). So a request that
+reports its arrival sequence (``record(..., seq=...)``, the plugin's arrival counter) waits in
+a pending list until every request that arrived before it has ended, and enters the window in
+arrival order: the window is the last N requests *by arrival* whose cohort is complete, a
+sample the policy did not select. The plugin calls :meth:`release_before` with the oldest live
+sequence number before each snapshot. A straggler holds the window back by at most ``hold``
+finished requests (default 4 windows); past that the earliest pending ones go in regardless.
+A record without ``seq`` enters at once (finish order).
+
 Drift rule (documented in docs/sglang.md): once the window is full, warn when the median
 ratio of either estimate leaves ``[1/t, t]`` (``t`` = ``drift_threshold``, default 1.5), or
 when its ρ falls more than ``rho_drop`` (default 0.2) below the ρ of the bundle's first full
@@ -19,6 +32,7 @@ JSON file every ``monitor_every`` finished requests.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 from collections import deque
@@ -55,26 +69,67 @@ class QualityMonitor:
     warned: bool = False
     #: label -> the ρ of the live bundle's first full window (None until there is one)
     reference_rho: dict[str, float | None] = field(default_factory=dict)
+    #: finished requests a straggler may hold back (pending) before the earliest enter
+    #: regardless; 0 = 4 windows
+    hold: int = 0
+    #: (seq, actual, ((label, predicted), ...)) of finished requests waiting for their
+    #: cohort, sorted by seq
+    _pending: list[tuple[int, float, tuple[tuple[str, float], ...]]] = field(
+        default_factory=list, repr=False
+    )
 
     def __post_init__(self) -> None:
         self._windows = {label: deque() for label in self.labels}
         self.reference_rho = dict.fromkeys(self.labels)
         self._label_of = {kind: label for label, kind in self.labels.items()}
 
-    def record(self, actual_rounds: float, predicted: Mapping[str, float | None]) -> None:
+    def record(
+        self,
+        actual_rounds: float,
+        predicted: Mapping[str, float | None],
+        seq: int | None = None,
+    ) -> None:
         """One finished request: its actual denoising rounds and, per kind, the total rounds
-        that kind predicted (None when it made no estimate); unmonitored kinds are ignored."""
+        that kind predicted (None when it made no estimate); unmonitored kinds are ignored.
+        ``seq``: its arrival sequence number, to enter the window with its cohort (module
+        docstring); None enters it now."""
         self.finished += 1
         if actual_rounds <= 0 or not math.isfinite(actual_rounds):
             return
-        for kind, pred in predicted.items():
-            label = self._label_of.get(kind)
-            if label is None or pred is None or not math.isfinite(pred):
-                continue
+        pairs = tuple(
+            (self._label_of[kind], float(pred))
+            for kind, pred in predicted.items()
+            if kind in self._label_of and pred is not None and math.isfinite(pred)
+        )
+        if seq is None:
+            self._append(float(actual_rounds), pairs)
+            return
+        # finishes come nearly in arrival order under FCFS, where the insort is at the end
+        bisect.insort(self._pending, (int(seq), float(actual_rounds), pairs))
+        excess = len(self._pending) - (self.hold or 4 * self.window)
+        if excess > 0:  # a straggler holds the cohort back too long: let the oldest in
+            self._release(excess)
+
+    def _append(self, actual: float, pairs: tuple[tuple[str, float], ...]) -> None:
+        for label, pred in pairs:
             q = self._windows[label]
-            q.append((float(pred), float(actual_rounds)))
+            q.append((pred, actual))
             while len(q) > self.window:
                 q.popleft()
+
+    def _release(self, count: int) -> None:
+        """Move the ``count`` earliest-arrived pending requests into the windows."""
+        for _, actual, pairs in self._pending[:count]:
+            self._append(actual, pairs)
+        del self._pending[:count]
+
+    def release_before(self, oldest_live: int | None) -> None:
+        """Every pending request that arrived before ``oldest_live`` (the sequence number of
+        the oldest request still live; None: none is) enters the window, in arrival order."""
+        if oldest_live is None:
+            self._release(len(self._pending))
+        else:
+            self._release(bisect.bisect_left(self._pending, (int(oldest_live),)))
 
     def restart(self, pairs: Mapping[str, Sequence[tuple[float, float]]]) -> None:
         """A new bundle went live: every window starts over, the kinds in ``pairs`` from
@@ -82,6 +137,7 @@ class QualityMonitor:
         figures describe the live bundle only; a drift warns again."""
         for q in self._windows.values():
             q.clear()
+        self._pending.clear()  # the old bundle's predictions
         for kind, kept in pairs.items():
             label = self._label_of.get(kind)
             if label is not None:
@@ -104,7 +160,7 @@ class QualityMonitor:
 
     def snapshot(self) -> dict[str, Any]:
         """The monitor's figures now (one entry per label), and which drifted past the
-        threshold."""
+        threshold (``pending``: finished requests waiting for their cohort)."""
         stats = {label: self._stats(q) for label, q in self._windows.items()}
         t = self.drift_threshold
         drifted = []
@@ -124,6 +180,7 @@ class QualityMonitor:
             "drift_threshold": t,
             "reference_rho": dict(self.reference_rho),
             **stats,
+            "pending": len(self._pending),
             "drifted": drifted,
         }
 

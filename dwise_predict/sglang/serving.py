@@ -294,8 +294,8 @@ class DwiseServing(PluginState):
             self._req_at[row] = req
             self._qpos[row], self._qrem[row] = pos, removed
             self.reqs[rid] = req
-            tr = self.tracks[rid] = RequestTrack(
-                n_prompt, budget, e, self.core.round_index, cost_ms=score
+            tr = self._track(
+                rid, RequestTrack(n_prompt, budget, e, self.core.round_index, cost_ms=score)
             )
             if self.trace_sink is not None:  # the client's category, for the serving traces
                 tr.category = request_category(seam.label(req))

@@ -54,6 +54,8 @@ class RequestTrack:
     #: epoch it was made in (lifecycle.py)
     shadow: float | None = None
     shadow_epoch: int = -1
+    #: arrival sequence number (the state's counter): the monitor's cohort (monitor.py)
+    seq: int = 0
 
 
 @dataclass
@@ -94,6 +96,8 @@ class PluginState:
         self.monitor = QualityMonitor(
             config.monitor_window, config.drift_threshold, config.drift_rho_drop
         )
+        #: arrivals tracked so far: the next RequestTrack's ``seq``
+        self.arrivals = 0
         #: Prometheus gauges of the monitor when SGLang runs with --enable-metrics (metrics.py)
         self.gauges: Any = None
         #: file writes (trace shards, monitor snapshots) happen here, off the scheduler thread
@@ -199,7 +203,9 @@ class PluginState:
             actual = float(sum(tr.rounds_per_block))
             refined_total = None if tr.refined is None else 1.0 + tr.refined
             self.monitor.record(
-                actual, {AdmissionModel.kind: tr.admission, RefinementEnsemble.kind: refined_total}
+                actual,
+                {AdmissionModel.kind: tr.admission, RefinementEnsemble.kind: refined_total},
+                seq=tr.seq,
             )
             if self.lifecycle is not None:
                 self.lifecycle.on_finished(actual, tr.admission, tr.shadow, tr.shadow_epoch)
@@ -209,9 +215,18 @@ class PluginState:
         if self.trace_sink is not None:
             self.trace_sink.add(rid, req, tr)
         if self.monitor.finished % self.config.monitor_every == 0:
+            # the window takes whole arrival cohorts (monitor.py): O(live) once a period
+            self.monitor.release_before(min((t.seq for t in self.tracks.values()), default=None))
             self.background.submit(self._publish, self.monitor.snapshot())
         if self.keep_finished:
             self.finished.append((rid, tr))
+
+    def _track(self, rid: Any, tr: RequestTrack) -> RequestTrack:
+        """Follow a new request: it gets the next arrival sequence number."""
+        tr.seq = self.arrivals
+        self.arrivals += 1
+        self.tracks[rid] = tr
+        return tr
 
     def _publish(self, snapshot: dict[str, Any]) -> None:
         """Background thread: log and write the monitor's snapshot, set gauges, cut a shard."""
