@@ -108,7 +108,14 @@ def test_plugin_mixes_phases_and_keeps_outputs(requests, runner, stock, tmp_path
     assert mean_plugin < mean_stock
     # the monitor saw every finished request and published its file
     assert state.monitor.finished == n
-    assert json.loads((tmp_path / "monitor.json").read_text())["finished"] == n
+    published = json.loads((tmp_path / "monitor.json").read_text())
+    assert published["finished"] == n
+    # each track had its arrival number, and with nothing live every cohort is complete: the
+    # window holds the last requests by arrival, none left pending
+    assert state.arrivals == n and not state.tracks
+    if n % 4 == 0:  # the last publication came after the last finish
+        assert published["pending"] == 0
+        assert published["admission"]["n"] == min(n, state.monitor.window)
     # serving traces: one schema-valid row per request, prompt hashed not stored
     traces = read_traces(tmp_path / "traces" / "dp0").to_pylist()
     assert sorted(t["request_id"] for t in traces) == sorted(r.rid for r in requests)
