@@ -22,11 +22,12 @@ FCFS server it is compared with, computed online, and otherwise leaves SRPT alon
   round), shortest first (inside the prefix any order finishes it as soon). Then everyone else
   by remaining work, as plain DWISE: when nothing is late the policy *is* plain DWISE.
 
-``scale`` = 0.9 was measured, not derived: in SGLang's loop (``benchmarks/sglang_tails.py``) it
-holds the p99 at or below fcfs-mixed's in every regime of both mixes, 1.0 lets it pass by 6%
-on the split mix. It stands in for what a deadline at the FCFS tail cannot see: the rule ranks
-by estimates, and requests promoted at the last round that meets their deadline crowd the rows.
-It is no guarantee elsewhere (docs/runtime.md, "Tails under overload").
+``scale`` = 0.9 was measured, not derived: in SGLang's loop (``benchmarks/sglang_tails.py``,
+tiny-bd v0.9.0) it held the p99 at or below fcfs-mixed's in every regime of both mixes, where
+1.0 passed it by 6% on the split mix. It stands in for what a deadline at the FCFS tail cannot
+see: the rule ranks by estimates, and requests promoted at the last round that meets their
+deadline crowd the rows. It is no guarantee elsewhere: on tiny-bd v1.1.0 the split mix's
+overload p99 is 1.05x (docs/runtime.md, "Tails under overload").
 
 Everything it reads a live server has: arrival rounds, estimates, B, the blocks it ran per round
 and the rounds its finished requests took. State (the virtual rows and recent latencies) lives in
