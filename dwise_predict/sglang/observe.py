@@ -84,7 +84,7 @@ class ObserveServing(PluginState):
             len(seam.prompt_ids(req)), seam.max_new_tokens(req), estimate, self._round
         )
         tr.category = request_category(seam.label(req))
-        self._track(seam.rid(req), tr)
+        self._follow(seam.rid(req), tr)
         if prompt is not None:
             self._shadow(tr, prompt)
         return tr

@@ -294,7 +294,7 @@ class DwiseServing(PluginState):
             self._req_at[row] = req
             self._qpos[row], self._qrem[row] = pos, removed
             self.reqs[rid] = req
-            tr = self._track(
+            tr = self._follow(
                 rid, RequestTrack(n_prompt, budget, e, self.core.round_index, cost_ms=score)
             )
             if self.trace_sink is not None:  # the client's category, for the serving traces

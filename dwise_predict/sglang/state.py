@@ -221,7 +221,7 @@ class PluginState:
         if self.keep_finished:
             self.finished.append((rid, tr))
 
-    def _track(self, rid: Any, tr: RequestTrack) -> RequestTrack:
+    def _follow(self, rid: Any, tr: RequestTrack) -> RequestTrack:
         """Follow a new request: it gets the next arrival sequence number."""
         tr.seq = self.arrivals
         self.arrivals += 1
