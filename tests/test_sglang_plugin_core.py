@@ -17,6 +17,7 @@ import pytest
 from dwise_predict.errors import ConfigError
 from dwise_predict.sglang.config import PluginConfig, load_config
 from dwise_predict.sglang.monitor import QualityMonitor
+from dwise_predict.sglang.state import PluginState
 
 
 def test_unset_means_plugin_off():
@@ -33,6 +34,12 @@ def test_env_settings_parse_and_override_the_file(tmp_path):
         bundle="tiny-bd", policy="dwise-uncapped", slots=8, k=4, refine=False, aging=0.5
     )
     assert cfg.max_residents == 32
+    # the monitor's hold reaches the monitor a plugin state builds (0: four windows)
+    held = load_config(
+        {**env, "DWISE_SGLANG_POLICY": "dwise-uncapped", "DWISE_SGLANG_MONITOR_HOLD": "256"}
+    )
+    assert held.monitor_hold == 256 and cfg.monitor_hold == 0
+    assert PluginState(held, None, block_size=32).monitor.hold == 256
 
 
 @pytest.mark.parametrize(
@@ -44,6 +51,7 @@ def test_env_settings_parse_and_override_the_file(tmp_path):
         ({"DWISE_SGLANG_REFINE": "maybe"}, "REFINE"),
         ({"DWISE_SGLANG_AGING": "-1", "DWISE_SGLANG_POLICY": "dwise-uncapped"}, "AGING"),
         ({"DWISE_SGLANG_AGING": "0.5"}, "POLICY=dwise: policy 'dwise' has no setting aging"),
+        ({"DWISE_SGLANG_MONITOR_HOLD": "-1"}, "MONITOR_HOLD=-1 must be a whole number"),
     ],
 )
 def test_bad_settings_name_the_variable(env, match):

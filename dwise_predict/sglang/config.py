@@ -88,6 +88,9 @@ class PluginConfig:
     monitor_file: str | None = None
     monitor_window: int = 256
     monitor_every: int = 64
+    #: finished requests a long-running request may hold out of the monitor's window before the
+    #: earliest enter regardless (the window takes whole arrival cohorts); 0 = 4 windows
+    monitor_hold: int = 0
     drift_threshold: float = 1.5
     #: the monitor also flags drift when ρ falls this far below its first full window's
     drift_rho_drop: float = 0.2
@@ -120,6 +123,11 @@ class PluginConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{PREFIX}{name.upper()}={v!r} must be a positive integer")
+        if not isinstance(self.monitor_hold, int) or self.monitor_hold < 0:
+            raise ConfigError(
+                f"{PREFIX}MONITOR_HOLD={self.monitor_hold!r} must be a whole number of finished "
+                "requests >= 0 (0: four monitor windows)"
+            )
         if self.admission not in ADMISSION_SOURCES:
             raise ConfigError(
                 f"{PREFIX}ADMISSION={self.admission!r} is not one of {ADMISSION_SOURCES} "
@@ -208,6 +216,7 @@ _KINDS: dict[str, type] = {
     "k": int,
     "monitor_window": int,
     "monitor_every": int,
+    "monitor_hold": int,
     "slack_blocks": int,
     "refine": bool,
     "allow_mismatch": bool,

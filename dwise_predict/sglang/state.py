@@ -94,7 +94,10 @@ class PluginState:
         #: a ServingTraceSink when DWISE_SGLANG_TRACE_DIR is set (TP rank 0 only)
         self.trace_sink: Any = None
         self.monitor = QualityMonitor(
-            config.monitor_window, config.drift_threshold, config.drift_rho_drop
+            config.monitor_window,
+            config.drift_threshold,
+            config.drift_rho_drop,
+            hold=config.monitor_hold,
         )
         #: arrivals tracked so far: the next RequestTrack's ``seq``
         self.arrivals = 0
