@@ -386,18 +386,30 @@ def served_bundle(table: pa.Table, workdir: Path, model: str = "tiny-bd") -> Pat
 
 
 def replay_check(table: pa.Table, tracks_dir: Path, workdir: Path) -> dict[str, Any]:
-    """The served baselines' runs replayed with the served bundle's estimates computed from the
-    traces (features and first-round hidden states): equal to ``served`` when the plugin fed
-    each request what the simulator's replay feeds it."""
+    """The served runs replayed with the served bundle's estimates computed from the traces
+    (features and first-round hidden states) and DWISE's as the plugin recorded them: equal to
+    ``served`` when the plugin fed each request what the simulator's replay feeds it.
+
+    Beside them, each baseline held to the default's tail rule (``KIND+guard``:
+    :class:`~dwise_predict.runtime.tails.TailGuard` ranking by that baseline's estimates), so
+    the baselines can be compared with ``dwise`` at equal tails as well as without a tail rule
+    (``dwise-uncapped`` against the plain baselines)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from sglang_ladder import sim_workload
 
     from dwise_predict.bundle import load_bundle
     from dwise_predict.runtime import Arrivals, RoundTimeModel, make_policy, simulate
     from dwise_predict.runtime.lengths import lengths_from_bundle
+    from dwise_predict.runtime.tails import TailGuard
 
     bundle = load_bundle(served_bundle(table, workdir))
     ids = [str(x) for x in table.column("request_id").to_pylist()]
+    policies: dict[str, Any] = {p: make_policy(p) for p in ("fcfs-mixed", *KINDS)}
+    policies.update(dwise=make_policy("dwise"), **{"dwise-uncapped": make_policy("dwise-uncapped")})
+    for kind in KINDS:
+        policies[f"{kind}+guard"] = TailGuard(
+            predictor=kind, refines=kind == "trail", name=f"{kind}+guard"
+        )
     out: dict[str, Any] = {}
     for regime in ("burst", "poisson-overload"):
         doc = json.loads((tracks_dir / f"{regime}.dwise-uncapped.tracks.json").read_text())
@@ -407,10 +419,10 @@ def replay_check(table: pa.Table, tracks_dir: Path, workdir: Path) -> dict[str, 
         wl = wl.with_estimates(lengths=lengths_from_bundle(bundle, rows))
         arrive = np.asarray(doc["arrival_rounds"], dtype=np.float64)
         out[regime] = {}
-        for policy in KINDS:
+        for label, policy in policies.items():
             run = simulate(
                 wl,
-                make_policy(policy),
+                policy,
                 arrivals=Arrivals(np.arange(wl.n, dtype=np.int64), arrive / 1e3),
                 slots=16,
                 k=8,
@@ -418,9 +430,10 @@ def replay_check(table: pa.Table, tracks_dir: Path, workdir: Path) -> dict[str, 
                 kv_pool_tokens=SERVED_KV_POOL,
             )
             lat = (np.asarray(run.finish_time) - arrive / 1e3) * 1e3
-            out[regime][policy] = {
+            out[regime][label] = {
                 "mean_completion_rounds": round(float(np.mean(lat)), 2),
                 "p99_completion_rounds": round(float(np.percentile(lat, 99)), 2),
+                "finished": int(np.isfinite(run.finish_time).sum()),
             }
     return out
 
@@ -701,6 +714,14 @@ def print_tables(doc: dict[str, Any]) -> None:
                 f"  {p:15s} mean {r['mean_completion_rounds']:9.2f}  p99 "
                 f"{r['p99_completion_rounds']:9.2f}  finished {r['finished']}/{r['requests']}"
                 + (f"  [{again}]" if again is not None else "")
+            )
+    for regime, runs in doc.get("served_replay_check", {}).items():
+        guarded = {p: r for p, r in runs.items() if p.endswith("+guard") or p == "dwise"}
+        print(f"at equal tails ({regime}, replayed): each baseline under the default's tail rule")
+        for p, r in guarded.items():
+            print(
+                f"  {p:15s} mean {r['mean_completion_rounds']:9.2f}  p99 "
+                f"{r['p99_completion_rounds']:9.2f}"
             )
     for regime, runs in doc.get("replayed", {}).items():
         if regime == "setting":

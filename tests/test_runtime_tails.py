@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _rounds_helpers import request, serve
+from _rounds_helpers import ONE_MS_ROUNDS, request, serve
 
 from dwise_predict.errors import ConfigError
 from dwise_predict.runtime import (
@@ -172,3 +172,31 @@ def test_a_small_overload_keeps_the_tail_near_fcfs_and_most_of_the_mean_gain():
     assert p99(guarded) <= 1.05 * p99(fcfs)
     assert guarded.max() <= 1.5 * fcfs.max()
     assert guarded.mean() < 0.75 * fcfs.mean()  # measured 80.6 against 115.0
+
+
+def test_a_baseline_held_to_the_same_tail_rule_ranks_by_its_own_estimates():
+    # three requests at once on one row, DWISE's estimates right (3, 2, 1 rounds) and the
+    # ssjf baseline's reversed: the guard ranks by whichever estimates it is given
+    from dwise_predict.runtime import Arrivals, Workload, simulate
+    from dwise_predict.runtime.policies import LengthSRPT
+
+    reqs = [request("a", 0, (3,)), request("b", 0, (2,)), request("c", 0, (1,))]
+    wl = Workload.from_requests(reqs).with_estimates(lengths={"ssjf": np.array([1.0, 2.0, 3.0])})
+    arrivals = Arrivals(np.arange(3, dtype=np.int64), np.zeros(3))
+
+    def finish_order(policy) -> list[int]:
+        run = simulate(wl, policy, arrivals=arrivals, slots=1, k=8, round_time=ONE_MS_ROUNDS)
+        return np.argsort(run.finish_time, kind="stable").tolist()
+
+    assert finish_order(TailGuard()) == [2, 1, 0]  # DWISE's own estimates: c, b, a
+    guarded = TailGuard(predictor="ssjf", name="ssjf+guard")
+    assert guarded.needs == {"estimate", "length"}
+    # the baseline's order runs a first, as plain ssjf does; then c (estimated 3, true 1)
+    # is due by its virtual FCFS deadline, 6 rounds, and runs before b
+    assert finish_order(LengthSRPT(predictor="ssjf")) == [0, 1, 2]
+    assert finish_order(guarded) == [0, 2, 1]
+    assert TailGuard(predictor="trail", refines=True).needs == {"estimate", "length", "refined"}
+    with pytest.raises(ConfigError, match="not an output-length baseline"):
+        TailGuard(predictor="lstm")
+    with pytest.raises(ConfigError, match="refines=True re-estimates"):
+        TailGuard(refines=True)

@@ -129,10 +129,21 @@ class TailGuard:
     scale: float = 0.9
     window: int = 1024
     margin: float = 0.0
+    #: rank by this output-length baseline's estimates instead of DWISE's own (``ssjf``,
+    #: ``s3``, ``ltr``, ``trail``; docs/baselines.md): a baseline held to the same tail rule,
+    #: for comparing schedulers at equal tails. ``refines``: its re-estimate after the first
+    #: denoising round (TRAIL's)
+    predictor: str | None = None
+    refines: bool = False
     batch_former: str = "mixed"
     name: str = "dwise"
     preemptive: ClassVar[bool] = True
-    needs: ClassVar[frozenset[str]] = _NEEDS
+
+    @property
+    def needs(self) -> frozenset[str]:
+        if self.predictor is None:
+            return _NEEDS
+        return frozenset({"estimate", "length", *(("refined",) if self.refines else ())})
 
     def __post_init__(self) -> None:
         if self.batch_former != "mixed":
@@ -156,6 +167,18 @@ class TailGuard:
             )
         if not np.isfinite(self.margin) or self.margin < 0:
             raise ConfigError(f"margin={self.margin} must be a finite number of rounds >= 0")
+        from .lengths import LENGTH_KINDS
+
+        if self.predictor is not None and self.predictor not in LENGTH_KINDS:
+            raise ConfigError(
+                f"predictor={self.predictor!r} is not an output-length baseline; use one of "
+                f"{LENGTH_KINDS}, or None for DWISE's own estimates"
+            )
+        if self.refines and self.predictor is None:
+            raise ConfigError(
+                "refines=True re-estimates an output-length baseline (predictor='trail'); "
+                "DWISE's own estimates are refined whenever the bundle can"
+            )
 
     # -- per-table state ------------------------------------------------------------------
     def _state(self, table: RequestTable) -> _VirtualFCFS:
