@@ -404,12 +404,13 @@ def replay_check(table: pa.Table, tracks_dir: Path, workdir: Path) -> dict[str, 
 
     bundle = load_bundle(served_bundle(table, workdir))
     ids = [str(x) for x in table.column("request_id").to_pylist()]
-    policies: dict[str, Any] = {p: make_policy(p) for p in ("fcfs-mixed", *KINDS)}
-    policies.update(dwise=make_policy("dwise"), **{"dwise-uncapped": make_policy("dwise-uncapped")})
-    for kind in KINDS:
-        policies[f"{kind}+guard"] = TailGuard(
-            predictor=kind, refines=kind == "trail", name=f"{kind}+guard"
-        )
+    policies: dict[str, Any] = {
+        **{p: make_policy(p) for p in ("fcfs-mixed", *KINDS, "dwise", "dwise-uncapped")},
+        **{
+            f"{k}+guard": TailGuard(predictor=k, refines=k == "trail", name=f"{k}+guard")
+            for k in KINDS
+        },
+    }
     out: dict[str, Any] = {}
     for regime in ("burst", "poisson-overload"):
         doc = json.loads((tracks_dir / f"{regime}.dwise-uncapped.tracks.json").read_text())

@@ -686,8 +686,8 @@ def _ranked_by(finished: dict[Any, Any], spec: Any, bundle: Any, state: Any) -> 
     if tr is None:
         return False
     text = user_prompt(spec.input_ids, state.decoder, bundle.admission.featurizer)
-    x = bundle.admission_row(text, len(spec.input_ids))
-    return bool(np.isclose(tr.admission, bundle.predict_admission_one(x)))
+    estimate = bundle.predict_admission_prompt(text, len(spec.input_ids))
+    return bool(np.isclose(tr.admission, estimate))
 
 
 def must_show(doc: dict[str, Any]) -> dict[str, Any]:

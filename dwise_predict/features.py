@@ -77,6 +77,16 @@ def lexical_features(text: str) -> tuple[int, int, int]:
     return round(1000 * digits / n), round(1000 * symbols / n), text.count("?")
 
 
+def prompt_counts(text: str) -> dict[str, int]:
+    """The counts a trace row records of its user prompt, by column name: words, newlines and
+    :data:`LEXICAL_FEATURES` (the token count is the tokenizer's, not the text's)."""
+    return {
+        "word_count": word_count(text),
+        "newline_count": newline_count(text),
+        **dict(zip(LEXICAL_FEATURES, lexical_features(text))),
+    }
+
+
 def check_feature_names(names: Sequence[str]) -> tuple[str, ...]:
     """``names`` as a tuple when every one is a feature this library computes, else an error
     naming the unknown ones (a bundle from a newer release)."""

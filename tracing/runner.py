@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from dwise_predict.errors import ConfigError, TraceError, WorkloadError
-from dwise_predict.features import LEXICAL_FEATURES, lexical_features, newline_count, word_count
+from dwise_predict.features import prompt_counts
 from dwise_predict.fingerprint import ModelFingerprint
 from dwise_predict.signals import terminate_as_interrupt
 from dwise_predict.trace_writer import (
@@ -313,9 +313,7 @@ def build_row(
         "prompt": None if redact_prompts else rec.prompt,
         "prompt_sha256": hashlib.sha256(rec.prompt.encode("utf-8")).hexdigest(),
         "prompt_tokens": res.prompt_tokens,
-        "word_count": word_count(rec.prompt),
-        "newline_count": newline_count(rec.prompt),
-        **dict(zip(LEXICAL_FEATURES, lexical_features(rec.prompt))),
+        **prompt_counts(rec.prompt),
         "prompt_blocks": res.prompt_blocks,
         "output_budget": config.max_new_tokens,
         "block_size": config.block_size,

@@ -75,13 +75,13 @@ def tree_params(config: Any, **more: Any) -> dict[str, Any]:
 
 
 def train_admission(
-    data: str | Path | pa.Table | tuple[np.ndarray, np.ndarray],
+    data: str | Path | pa.Table | TraceArrays | tuple[np.ndarray, np.ndarray],
     config: AdmissionConfig | None = None,
     *,
     featurizer: PromptFeaturizer | None = None,
 ) -> AdmissionModel:
-    """Fit the admission model on traces (or ``(features (n, len(names)), total_rounds (n,))``
-    with the columns of ``config.features``).
+    """Fit the admission model on traces, read or already in arrays (or ``(features (n,
+    len(names)), total_rounds (n,))`` with the columns of ``config.features``).
 
     The returned model estimates TOTAL denoising rounds (``exp`` of the log-rounds regression).
     """
@@ -91,7 +91,7 @@ def train_admission(
     if isinstance(data, tuple):
         X, rounds = (np.asarray(a, dtype=np.float64) for a in data)
     else:
-        arrays = trace_arrays(data)
+        arrays = data if isinstance(data, TraceArrays) else trace_arrays(data)
         config = resolved(config, arrays)
         X, rounds = _features(arrays, config), arrays.total_rounds.astype(np.float64)
     names = feature_set(config.features or DEFAULT_FEATURE_SET)
@@ -157,10 +157,8 @@ def _features(arrays: TraceArrays, config: AdmissionConfig) -> np.ndarray:
 
 
 def _train(arrays: TraceArrays, s: TrainSettings) -> TrainedPart:
-    cfg = resolved(replace(s.config(AdmissionModel.kind, AdmissionConfig), seed=s.seed), arrays)
-    X = _features(arrays, cfg)
-    model = train_admission((X, arrays.total_rounds), cfg, featurizer=s.featurizer)
-    return TrainedPart(model)
+    cfg = replace(s.config(AdmissionModel.kind, AdmissionConfig), seed=s.seed)
+    return TrainedPart(train_admission(arrays, cfg, featurizer=s.featurizer))
 
 
 #: the admission kind's trainer (named by ``AdmissionModel.trainer``)

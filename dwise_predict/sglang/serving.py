@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ConfigError
-from ..features import FEATURE_NAMES, feature_row
+from ..features import FEATURE_NAMES, feature_values
 from ..runtime import RoundPlan, RoundResult
 from ..runtime.lengths import length_predictor
 from ..runtime.load import LoadTrackingScheduler, WorkPrice
@@ -224,7 +224,7 @@ class DwiseServing(PluginState):
         texts = [served_prompt(req, self.decoder, self.featurizer) for req in new]
         prompts = [(t, len(seam.prompt_ids(r))) for t, r in zip(texts, new)]
         if self.length is not None:  # an output-length baseline's estimate, in rounds
-            counts = [feature_row(FEATURE_NAMES, t, n) for t, n in prompts]
+            counts = [feature_values(t, n, lexical=False) for t, n in prompts]
             X = np.array(counts, dtype=np.float64).reshape(len(counts), len(FEATURE_NAMES))
             est = self.length.arrival_rounds(X).tolist()
         else:

@@ -28,13 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..features import (
-    LEXICAL_FEATURES,
-    PromptFeaturizer,
-    lexical_features,
-    newline_count,
-    word_count,
-)
+from ..features import PromptFeaturizer, prompt_counts
 from ..fingerprint import ModelFingerprint
 from ..traces import TRACE_SCHEMA_VERSION
 from . import seam
@@ -165,10 +159,8 @@ class ServingTraceSink:
             "prompt": text if self.prompt_text else None,
             "prompt_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
             "prompt_tokens": int(track.prompt_tokens),
-            "word_count": word_count(text),
-            "newline_count": newline_count(text),
             # counted even when the text is not kept, so these traces train the default features
-            **dict(zip(LEXICAL_FEATURES, lexical_features(text))),
+            **prompt_counts(text),
             "prompt_blocks": int(track.prompt_tokens) // fp.block_size,
             "output_budget": int(track.output_budget),
             "block_size": fp.block_size,

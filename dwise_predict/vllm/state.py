@@ -88,17 +88,22 @@ class DwiseVllmState:
         self.stats = VllmStats()
 
     # -- arrivals -------------------------------------------------------------------------------
-    def features(self, req: Any) -> tuple[float, ...]:
-        """The admission model's feature row of a request (needs the bundle)."""
-        if self.bundle is None:
-            raise ConfigError("the admission features of a request need DWISE_VLLM_BUNDLE")
+    def _prompt(self, req: Any) -> tuple[str, int]:
+        """A request's user prompt (its ids decoded, the chat template removed; empty without a
+        tokenizer) and its token count."""
         ids = seam.prompt_ids(req)
         text = ""
         feat = self.featurizer
         if feat is not None:
             text = str(feat.tokenizer.decode(list(ids), skip_special_tokens=False) or "")
             text = feat.user_text(text)
-        return self.bundle.admission_row(text, len(ids))
+        return text, len(ids)
+
+    def features(self, req: Any) -> tuple[float, ...]:
+        """The admission model's feature row of a request (needs the bundle)."""
+        if self.bundle is None:
+            raise ConfigError("the admission features of a request need DWISE_VLLM_BUNDLE")
+        return self.bundle.admission_row(*self._prompt(req))
 
     def arrive(self, req: Any) -> None:
         rid = seam.rid(req)
@@ -107,7 +112,7 @@ class DwiseVllmState:
         extra = seam.extra_args(req)
         est = 0.0
         if self.uses_estimates and self.bundle is not None:  # the config requires a bundle
-            est = float(self.bundle.predict_admission_one(self.features(req)))
+            est = float(self.bundle.predict_admission_prompt(*self._prompt(req)))
         truth = extra.get(seam.EXTRA_TRUE_ROUNDS)
         if "true_rounds" in self.policy.needs and truth is None:
             raise ConfigError(
