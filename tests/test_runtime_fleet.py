@@ -102,10 +102,35 @@ def test_dwise_sends_a_request_where_srpt_adds_least_to_the_completion_times():
     assert d.choose(work_rounds=10.0) == 1
     # dispatches between reports land in the histogram: each 10-round request sent to replica
     # 0 adds 10 to what the next one costs there (ahead of it or behind it); replica 1 costs
-    # 40 throughout, a tie after four (broken to replica 0, as many requests), then replica 1
-    d = Dispatcher(2, "dwise")
+    # 40 throughout. Always the least (tolerance 0): a tie after four, broken to replica 0
+    # (as many requests), then replica 1
+    d = Dispatcher(2, "dwise", tolerance=0.0)
     d.update(loads)
     assert [d.choose(work_rounds=10.0) for _ in range(5)] == [0, 0, 0, 0, 1]
+    # the default takes turns once replica 1 is within 20% of the least: 40 <= 1.2 x 40
+    # at the fourth, when replica 0 costs 40 too
+    d = Dispatcher(2, "dwise")
+    d.update(loads)
+    assert [d.choose(work_rounds=10.0) for _ in range(5)] == [0, 0, 0, 1, 0]
+
+
+def test_dwise_takes_the_near_best_replicas_in_turn():
+    """Replicas 0-2 hold 10 rounds of short work each, replica 3 holds 200: a 100-round
+    arrival costs 10 on each of the first three (the work ahead of it) and 200 on the last.
+    Each dispatch adds 100 to what the next arrival costs on its replica. The default (20%)
+    takes the alike replicas in turn, and the loaded one only once it is within 20% of the
+    least (200 against 210 after two rounds of turns)."""
+    loads = [_hist_load(i, [5.0, 5.0]) for i in range(3)] + [_hist_load(3, [5.0] * 40)]
+    d = Dispatcher(4, "dwise")
+    d.update(loads)
+    assert [d.choose(work_rounds=100.0) for _ in range(7)] == [0, 1, 2, 0, 1, 2, 3]
+    # a wide tolerance lets the loaded replica in at its first turn: 200 <= 11 x 10
+    d = Dispatcher(4, "dwise", tolerance=10.0)
+    d.update(loads)
+    assert [d.choose(work_rounds=100.0) for _ in range(4)] == [0, 1, 2, 3]
+    for bad in (-0.1, math.inf, math.nan):
+        with pytest.raises(ConfigError, match="tolerance"):
+            Dispatcher(2, "dwise", tolerance=bad)
 
 
 def test_a_missing_or_stale_report_falls_back_to_round_robin(caplog):

@@ -22,6 +22,7 @@ from ..bundle.bundle import ADMISSION_SOURCES
 from ..bundle.promotion import PromotionRule
 from ..env_settings import coerce
 from ..errors import ConfigError
+from ..runtime.fleet import DEFAULT_TOLERANCE
 from ..runtime.policies import Policy
 from ..runtime.registry import TUNABLES, make_policy_from_env, policy_entries
 
@@ -108,6 +109,9 @@ class PluginConfig:
     dispatch: str = "sglang"
     #: a busy rank whose work report is older than this many seconds counts as missing
     dispatch_stale_s: float = 5.0
+    #: ``dwise`` dispatch takes the ranks within this share of the least added cost in turn
+    #: (0: always the least; docs/fleet.md)
+    dispatch_tolerance: float = DEFAULT_TOLERANCE
     #: a new revision predicts beside the live bundle for this many finished requests first
     shadow_requests: int = 128
     #: how much worse (ρ, |log median ratio|) a revision may look in shadow and be promoted
@@ -162,6 +166,12 @@ class PluginConfig:
             )
         if not (math.isfinite(self.dispatch_stale_s) and self.dispatch_stale_s > 0):
             raise ConfigError(f"{PREFIX}DISPATCH_STALE_S={self.dispatch_stale_s!r} must be > 0")
+        if not (math.isfinite(self.dispatch_tolerance) and self.dispatch_tolerance >= 0):
+            raise ConfigError(
+                f"{PREFIX}DISPATCH_TOLERANCE={self.dispatch_tolerance!r} must be a share >= 0 "
+                f"of the least added cost (0: always the rank that adds least; default "
+                f"{DEFAULT_TOLERANCE})"
+            )
         if not 0.0 < self.kv_limit_frac <= 1.0:
             raise ConfigError(f"{PREFIX}KV_LIMIT_FRAC={self.kv_limit_frac!r} must lie in (0, 1]")
         if not self.bundle and self.policy not in OBSERVED:
@@ -229,6 +239,7 @@ _KINDS: dict[str, type] = {
     "kv_limit_frac": float,
     "watch_seconds": float,
     "dispatch_stale_s": float,
+    "dispatch_tolerance": float,
     "shadow_requests": int,
     "promote_margin": float,
     "rollback_drop": float,

@@ -13,7 +13,8 @@ With ``DWISE_SGLANG_DISPATCH=dwise`` the plugin, loaded in the controller proces
   here, from the request's text and token ids (the same features its scheduler will compute);
 * the request goes to the rank where it adds least to the sum of completion times under
   SRPT (the work shorter than its own there, plus its own times the requests longer, from the
-  rank's work histogram), and that rank's histogram takes the request until its next report:
+  rank's work histogram; the ranks within ``DWISE_SGLANG_DISPATCH_TOLERANCE`` of the least
+  in turn), and that rank's histogram takes the request until its next report:
   the decision is :class:`~dwise_predict.runtime.fleet.Dispatcher`'s, the one the fleet
   simulator measures;
 * a request that names its rank (``routed_dp_rank``) goes there, as under SGLang's methods;
@@ -65,7 +66,12 @@ class WorkDispatch:
         self.controller = controller
         self.ranks = seam.dp_ranks(controller)
         self.sglang_name, self.sglang_dispatch = seam.sglang_method(controller)
-        self.dispatcher = Dispatcher(self.ranks, method, stale_after=config.dispatch_stale_s)
+        self.dispatcher = Dispatcher(
+            self.ranks,
+            method,
+            stale_after=config.dispatch_stale_s,
+            tolerance=config.dispatch_tolerance,
+        )
         self.reader = ReportReader(
             report_path(seam.controller_snapshot_file(controller)), self.ranks
         )

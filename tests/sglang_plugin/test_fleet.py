@@ -113,6 +113,7 @@ def test_the_dwise_method_sends_to_least_work_and_falls_back_while_a_report_is_m
         assert hasattr(DataParallelController.refresh_load_budget, "__wrapped__")
         controller = make_controller(3, "total_requests", instance)
         wd = dispatch.install(controller, load_config())  # what the __init__ hook runs
+        assert wd.dispatcher.tolerance == load_config().dispatch_tolerance
         writers = [
             load.ReportWriter(load.report_path(shm_path_for(instance)), 3, r) for r in (0, 1)
         ]
@@ -206,4 +207,8 @@ def test_the_dispatch_setting_is_checked():
         load_config(plugin_env("tiny-bd", dispatch="least-loaded"))
     with pytest.raises(ConfigError, match="DISPATCH_STALE_S"):
         load_config(plugin_env("tiny-bd", dispatch="dwise", dispatch_stale_s=0))
+    with pytest.raises(ConfigError, match="DISPATCH_TOLERANCE"):
+        load_config(plugin_env("tiny-bd", dispatch="dwise", dispatch_tolerance=-0.5))
     assert load_config(plugin_env("tiny-bd")).dispatch == "sglang"
+    assert load_config(plugin_env("tiny-bd")).dispatch_tolerance == 0.2
+    assert load_config(plugin_env("tiny-bd", dispatch_tolerance=0)).dispatch_tolerance == 0.0
