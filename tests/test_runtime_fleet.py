@@ -185,3 +185,59 @@ def test_fleet_replay_finishes_everything_and_one_replica_is_the_single_server()
     plain = simulate(w, pol, arrivals="poisson:600", slots=8, k=4, round_time=rt)
     single = (plain.finish_time - plain.arrival_time) * 1000.0
     assert np.abs(one.completion_rounds - single).max() <= 1.0 + 1e-6
+
+
+def test_simulate_cli_runs_a_fleet_behind_each_dispatch_method(tmp_path, capsys):
+    """`dwise-predict simulate --replicas R` is compare_dispatch on the same workload: the
+    figures it writes are simulate_fleet's, run for run."""
+    import json
+
+    from dwise_predict.cli import main
+
+    argv = ["simulate", "--synthetic", "paper-llada2.1-mini", "--requests", "240", "--seed", "2"]
+    argv += ["--policies", "dwise,fcfs-mixed", "--replicas", "3", "--slots", "8", "--k", "4"]
+    argv += ["--arrival", "poisson:500", "--dispatch", "round_robin,dwise", "--quiet"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    assert "requests_per_replica" not in capsys.readouterr().out  # a table, not the JSON
+    doc = json.loads((tmp_path / "fleet.json").read_text())
+    assert (doc["replicas"], doc["requests"], doc["dispatch_tolerance"]) == (3, 240, 0.2)
+    assert [(r["policy"], r["method"]) for r in doc["runs"]] == [
+        ("dwise", "round_robin"),
+        ("dwise", "dwise"),
+        ("fcfs-mixed", "round_robin"),
+        ("fcfs-mixed", "dwise"),
+    ]
+    w = synthetic_workload("paper-llada2.1-mini", n=240, seed=2)
+    for r in doc["runs"]:
+        assert r["finished"] == r["requests"] == 240
+        kw = dict(arrivals="poisson:500", slots=8, k=4, kv_pool_tokens=1 << 21, seed=2)
+        pol = make_policy(r["policy"])
+        direct = simulate_fleet(w, pol, replicas=3, method=r["method"], **kw).summary()
+        assert r["mean_completion_rounds"] == pytest.approx(direct["mean_completion_rounds"])
+        assert r["requests_per_replica"] == direct["requests_per_replica"]
+    assert doc["runs"][0]["requests_per_replica"] == [80, 80, 80]
+    png = (tmp_path / "fleet.png").read_bytes()
+    assert png[:4] == b"\x89PNG" and len(png) > 10_000
+    # the tolerance reaches the dispatcher and the file records it
+    assert main([*argv, "--dispatch-tolerance", "0", "--no-plots", "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "fleet.json").read_text())["dispatch_tolerance"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--replicas", "2", "--dispatch", "round_robin,least_loaded"], "least_loaded"),
+        (["--replicas", "0"], "at least one replica"),
+        (["--dispatch-tolerance", "0.1"], "pass --replicas"),
+        (["--replicas", "2", "--dispatch-tolerance", "-1"], "tolerance"),
+        (["--replicas", "2", "--cost-profile", "paper-llada2.0-mini"], "cost-profile"),
+    ],
+)
+def test_simulate_cli_refuses_a_bad_fleet_setting(tmp_path, capsys, extra, message):
+    from dwise_predict.cli import main
+
+    argv = ["simulate", "--synthetic", "paper-llada2.1-mini", "--requests", "40"]
+    rc = main([*argv, "--no-plots", "--quiet", "--out", str(tmp_path), *extra])
+    err = capsys.readouterr().err
+    assert rc != 0 and message in err and "Traceback" not in err
+    assert not (tmp_path / "fleet.json").exists()

@@ -3,9 +3,13 @@
     dwise-predict simulate --synthetic paper-llada2.1-mini --policies fcfs,mlfq,sjf,dwise,oracle \\
         --arrival burst --slots 128 --k 8 --out sim/
     dwise-predict simulate --traces traces/ --bundle my-bundle/ --policies fcfs,dwise --out sim/
+    dwise-predict simulate --synthetic paper-llada2.1-mini --policies dwise --replicas 4 \
+        --slots 16 --arrival poisson:900 --out fleet/
 
 Prints the comparison table and writes DIR/summary.json, DIR/latency_cdf.png and
-DIR/round_composition.png. Everything here is a call to :mod:`dwise_predict.runtime`.
+DIR/round_composition.png; with ``--replicas R`` (R > 1), a fleet of R such servers behind each
+``--dispatch`` method, DIR/fleet.json and DIR/fleet.png. Everything here is a call to
+:mod:`dwise_predict.runtime`.
 """
 
 from __future__ import annotations
@@ -108,6 +112,26 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
         "(0 = off; default: the policy's own; docs/runtime.md)",
     )
     p.add_argument("--slots", type=int, default=128, help="block slots B per round (default: 128)")
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="simulate a fleet of this many replicas, each with --slots and --kv-pool-tokens, "
+        "behind every --dispatch method (default: 1, one server; docs/fleet.md)",
+    )
+    p.add_argument(
+        "--dispatch",
+        default="round_robin,total_requests,total_tokens,dwise,oracle",
+        help="with --replicas: comma-separated dispatch methods (default: %(default)s)",
+    )
+    p.add_argument(
+        "--dispatch-tolerance",
+        type=float,
+        default=None,
+        metavar="SHARE",
+        help="with --replicas: dwise/oracle take the replicas within SHARE of the least added "
+        "cost in turn (0: always the least; default: the library's, 0.2)",
+    )
     p.add_argument("--k", type=int, default=8, help="resident-set multiplier k (default: 8)")
     p.add_argument(
         "--kv-pool-tokens",
@@ -208,8 +232,20 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime import compare_policies, parse_policies
     from ._common import progress
 
+    if args.replicas < 1:
+        raise ConfigError(f"--replicas {args.replicas}: a fleet needs at least one replica")
+    fleet = args.replicas > 1
+    if not fleet and args.dispatch_tolerance is not None:
+        raise ConfigError("--dispatch-tolerance applies to a fleet: pass --replicas R (R > 1)")
+    if fleet and args.cost_profile:
+        raise ConfigError(
+            "--cost-profile times one server's rounds; a fleet runs in lockstep rounds: "
+            "drop --cost-profile with --replicas"
+        )
     policies = parse_policies(args.policies, **tunables(args))
     workload = _workload(args, policies)
+    if fleet:
+        return _run_fleet(args, policies, workload)
     bar = progress(total=len(policies), desc="simulating", unit="policy", quiet=args.quiet)
     round_time = None
     if args.cost_profile:
@@ -237,4 +273,47 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_plots:
         for p in report.plot(args.out):
             print(f"wrote {p}")
+    return 0
+
+
+def _run_fleet(args: argparse.Namespace, policies: list[Any], workload: Any) -> int:
+    """Every policy behind every dispatch method on ``--replicas`` servers."""
+    from ..atomic import write_json
+    from ..runtime.fleet import DEFAULT_TOLERANCE, compare_dispatch, fleet_table, plot_fleet
+    from ._common import progress
+
+    methods = [m.strip() for m in args.dispatch.split(",") if m.strip()]
+    tolerance = DEFAULT_TOLERANCE if args.dispatch_tolerance is None else args.dispatch_tolerance
+    bar = progress(
+        total=len(policies) * len(methods), desc="simulating", unit="run", quiet=args.quiet
+    )
+    runs = compare_dispatch(
+        workload,
+        policies,
+        methods,
+        replicas=args.replicas,
+        arrivals=args.arrival,
+        slots=args.slots,
+        k=args.k,
+        kv_pool_tokens=args.kv_pool_tokens,
+        seed=args.seed,
+        tolerance=tolerance,
+        progress=lambda _run: bar.update(1),
+    )
+    bar.close()
+    print(fleet_table(runs))
+    doc = {
+        "replicas": args.replicas,
+        "slots": args.slots,
+        "k": args.k,
+        "arrival": args.arrival,
+        "requests": workload.n,
+        "dispatch_tolerance": tolerance,
+        "runs": [{"policy": r.policy, "method": r.method, **r.summary()} for r in runs],
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(f"wrote {write_json(args.out / 'fleet.json', doc, sort_keys=False, allow_nan=True)}")
+    if not args.no_plots:
+        title = f"{args.replicas} replicas x B={args.slots}, {args.arrival}"
+        print(f"wrote {plot_fleet(runs, args.out / 'fleet.png', title)}")
     return 0
