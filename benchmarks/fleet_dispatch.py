@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from dwise_predict.runtime import make_policy, simulate, synthetic_workload
-from dwise_predict.runtime.fleet import DISPATCH_METHODS, fleet_table, simulate_fleet
+from dwise_predict.runtime.fleet import DISPATCH_METHODS, compare_dispatch, fleet_table
 from dwise_predict.runtime.roundtime import RoundTimeModel
 from dwise_predict.runtime.simulator import DEFAULT_KV_POOL_TOKENS
 
@@ -50,12 +50,9 @@ def run_fleet(
         arrival = "burst" if load == 0 else f"poisson:{load * capacity:.6g}"
         regime = "burst" if load == 0 else f"poisson-{load:g}x"
         t0 = time.perf_counter()
-        runs = [
-            simulate_fleet(
-                w, policy, replicas=replicas, method=m, arrivals=arrival, slots=slots, seed=seed
-            )
-            for m in DISPATCH_METHODS
-        ]
+        runs = compare_dispatch(
+            w, [policy], replicas=replicas, arrivals=arrival, slots=slots, seed=seed
+        )
         pooled = simulate(
             w,
             policy,
