@@ -17,7 +17,8 @@ pieces, usable from any router:
   SGLang's controller does before its first load report;
 * :func:`simulate_fleet`: R replicas, each a :class:`~.scheduler.Scheduler` under one policy,
   run in lockstep one round per tick behind a dispatcher, on the same workloads and arrival
-  processes as :func:`~.simulator.simulate`.
+  processes as :func:`~.simulator.simulate`; :func:`compare_dispatch` runs it for every policy
+  and method (``dwise-predict simulate --replicas R``).
 
 Why ``dwise`` does not send a request to the replica with the least outstanding work: every
 replica runs shortest remaining work first, so a request waits only for the work *shorter than
@@ -549,6 +550,8 @@ def plot_fleet(runs: Sequence[FleetRun], path: str | Path, title: str = "") -> P
     """Mean completion (bars) and p99 (ticks) per dispatch method, a group per policy."""
     from .plots import pyplot, save_figure
 
+    if not runs:
+        raise ConfigError("no fleet runs to plot: compare_dispatch returned none")
     plt = pyplot()
     policies = list(dict.fromkeys(r.policy for r in runs))
     methods = list(dict.fromkeys(r.method for r in runs))
