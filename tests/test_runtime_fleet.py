@@ -229,6 +229,7 @@ def test_simulate_cli_runs_a_fleet_behind_each_dispatch_method(tmp_path, capsys)
         (["--replicas", "2", "--dispatch", "round_robin,least_loaded"], "least_loaded"),
         (["--replicas", "0"], "at least one replica"),
         (["--dispatch-tolerance", "0.1"], "pass --replicas"),
+        (["--dispatch", "dwise"], "pass --replicas"),
         (["--replicas", "2", "--dispatch-tolerance", "-1"], "tolerance"),
         (["--replicas", "2", "--cost-profile", "paper-llada2.0-mini"], "cost-profile"),
     ],

@@ -3,7 +3,7 @@
     dwise-predict simulate --synthetic paper-llada2.1-mini --policies fcfs,mlfq,sjf,dwise,oracle \\
         --arrival burst --slots 128 --k 8 --out sim/
     dwise-predict simulate --traces traces/ --bundle my-bundle/ --policies fcfs,dwise --out sim/
-    dwise-predict simulate --synthetic paper-llada2.1-mini --policies dwise --replicas 4 \
+    dwise-predict simulate --synthetic paper-llada2.1-mini --policies dwise --replicas 4 \\
         --slots 16 --arrival poisson:900 --out fleet/
 
 Prints the comparison table and writes DIR/summary.json, DIR/latency_cdf.png and
@@ -121,8 +121,9 @@ def register(subparsers: Any, name: str, common: argparse.ArgumentParser) -> Non
     )
     p.add_argument(
         "--dispatch",
-        default="round_robin,total_requests,total_tokens,dwise,oracle",
-        help="with --replicas: comma-separated dispatch methods (default: %(default)s)",
+        default=None,
+        help="with --replicas: comma-separated dispatch methods (default: all of "
+        "round_robin, total_requests, total_tokens, dwise, oracle)",
     )
     p.add_argument(
         "--dispatch-tolerance",
@@ -235,8 +236,10 @@ def run(args: argparse.Namespace) -> int:
     if args.replicas < 1:
         raise ConfigError(f"--replicas {args.replicas}: a fleet needs at least one replica")
     fleet = args.replicas > 1
-    if not fleet and args.dispatch_tolerance is not None:
-        raise ConfigError("--dispatch-tolerance applies to a fleet: pass --replicas R (R > 1)")
+    if not fleet and (args.dispatch_tolerance is not None or args.dispatch is not None):
+        raise ConfigError(
+            "--dispatch and --dispatch-tolerance apply to a fleet: pass --replicas R (R > 1)"
+        )
     if fleet and args.cost_profile:
         raise ConfigError(
             "--cost-profile times one server's rounds; a fleet runs in lockstep rounds: "
@@ -279,10 +282,17 @@ def run(args: argparse.Namespace) -> int:
 def _run_fleet(args: argparse.Namespace, policies: list[Any], workload: Any) -> int:
     """Every policy behind every dispatch method on ``--replicas`` servers."""
     from ..atomic import write_json
-    from ..runtime.fleet import DEFAULT_TOLERANCE, compare_dispatch, fleet_table, plot_fleet
+    from ..runtime.fleet import (
+        DEFAULT_TOLERANCE,
+        DISPATCH_METHODS,
+        compare_dispatch,
+        fleet_table,
+        plot_fleet,
+    )
     from ._common import progress
 
-    methods = [m.strip() for m in args.dispatch.split(",") if m.strip()]
+    spec = args.dispatch
+    methods = list(DISPATCH_METHODS) if spec is None else [m.strip() for m in spec.split(",")]
     tolerance = DEFAULT_TOLERANCE if args.dispatch_tolerance is None else args.dispatch_tolerance
     bar = progress(
         total=len(policies) * len(methods), desc="simulating", unit="run", quiet=args.quiet
