@@ -340,25 +340,16 @@ def plot(doc: dict[str, Any], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from dwise_predict.runtime.fleet import method_bars
+
     mixes = list(doc["mixes"])
     fig, axes = plt.subplots(1, len(mixes), figsize=(6.0 * len(mixes), 4.0), squeeze=False)
-    width = 0.8 / len(METHODS)
     for ax, mix in zip(axes[0], mixes):
-        regimes = list(doc["mixes"][mix]["regimes"])
-        for j, m in enumerate(METHODS):
-            means, p99s = [], []
-            for r in regimes:
-                run = doc["mixes"][mix]["regimes"][r]["runs"].get(m, {})
-                means.append(run.get("mean_completion_rounds", math.nan))
-                p99s.append(run.get("p99_completion_rounds", math.nan))
-            xs = np.arange(len(regimes)) + (j - (len(METHODS) - 1) / 2) * width
-            bars = ax.bar(xs, means, width, label=m)
-            ax.scatter(xs, p99s, marker="_", s=120, color=bars.patches[0].get_facecolor())
-        ax.set_xticks(np.arange(len(regimes)), regimes)
-        ax.set_ylabel("completion, rounds (bar: mean, tick: p99)")
+        regimes = doc["mixes"][mix]["regimes"]
+        runs = {r: regimes[r]["runs"] for r in regimes}
+        method_bars(ax, list(runs), METHODS, lambda r, m, runs=runs: runs[r].get(m, {}))
         n = doc["mixes"][mix]["requests"]
         ax.set_title(f"{mix}: {n} requests, {doc['replicas']} replicas x B = {doc['slots']}")
-        ax.legend(fontsize=8)
     fig.suptitle(f"Dispatch across SGLang {doc['sglang_version']} replicas (tiny-bd, CPU)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -294,12 +294,10 @@ class Dispatcher:
         if self.tolerance == 0:
             return min(range(self.replicas), key=lambda i: (cost[i], self._requests[i]))
         limit = min(cost) * (1.0 + self.tolerance)
-        for step in range(self.replicas):
-            i = (self._next_rr + step) % self.replicas
-            if cost[i] <= limit:
-                self._next_rr = (i + 1) % self.replicas
-                return i
-        raise AssertionError("unreachable: the least cost is within its own limit")
+        turn = ((self._next_rr + step) % self.replicas for step in range(self.replicas))
+        i = next(i for i in turn if cost[i] <= limit)  # the least is within its own limit
+        self._next_rr = (i + 1) % self.replicas
+        return i
 
     def stale_replicas(self, now: float) -> list[int]:
         """The replicas with no report yet, or whose last report (of a busy replica) is older
@@ -546,6 +544,27 @@ def fleet_table(runs: Sequence[FleetRun]) -> str:
     return format_table(["policy", "method", "mean_rounds", "p99_rounds", "finished"], rows)
 
 
+def method_bars(
+    ax: Any,
+    groups: Sequence[str],
+    methods: Sequence[str],
+    cell: Callable[[str, str], dict[str, Any]],
+) -> None:
+    """Draw, on a matplotlib axis, a bar per method in each group at its mean completion and a
+    tick at its p99 (``cell(group, method)``: a run summary; missing keys are left blank)."""
+    width = 0.8 / len(methods)
+    for j, m in enumerate(methods):
+        xs = np.arange(len(groups)) + (j - (len(methods) - 1) / 2) * width
+        cells = [cell(g, m) for g in groups]
+        means = [c.get("mean_completion_rounds", math.nan) for c in cells]
+        p99s = [c.get("p99_completion_rounds", math.nan) for c in cells]
+        bars = ax.bar(xs, means, width, label=m)
+        ax.scatter(xs, p99s, marker="_", s=120, color=bars.patches[0].get_facecolor())
+    ax.set_xticks(np.arange(len(groups)), groups)
+    ax.set_ylabel("completion, rounds (bar: mean, tick: p99)")
+    ax.legend(fontsize=8)
+
+
 def plot_fleet(runs: Sequence[FleetRun], path: str | Path, title: str = "") -> Path:
     """Mean completion (bars) and p99 (ticks) per dispatch method, a group per policy."""
     from .plots import pyplot, save_figure
@@ -557,18 +576,8 @@ def plot_fleet(runs: Sequence[FleetRun], path: str | Path, title: str = "") -> P
     methods = list(dict.fromkeys(r.method for r in runs))
     by = {(r.policy, r.method): r.summary() for r in runs}
     fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(policies) * len(methods) / 2), 4.0))
-    width = 0.8 / len(methods)
-    for j, m in enumerate(methods):
-        xs = np.arange(len(policies)) + (j - (len(methods) - 1) / 2) * width
-        cells = [by.get((p, m), {}) for p in policies]
-        means = [c.get("mean_completion_rounds", math.nan) for c in cells]
-        p99s = [c.get("p99_completion_rounds", math.nan) for c in cells]
-        bars = ax.bar(xs, means, width, label=m)
-        ax.scatter(xs, p99s, marker="_", s=120, color=bars.patches[0].get_facecolor())
-    ax.set_xticks(np.arange(len(policies)), policies)
-    ax.set_ylabel("completion, rounds (bar: mean, tick: p99)")
+    method_bars(ax, policies, methods, lambda p, m: by.get((p, m), {}))
     ax.set_title(title or f"{runs[0].replicas} replicas: dispatch methods")
-    ax.legend(fontsize=8)
     fig.tight_layout()
     out = save_figure(fig, path)
     plt.close(fig)
